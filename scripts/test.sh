@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Install inferpath with its test dependencies, fetch the test data (real models, llama.cpp
+# vocab vectors) into the cache outside the repo, and run the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install -q torch==2.13.0 2>/dev/null || python -m pip install -q 'torch>=2.4,<2.14'
+python -m pip install -q -e '.[test]'
+python -m inferpath models pull smollm2-135m-instruct
+python -m inferpath models pull qwen2.5-coder-0.5b-instruct
+python -m pytest -q --timeout 1500 "$@"

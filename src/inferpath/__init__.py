@@ -1,0 +1,22 @@
+"""inferpath: a glass-box LLM inference engine.
+
+Public API: ``LLM`` (offline engine) and ``SamplingParams``.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "__version__"]
+
+
+def __getattr__(name: str):
+    # Lazy: `import inferpath` stays cheap (no torch) for the tokenizer and the cost model.
+    if name == "LLM":
+        from inferpath.engine.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from inferpath.sampling.params import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(f"module 'inferpath' has no attribute {name!r}")

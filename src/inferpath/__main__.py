@@ -1,0 +1,5 @@
+import sys
+
+from inferpath.cli import main
+
+sys.exit(main())

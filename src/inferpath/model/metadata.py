@@ -1,0 +1,44 @@
+"""AttentionMetadata: what one step's attention needs to find its keys and values.
+
+The runner builds it from the scheduler's output; the attention layers only read it.
+
+Layout of a step (a "flat" batch): the new tokens of sequence i occupy rows
+``query_start_loc[i] : query_start_loc[i+1]`` of input_ids/positions, and are the last
+``query_lens[i]`` tokens of a context of ``seq_lens[i]`` tokens. A prefill chunk of 7 is a
+query of 7; a decode is a query of 1. Nothing distinguishes the two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    # slot of each new token's K/V in the paged cache: block_id * block_size + offset
+    slot_mapping: torch.Tensor  # (num_tokens,) int64
+    query_start_loc: torch.Tensor  # (num_seqs + 1,) int64, cumulative query lengths
+    seq_lens: torch.Tensor  # (num_seqs,) int64, context length after this step
+    block_tables: torch.Tensor  # (num_seqs, max_blocks_per_seq) int64, padded with 0
+    # host copies, so that attention never syncs to read a length
+    query_lens: list[int]
+    seq_lens_list: list[int]
+    block_size: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def max_query_len(self) -> int:
+        return max(self.query_lens)
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens_list)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1
