@@ -1,0 +1,211 @@
+"""GGUF reader: llama.cpp's single-file format → ModelConfig and Hugging Face-named tensors.
+
+The file is memory-mapped by ``gguf.GGUFReader`` (numpy); each tensor is dequantized by
+``gguf.quants.dequantize`` to float32, renamed (names.py), and cast to the compute dtype.
+Nothing is unpickled.
+
+NOTE: llama.cpp's converter permutes the rows of Q and K (and their biases) of
+Llama-architecture models so that its RoPE can rotate adjacent pairs; Hugging Face's
+rotate-half RoPE pairs row j with row j + head_dim/2. ``unpermute_rows`` undoes it, so a
+GGUF file and the Hugging Face checkpoint it came from give the same tensors. Qwen2 files
+are converted without the permutation and are left alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+from tqdm import tqdm
+
+from inferpath.config import ConfigError, ModelConfig
+from inferpath.weights.errors import WeightsError
+from inferpath.weights.names import IGNORED_GGUF_TENSORS, hf_name, stacked_expert_names
+
+Q = GGMLQuantizationType
+SUPPORTED_TENSOR_TYPES = frozenset({
+    Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+})
+# GGUF architecture -> the model_type of ModelConfig; llama.cpp stores Mixtral as "llama"
+# with an expert count, and Mistral (7B) as "llama" too.
+_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}
+_PERMUTED_ARCHITECTURES = frozenset({"llama", "mistral"})
+
+
+class _CheckedGGUFReader(GGUFReader):
+    """GGUFReader that checks every tensor lies inside the file before viewing it.
+
+    GGUFReader itself fails on a truncated file with a bare numpy reshape error; this one
+    names the tensor, its shape and type, and how many bytes are missing.
+    """
+
+    def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+        from gguf.constants import GGML_QUANT_SIZES
+
+        file_size = len(self.data)
+        for field in fields:
+            _name_len, name_data, _n_dims, dims, raw_dtype, offset = field.parts
+            name = bytes(name_data).decode("utf-8", "replace")
+            qtype = GGMLQuantizationType(int(raw_dtype[0]))
+            block_size, type_size = GGML_QUANT_SIZES[qtype]
+            num_bytes = int(np.prod(dims)) * type_size // block_size
+            end = int(start_offs + offset[0]) + num_bytes
+            if end > file_size:
+                shape = tuple(reversed([int(d) for d in dims]))
+                raise WeightsError(
+                    f"tensor {name!r} (shape {shape}, {qtype.name}) needs bytes up to offset "
+                    f"{end} but the file has only {file_size} bytes: the file is truncated; "
+                    "download it again"
+                )
+        super()._build_tensors(start_offs, fields)
+
+
+def open_gguf(path: Path) -> GGUFReader:
+    """Memory-map a GGUF file, turning any parse failure into a WeightsError naming it."""
+    try:
+        return _CheckedGGUFReader(path)
+    except WeightsError as exc:
+        raise WeightsError(f"{path}: {exc}") from None
+    except (ValueError, IndexError, KeyError, OSError, UnicodeDecodeError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise WeightsError(
+            f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc}); "
+            "it may be truncated or corrupt, download it again"
+        ) from None
+
+
+def field(reader: GGUFReader, key: str, default: Any = None) -> Any:
+    """One metadata value (scalar, string or list), or ``default`` if absent."""
+    f = reader.get_field(key)
+    return default if f is None else f.contents()
+
+
+def eos_token_ids(reader: GGUFReader) -> list[int]:
+    """End-of-sequence ids: eos, then eot and eom (end of turn/message) when present."""
+    ids: list[int] = []
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        value = field(reader, f"tokenizer.ggml.{key}")
+        if value is not None and int(value) not in ids:
+            ids.append(int(value))
+    return ids
+
+
+def config_from_gguf(reader: GGUFReader, path: Path) -> ModelConfig:
+    """ModelConfig from GGUF metadata, via the equivalent Hugging Face config dict."""
+    arch = field(reader, "general.architecture")
+    if arch not in _ARCHITECTURES:
+        raise WeightsError(
+            f"{path}: GGUF architecture {arch!r} is not supported; "
+            f"supported: {', '.join(_ARCHITECTURES)}"
+        )
+    tensor_shapes = {t.name: tuple(reversed([int(d) for d in t.shape])) for t in reader.tensors}
+
+    def meta(key: str, default: Any = None) -> Any:
+        return field(reader, f"{arch}.{key}", default)
+
+    num_experts = int(meta("expert_count", 0) or 0)
+    num_heads = int(meta("attention.head_count"))
+    num_kv_heads = meta("attention.head_count_kv", num_heads)
+    if isinstance(num_kv_heads, list):  # per-layer list in some files; uniform here
+        num_kv_heads = num_kv_heads[0]
+    hidden = int(meta("embedding_length"))
+    vocab = meta("vocab_size") or tensor_shapes.get("token_embd.weight", (None,))[0]
+    if vocab is None:
+        vocab = len(field(reader, "tokenizer.ggml.tokens", []))
+    hf: dict[str, Any] = {
+        "model_type": "mixtral" if num_experts else _ARCHITECTURES[arch],
+        "vocab_size": int(vocab),
+        "hidden_size": hidden,
+        "intermediate_size": int(meta("expert_feed_forward_length") or meta("feed_forward_length")),
+        "num_hidden_layers": int(meta("block_count")),
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": int(num_kv_heads),
+        "head_dim": int(meta("attention.key_length") or hidden // num_heads),
+        "rms_norm_eps": float(meta("attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": float(meta("rope.freq_base", 10000.0)),
+        "rope_scaling": _rope_scaling(meta),
+        "max_position_embeddings": int(meta("context_length", 2048)),
+        "tie_word_embeddings": "output.weight" not in tensor_shapes,
+        "attention_bias": arch == "qwen2" or "blk.0.attn_q.bias" in tensor_shapes,
+        "num_local_experts": num_experts,
+        "num_experts_per_tok": int(meta("expert_used_count", 0) or 0),
+        "sliding_window": meta("attention.sliding_window"),
+        "use_sliding_window": meta("attention.sliding_window") is not None,
+    }
+    try:
+        return ModelConfig.from_hf_config(hf, name=str(field(reader, "general.name", path.stem)))
+    except ConfigError as exc:
+        raise WeightsError(f"{path}: GGUF metadata gives an invalid config: {exc}") from None
+
+
+def _rope_scaling(meta: Any) -> dict[str, Any] | None:
+    kind = meta("rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    scaling: dict[str, Any] = {"rope_type": kind, "factor": float(meta("rope.scaling.factor", 1.0))}
+    if (orig := meta("rope.scaling.original_context_length")) is not None:
+        scaling["original_max_position_embeddings"] = int(orig)
+    return scaling
+
+
+def unpermute_rows(rows: np.ndarray, num_heads: int) -> np.ndarray:
+    """Invert llama.cpp's Q/K permutation of a weight (rows, cols) or bias (rows,).
+
+    Within each head llama.cpp stores the rows as interleaved pairs (0, d/2, 1, d/2+1, …);
+    Hugging Face stores the first half then the second half.
+    """
+    half = rows.shape[0] // num_heads // 2
+    per_head = rows.reshape(num_heads, half, 2, *rows.shape[1:])  # (heads, d/2, 2, …)
+    return per_head.swapaxes(1, 2).reshape(rows.shape)  # (heads, 2, d/2, …) flattened
+
+
+def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False
+              ) -> tuple[ModelConfig, dict[str, torch.Tensor], list[int]]:
+    """Config, Hugging Face-named tensors in ``dtype``, and EOS ids of one GGUF file."""
+    reader = open_gguf(path)
+    config = config_from_gguf(reader, path)
+    arch = field(reader, "general.architecture")
+    heads_of = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads}
+    tensors: dict[str, torch.Tensor] = {}
+    for t in tqdm(reader.tensors, desc=f"loading {path.name}", unit="tensor", disable=not progress):
+        if IGNORED_GGUF_TENSORS.match(t.name):
+            continue
+        if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
+            raise WeightsError(
+                f"{path}: tensor {t.name!r} is stored as {t.tensor_type.name}, which inferpath "
+                f"does not dequantize; supported: {', '.join(q.name for q in SUPPORTED_TENSOR_TYPES)}"
+            )
+        shape = tuple(reversed([int(d) for d in t.shape]))  # numpy order: (rows, cols)
+        try:
+            values = dequantize(t.data, t.tensor_type).reshape(shape)
+        except ValueError as exc:
+            raise WeightsError(f"{path}: tensor {t.name!r} (shape {shape}, "
+                               f"{t.tensor_type.name}) is corrupt: {exc}") from None
+        kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
+        if arch in _PERMUTED_ARCHITECTURES and kind in heads_of:
+            values = unpermute_rows(values, heads_of[kind])
+        if (names := stacked_expert_names(t.name, shape[0])) is not None:
+            for name, expert in zip(names, values):  # values: (num_experts, rows, cols)
+                tensors[name] = _to_torch(expert, dtype)
+            continue
+        name = hf_name(t.name)
+        if name is None:
+            raise WeightsError(
+                f"{path}: tensor {t.name!r} has no Hugging Face counterpart for a "
+                f"{config.architecture} model; this GGUF variant is not supported"
+            )
+        tensors[name] = _to_torch(values, dtype)
+    return config, tensors, eos_token_ids(reader)
+
+
+def _to_torch(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    # F32 tensors come back as read-only views of the memory map: copy them out.
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    if not values.flags.writeable:
+        values = values.copy()
+    return torch.from_numpy(values).to(dtype)

@@ -1,0 +1,128 @@
+"""The rename table from llama.cpp's GGUF tensor names to Hugging Face's.
+
+inferpath keeps Hugging Face names everywhere (design.md: "loading is a rename table"),
+so the GGUF reader renames as it reads. ``expected_shapes`` is the other half of the
+contract: for a ModelConfig, every tensor the model needs and its shape, which both
+readers check before handing tensors to the model.
+"""
+
+from __future__ import annotations
+
+import re
+
+from inferpath.config import ModelConfig
+
+# GGUF per-layer suffix -> Hugging Face per-layer suffix (after "model.layers.{i}.")
+_LAYER_RENAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "block_sparse_moe.gate",
+}
+# Mixtral expert weights: w1 = gate, w3 = up, w2 = down (Mixtral's own naming)
+MOE_EXPERT_NAMES = {"ffn_gate": "w1", "ffn_up": "w3", "ffn_down": "w2"}
+_GLOBAL_RENAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+# Tensors some GGUF files carry that Hugging Face recomputes (RoPE frequency tables).
+IGNORED_GGUF_TENSORS = re.compile(r"^(rope_freqs|blk\.\d+\.attn_rot_embd)\.weight$")
+
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+_OLD_EXPERT_RE = re.compile(r"^blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down)\.(\d+)\.weight$")
+_STACKED_EXPERT_RE = re.compile(r"^blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down)_exps\.weight$")
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of one (non-stacked) GGUF tensor, or None if unknown.
+
+    >>> hf_name("blk.3.attn_q.weight")
+    'model.layers.3.self_attn.q_proj.weight'
+    """
+    head, _, kind = gguf_name.rpartition(".")
+    if head in _GLOBAL_RENAMES and kind == "weight":
+        return f"{_GLOBAL_RENAMES[head]}.weight"
+    if m := _OLD_EXPERT_RE.match(gguf_name):
+        layer, ffn, expert = m.groups()
+        return f"model.layers.{layer}.block_sparse_moe.experts.{expert}.{MOE_EXPERT_NAMES[ffn]}.weight"
+    if (m := _LAYER_RE.match(gguf_name)) and m.group(2) in _LAYER_RENAMES:
+        layer, part, kind = m.groups()
+        return f"model.layers.{layer}.{_LAYER_RENAMES[part]}.{kind}"
+    return None
+
+
+def stacked_expert_names(gguf_name: str, num_experts: int) -> list[str] | None:
+    """HF names of the experts in a stacked ``blk.N.ffn_*_exps.weight``, or None."""
+    m = _STACKED_EXPERT_RE.match(gguf_name)
+    if m is None:
+        return None
+    layer, ffn = m.groups()
+    w = MOE_EXPERT_NAMES[ffn]
+    return [f"model.layers.{layer}.block_sparse_moe.experts.{e}.{w}.weight" for e in range(num_experts)]
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a model of this config loads, in Hugging Face names, with its shape.
+
+    Invariant: exactly the set ``Transformer.load_weights`` consumes: ``lm_head.weight``
+    only when the head is untied, Q/K/V biases only when ``attention_bias``.
+    """
+    hidden, inter = config.hidden_size, config.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (config.vocab_size, hidden),
+        "model.norm.weight": (hidden,),
+    }
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, hidden)
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (hidden,)
+        shapes[p + "post_attention_layernorm.weight"] = (hidden,)
+        shapes[p + "self_attn.q_proj.weight"] = (config.q_size, hidden)
+        shapes[p + "self_attn.k_proj.weight"] = (config.kv_size, hidden)
+        shapes[p + "self_attn.v_proj.weight"] = (config.kv_size, hidden)
+        shapes[p + "self_attn.o_proj.weight"] = (hidden, config.q_size)
+        if config.attention_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (config.q_size,)
+            shapes[p + "self_attn.k_proj.bias"] = (config.kv_size,)
+            shapes[p + "self_attn.v_proj.bias"] = (config.kv_size,)
+        if config.is_moe:
+            shapes[p + "block_sparse_moe.gate.weight"] = (config.num_experts, hidden)
+            for e in range(config.num_experts):
+                q = f"{p}block_sparse_moe.experts.{e}."
+                shapes[q + "w1.weight"] = (inter, hidden)
+                shapes[q + "w3.weight"] = (inter, hidden)
+                shapes[q + "w2.weight"] = (hidden, inter)
+        else:
+            shapes[p + "mlp.gate_proj.weight"] = (inter, hidden)
+            shapes[p + "mlp.up_proj.weight"] = (inter, hidden)
+            shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
+    return shapes
+
+
+_HF_TO_GGUF_LAYER = {v: k for k, v in _LAYER_RENAMES.items()}
+_HF_TO_GGUF_GLOBAL = {v: k for k, v in _GLOBAL_RENAMES.items()}
+_HF_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+_HF_EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight$")
+
+
+def gguf_name(hf: str) -> str:
+    """The GGUF name a Hugging Face tensor name comes from (for error messages)."""
+    head, _, kind = hf.rpartition(".")
+    if head in _HF_TO_GGUF_GLOBAL:
+        return f"{_HF_TO_GGUF_GLOBAL[head]}.{kind}"
+    if m := _HF_EXPERT_RE.match(hf):
+        layer, _expert, w = m.groups()
+        ffn = {v: k for k, v in MOE_EXPERT_NAMES.items()}[w]
+        return f"blk.{layer}.{ffn}_exps.weight"
+    if (m := _HF_LAYER_RE.match(hf)) and m.group(2) in _HF_TO_GGUF_LAYER:
+        layer, part, kind = m.groups()
+        return f"blk.{layer}.{_HF_TO_GGUF_LAYER[part]}.{kind}"
+    return hf
