@@ -1,0 +1,282 @@
+"""The sampler against direct computations: masks, penalties, draws, seeds, logprobs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from inferpath.sampling import Sampler, SamplerOutput, SamplingParams, SamplingRow, TokenLogprobs
+from inferpath.sampling.penalties import apply_penalties
+from inferpath.sampling.truncation import apply_min_p, apply_top_k_top_p
+
+
+def row(params: SamplingParams, prompt=(1, 2), output=(), generator=None, eos=()) -> SamplingRow:
+    return SamplingRow(params, list(prompt), list(output), generator, eos)
+
+
+def seeded(seed: int, **kwargs) -> SamplingRow:
+    params = SamplingParams(seed=seed, **kwargs)
+    return row(params, generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------- direct references
+
+
+def reference_keep(logits: np.ndarray, k: int, p: float, min_p: float) -> set[int]:
+    """Tokens kept by top-k, then top-p, then min-p, computed one token at a time."""
+    order = sorted(range(len(logits)), key=lambda i: -logits[i])
+    kept = order if k <= 0 else [i for i in order if logits[i] >= logits[order[k - 1]]]
+    if p < 1.0:
+        weights = [math.exp(logits[i] - logits[order[0]]) for i in kept]
+        total, mass, prefix = sum(weights), 0.0, []
+        for i, w in zip(kept, weights):
+            prefix.append(i)
+            mass += w / total
+            if mass >= p:
+                break
+        kept = prefix
+    if min_p > 0.0:
+        top = max(logits[i] for i in kept)
+        kept = [i for i in kept if math.exp(logits[i] - top) >= min_p]
+    return set(kept)
+
+
+def truncated_distribution(logits: np.ndarray, temperature: float, k: int, p: float, min_p: float) -> np.ndarray:
+    scaled = logits / temperature
+    keep = reference_keep(scaled, k, p, min_p)
+    probs = np.zeros(len(logits))
+    for i in keep:
+        probs[i] = math.exp(scaled[i] - scaled.max())
+    return probs / probs.sum()
+
+
+# ---------------------------------------------------------------- masks
+
+MASK_CASES = [(0, 1.0, 0.0), (5, 1.0, 0.0), (1, 1.0, 0.0), (0, 0.5, 0.0), (0, 0.9, 0.0), (10, 0.8, 0.0),
+              (0, 1.0, 0.1), (0, 1.0, 0.5), (20, 0.95, 0.05), (3, 0.3, 0.9), (0, 0.01, 0.0), (64, 1.0, 1.0)]
+
+
+def test_top_k_top_p_min_p_masks_match_direct_computation():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(len(MASK_CASES), 64, generator=gen) * 3  # (rows, vocab)
+    ks, ps, min_ps = zip(*MASK_CASES)
+    masked = apply_min_p(apply_top_k_top_p(logits, list(ks), list(ps)), list(min_ps))
+    for i, (k, p, min_p) in enumerate(MASK_CASES):
+        kept = set(torch.nonzero(torch.isfinite(masked[i])).flatten().tolist())
+        assert kept == reference_keep(logits[i].double().numpy(), k, p, min_p), (k, p, min_p)
+        # Kept logits are untouched.
+        assert torch.equal(masked[i][sorted(kept)], logits[i][sorted(kept)])
+
+
+def test_top_k_keeps_ties_with_the_kth_logit():
+    logits = torch.tensor([[3.0, 1.0, 2.0, 2.0, 0.0]])
+    masked = apply_top_k_top_p(logits, [2], None)
+    assert torch.isfinite(masked[0]).tolist() == [True, False, True, True, False]
+
+
+# ---------------------------------------------------------------- greedy and penalties
+
+
+def test_greedy_is_argmax_and_input_is_untouched():
+    logits = torch.randn(6, 100, generator=torch.Generator().manual_seed(1))
+    before = logits.clone()
+    rows = [row(SamplingParams(temperature=t)) for t in (0.0, 0.0, 1e-6, 0.0, 0.0, 0.0)]
+    out = Sampler(seed=0)(logits, rows)
+    assert isinstance(out, SamplerOutput)
+    assert out.token_ids == logits.argmax(dim=-1).tolist()
+    assert out.logprobs == [None] * 6
+    assert torch.equal(logits, before)
+
+
+def test_penalty_arithmetic_matches_hand_computation():
+    logits = torch.tensor([[2.0, -1.0, 0.5, -3.0, 1.0, 4.0]])
+    prompt, output = [0, 1], [2, 2, 3, 2]
+    got = apply_penalties(logits, [prompt], [output], [2.0], [0.5], [0.25])[0].tolist()
+    expected = [
+        2.0 / 2.0,  # in the prompt, positive: divided
+        -1.0 * 2.0,  # in the prompt, negative: multiplied
+        0.5 / 2.0 - 0.5 * 3 - 0.25,  # output 3 times: repetition, then 3 x frequency, presence
+        -3.0 * 2.0 - 0.5 * 1 - 0.25,  # output once
+        1.0,  # unseen
+        4.0,  # unseen
+    ]
+    assert got == pytest.approx(expected, abs=1e-6)
+
+
+def test_penalties_apply_per_row_and_change_the_greedy_choice():
+    logits = torch.tensor([[5.0, 4.9, 0.0], [5.0, 4.9, 0.0]])
+    rows = [
+        row(SamplingParams(temperature=0.0, presence_penalty=1.0), prompt=[], output=[0]),
+        row(SamplingParams(temperature=0.0), prompt=[], output=[0]),
+    ]
+    assert Sampler()(logits, rows).token_ids == [1, 0]
+    rows = [row(SamplingParams(temperature=0.0, repetition_penalty=1.5), prompt=[0], output=[])]
+    assert Sampler()(logits[:1], rows).token_ids == [1]
+
+
+def test_min_tokens_bans_eos_and_stop_token_ids_until_reached():
+    logits = torch.tensor([[0.0, 1.0, 9.0, 8.0, 7.0]] * 4)
+    params = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[3])
+    rows = [
+        row(params, output=[1], eos={2}),  # short: EOS (2) and stop id (3) banned
+        row(params, output=[1, 1], eos={2}),  # reached: EOS allowed
+        row(SamplingParams(temperature=0.0, min_tokens=2, ignore_eos=True), output=[], eos={2}),
+        row(SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[3]), output=[], eos={2, 99}),
+    ]
+    assert Sampler()(logits, rows).token_ids == [4, 2, 2, 4]
+
+
+# ---------------------------------------------------------------- seeds
+
+
+def sample_steps(sampler: Sampler, logits_steps: list[torch.Tensor], rows: list[SamplingRow]) -> list[list[int]]:
+    return [sampler(logits, rows).token_ids for logits in logits_steps]
+
+
+def test_same_seed_gives_same_tokens_whatever_the_batch():
+    gen = torch.Generator().manual_seed(2)
+    vocab, num_steps = 1000, 5
+    target_logits = [torch.randn(vocab, generator=gen) for _ in range(num_steps)]
+    settings = dict(temperature=0.9, top_p=0.95, top_k=50)
+
+    def run(position: int, others: list[SamplingRow], sampler_seed: int) -> list[int]:
+        rows = list(others)
+        rows.insert(position, seeded(1234, **settings))
+        steps = []
+        for logits in target_logits:
+            batch = torch.randn(len(rows), vocab, generator=gen)
+            batch[position] = logits
+            steps.append(Sampler(seed=sampler_seed)(batch, rows).token_ids[position])
+        return steps
+
+    alone = run(0, [], 0)
+    in_batch = run(2, [row(SamplingParams()), seeded(7, min_p=0.1), row(SamplingParams(temperature=0.0))], 1)
+    last = run(4, [seeded(1234, **settings), row(SamplingParams(top_k=3))] * 2, 2)
+    assert alone == in_batch == last
+    other_seed = [run(0, [], 0)]  # fresh generator, same seed: same again
+    assert other_seed[0] == alone
+
+
+def test_different_seeds_and_unseeded_rows_differ():
+    logits = torch.zeros(1, 1000)  # uniform: any two independent draws rarely agree
+    steps = [logits] * 8
+    a = sample_steps(Sampler(), steps, [seeded(1)])
+    b = sample_steps(Sampler(), steps, [seeded(2)])
+    assert a != b
+    shared = Sampler(seed=5)
+    c = sample_steps(shared, steps, [row(SamplingParams())])
+    d = sample_steps(Sampler(seed=5), steps, [row(SamplingParams())])
+    assert c == d  # the shared generator is seeded by Sampler(seed=...)
+    assert len(set(sum(c, []))) > 1
+
+
+# ---------------------------------------------------------------- the draw's distribution
+
+# 99.9% quantiles of the chi-square distribution by degrees of freedom.
+CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88, 10: 29.59}
+
+
+def chi_square(counts: np.ndarray, probs: np.ndarray, num_draws: int) -> tuple[float, int]:
+    support = probs > 0
+    expected = probs[support] * num_draws
+    return float((((counts[support] - expected) ** 2) / expected).sum()), int(support.sum()) - 1
+
+
+@pytest.mark.parametrize(
+    "temperature,k,p,min_p",
+    [(1.0, 0, 1.0, 0.0), (0.7, 6, 1.0, 0.0), (1.3, 0, 0.8, 0.0), (1.0, 0, 1.0, 0.08), (0.8, 7, 0.9, 0.02)],
+)
+def test_draws_follow_the_truncated_distribution(temperature, k, p, min_p):
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.7, 0.5, 0.0, -0.5, -1.0, -2.0, -4.0])
+    expected = truncated_distribution(logits.double().numpy(), temperature, k, p, min_p)
+    params = SamplingParams(temperature=temperature, top_k=k, top_p=p, min_p=min_p)
+    num_draws = 40_000
+    tokens = Sampler(seed=11)(logits.expand(num_draws, -1), [row(params)] * num_draws).token_ids
+    counts = np.bincount(tokens, minlength=len(logits)).astype(float)
+    assert counts[expected == 0].sum() == 0, "a truncated token was drawn"
+    stat, dof = chi_square(counts, expected, num_draws)
+    assert stat < CHI2_999[dof], (stat, dof, counts / num_draws, expected)
+
+
+def test_seeded_rows_draw_from_the_same_distribution():
+    logits = torch.tensor([1.0, 0.0, -1.0, 0.5, -3.0])
+    expected = truncated_distribution(logits.double().numpy(), 1.0, 4, 1.0, 0.0)
+    rows = [seeded(s, top_k=4) for s in range(3000)]
+    tokens = Sampler()(logits.expand(len(rows), -1), rows).token_ids
+    counts = np.bincount(tokens, minlength=5).astype(float)
+    assert counts[4] == 0
+    stat, dof = chi_square(counts, expected, len(rows))
+    assert stat < CHI2_999[dof]
+
+
+# ---------------------------------------------------------------- logprobs
+
+
+def test_logprobs_are_the_raw_log_softmax_with_top_n_and_rank():
+    logits = torch.randn(3, 200, generator=torch.Generator().manual_seed(3))
+    rows = [
+        row(SamplingParams(temperature=0.0, logprobs=5, repetition_penalty=1.7), output=[int(logits[0].argmax())]),
+        row(SamplingParams(temperature=0.5, logprobs=0, seed=3), generator=torch.Generator().manual_seed(3)),
+        row(SamplingParams(temperature=1.0)),
+    ]
+    out = Sampler(seed=0)(logits, rows)
+    reference = torch.log_softmax(logits.double(), dim=-1)
+    assert out.logprobs[2] is None
+    for i in (0, 1):
+        lp = out.logprobs[i]
+        assert isinstance(lp, TokenLogprobs)
+        token = out.token_ids[i]
+        assert lp.token_id == token
+        assert lp.logprob == pytest.approx(reference[i, token].item(), abs=1e-5)
+        assert lp.rank == int((reference[i] > reference[i, token]).sum()) + 1
+    # Row 0: the penalty moved the argmax off the raw argmax, so the rank is > 1.
+    assert out.logprobs[0].rank > 1
+    order = reference[0].argsort(descending=True)[:5].tolist()
+    assert [t for t, _ in out.logprobs[0].top] == order
+    assert [v for _, v in out.logprobs[0].top] == pytest.approx(reference[0, order].tolist(), abs=1e-5)
+    assert out.logprobs[1].top == []
+
+
+def test_logits_shape_must_match_rows():
+    with pytest.raises(ValueError, match="num_rows=2"):
+        Sampler()(torch.zeros(3, 10), [row(SamplingParams())] * 2)
+
+
+# ---------------------------------------------------------------- params validation
+
+INVALID = [
+    ("n", 0), ("n", 1.5), ("max_tokens", 0), ("max_tokens", -3), ("temperature", -0.1),
+    ("temperature", float("nan")), ("temperature", float("inf")), ("top_p", 0.0), ("top_p", 1.01),
+    ("top_k", -2), ("top_k", 2.5), ("min_p", -0.01), ("min_p", 1.5), ("repetition_penalty", 0.0),
+    ("repetition_penalty", -1.0), ("presence_penalty", 2.5), ("presence_penalty", -2.01),
+    ("frequency_penalty", 3.0), ("frequency_penalty", -2.5), ("seed", 1.5), ("seed", "7"),
+    ("logprobs", -1), ("logprobs", 21), ("min_tokens", -1), ("stop", ""), ("stop", ["a", 3]),
+    ("stop_token_ids", [-1]), ("stop_token_ids", ["x"]), ("ignore_eos", "yes"),
+]
+
+
+@pytest.mark.parametrize("name,value", INVALID, ids=[f"{n}={v!r}" for n, v in INVALID])
+def test_invalid_parameters_raise_naming_parameter_and_value(name, value):
+    with pytest.raises(ValueError) as excinfo:
+        SamplingParams(**{name: value})
+    message = str(excinfo.value)
+    assert message.startswith(name), message
+    assert repr(value) in message or name == "stop", message
+
+
+def test_min_tokens_above_max_tokens_names_both():
+    with pytest.raises(ValueError, match=r"min_tokens must be <= max_tokens \(4\), got 5"):
+        SamplingParams(max_tokens=4, min_tokens=5)
+
+
+def test_valid_parameters_are_normalised():
+    params = SamplingParams(stop="###", top_k=-1, stop_token_ids=[5, 6], max_tokens=None, min_tokens=100)
+    assert params.stop == ("###",) and params.top_k == 0 and params.stop_token_ids == (5, 6)
+    assert SamplingParams(stop=["a", "bc"]).max_stop_str_len == 2
+    assert SamplingParams(temperature=0).is_greedy and not SamplingParams().is_greedy
+    assert not SamplingParams().has_penalties and SamplingParams(presence_penalty=0.1).has_penalties
+    with pytest.raises(Exception):
+        params.temperature = 0.5  # frozen
