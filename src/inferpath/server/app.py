@@ -1,0 +1,148 @@
+"""The FastAPI app: OpenAI-compatible routes over one AsyncEngine.
+
+``build_app(async_engine, api_key=None, served_model_name=None)`` returns an app whose
+lifespan starts the engine's background loop and shuts it down. Routes:
+
+- ``GET /v1/models``, ``GET /v1/models/{id}``
+- ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE when ``stream``)
+- ``POST /tokenize``, ``POST /detokenize``
+- ``GET /health`` (status and the engine's occupancy), ``GET /metrics`` (Prometheus)
+
+With an ``api_key``, the ``/v1`` routes and (de)tokenize need ``Authorization: Bearer
+KEY``; ``/health`` and ``/metrics`` stay open for probes and scrapers.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from inferpath.server.chat import create_chat_completion, encode_messages
+from inferpath.server.completions import create_completion
+from inferpath.server.engine_client import ServingContext
+from inferpath.server.errors import APIError, install_error_handlers
+from inferpath.server.metrics import ServerMetrics
+from inferpath.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ParamError,
+    TokenizeRequest,
+    messages_as_dicts,
+)
+
+
+def build_app(async_engine: Any, api_key: str | None = None,
+              served_model_name: str | None = None) -> FastAPI:
+    """An app serving ``async_engine`` (an ``inferpath.engine.AsyncEngine``) as
+    ``served_model_name`` (default: the engine's model name)."""
+    engine = async_engine.engine
+    metrics = ServerMetrics(engine.stats)
+    context = ServingContext(
+        async_engine=async_engine,
+        tokenizer=engine.tokenizer,
+        model_name=served_model_name or engine.model_name,
+        max_model_len=engine.max_model_len,
+        metrics=metrics,
+        api_key=api_key,
+    )
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await async_engine.start()
+        try:
+            yield
+        finally:
+            await async_engine.shutdown()
+
+    app = FastAPI(title="inferpath", lifespan=lifespan)
+    app.state.context = context
+    install_error_handlers(app, metrics.record_error)
+
+    def check_api_key(request: Request) -> None:
+        if api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if not header:
+            raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), api_key):
+            raise APIError(401, "incorrect API key", code="invalid_api_key")
+
+    api = APIRouter(dependencies=[Depends(check_api_key)])
+
+    def model_card() -> dict[str, Any]:
+        return {"id": context.model_name, "object": "model", "created": created,
+                "owned_by": "inferpath", "max_model_len": context.max_model_len}
+
+    @api.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @api.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict[str, Any]:
+        context.check_model(model_id)
+        return model_card()
+
+    @api.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await create_completion(body, request, context)
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await create_chat_completion(body, request, context)
+
+    @api.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        context.check_model(body.model)
+        tokens = _tokenize(context, body)
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": context.max_model_len}
+
+    @api.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        context.check_model(body.model)
+        vocab_size = context.tokenizer.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab_size]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} is out of range [0, {vocab_size})",
+                           param="tokens")
+        return {"prompt": context.tokenizer.decode(body.tokens)}
+
+    app.include_router(api)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        stats = engine.stats()
+        return {"status": "ok", "model": context.model_name,
+                "num_requests_running": stats.num_running,
+                "num_requests_waiting": stats.num_waiting,
+                "num_kv_blocks_used": stats.num_kv_blocks_used,
+                "num_kv_blocks_total": stats.num_kv_blocks_total}
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _tokenize(context: ServingContext, body: TokenizeRequest) -> list[int]:
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "send exactly one of 'prompt' and 'messages'", param="prompt")
+    if body.messages is not None:
+        try:
+            messages = messages_as_dicts(body.messages)
+        except ParamError as exc:
+            raise APIError(400, str(exc), param=exc.param) from None
+        return encode_messages(context, messages, body.add_generation_prompt)
+    add_bos = None if body.add_special_tokens else False
+    return context.tokenizer.encode(body.prompt, add_bos=add_bos)
+

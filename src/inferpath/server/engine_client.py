@@ -1,0 +1,170 @@
+"""How the HTTP handlers talk to the AsyncEngine: submit, follow, abort.
+
+Handlers never step the engine; they enqueue requests and await their streams. One HTTP
+request may carry several prompts (completions accept a list); each becomes one engine
+request (its ``n`` samples share the prompt's KV blocks inside the engine), and their
+streams are merged here.
+
+Invariant: every engine request submitted through a ``Submission`` is either followed
+to its finished output or aborted (``Submission.abort_unfinished``), so a client that
+goes away never leaves KV blocks behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+
+from inferpath.engine import QueueFullError, RequestError
+from inferpath.sampling.params import SamplingParams
+from inferpath.server.errors import APIError
+from inferpath.server.metrics import ServerMetrics
+
+#: How often a non-streaming handler checks whether its client is still connected.
+DISCONNECT_POLL_SECONDS = 0.25
+
+
+@dataclass
+class ServingContext:
+    """What every handler needs: the engine, its tokenizer, the served name, metrics."""
+
+    async_engine: Any
+    tokenizer: Any
+    model_name: str
+    max_model_len: int
+    metrics: ServerMetrics
+    api_key: str | None = None
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"model {model!r} does not exist; this server serves "
+                           f"{self.model_name!r}", param="model", code="model_not_found")
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+@dataclass
+class Submission:
+    """The engine requests of one HTTP request, in prompt order."""
+
+    context: ServingContext
+    id: str  # the HTTP response's id; engine requests are id, or id-0, id-1... per prompt
+    request_ids: list[str]
+    streams: list[Any]
+    created: int = field(default_factory=lambda: int(time.time()))
+    finished: set[int] = field(default_factory=set)
+
+    def abort_unfinished(self) -> None:
+        for i, request_id in enumerate(self.request_ids):
+            if i not in self.finished:
+                self.context.async_engine.abort(request_id)
+                self.finished.add(i)
+
+    async def outputs(self) -> AsyncIterator[tuple[int, Any]]:
+        """(prompt index, RequestOutput) as the engine produces them, all prompts merged.
+
+        Finished outputs are recorded in the metrics. If the consumer stops early or is
+        cancelled, unfinished requests are aborted.
+        """
+        queue: asyncio.Queue[tuple[int, Any] | BaseException | None] = asyncio.Queue()
+
+        async def pump(index: int, stream: Any) -> None:
+            try:
+                async for output in stream:
+                    await queue.put((index, output))
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+                await queue.put(exc)
+            finally:
+                await queue.put(None)
+
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(self.streams)]
+        num_open = len(tasks)
+        try:
+            while num_open:
+                item = await queue.get()
+                if item is None:
+                    num_open -= 1
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                index, output = item
+                if output.finished and index not in self.finished:
+                    self.finished.add(index)
+                    self.context.metrics.record_finished(output)
+                yield index, output
+        finally:
+            for task in tasks:
+                task.cancel()
+            self.abort_unfinished()
+
+    async def final_outputs(self, request: Request) -> list[Any]:
+        """The finished RequestOutput of each prompt. Aborts everything (and raises
+        CancelledError) if the client disconnects first."""
+        finals: list[Any] = [None] * len(self.streams)
+
+        async def drain() -> None:
+            async for index, output in self.outputs():
+                finals[index] = output
+
+        task = asyncio.create_task(drain())
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
+                if not task.done() and await request.is_disconnected():
+                    task.cancel()
+                    self.abort_unfinished()
+                    raise asyncio.CancelledError("client disconnected")
+            task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+            self.abort_unfinished()
+        return finals
+
+
+def submit(context: ServingContext, prefix: str, prompts: list[str | list[int]],
+           params: SamplingParams, prompt_param: str) -> Submission:
+    """Add one engine request per prompt; all or none (earlier ones are aborted if a later
+    one is refused). Engine refusals become 400 (naming ``prompt_param``) or 429."""
+    base_id = new_request_id(prefix)
+    submission = Submission(context, base_id, [], [])
+    vocab_size = context.tokenizer.vocab_size
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, list):
+            bad = [t for t in prompt if not 0 <= t < vocab_size]
+            if bad:
+                submission.abort_unfinished()
+                raise APIError(400, f"token id {bad[0]} is out of range [0, {vocab_size})",
+                               param=prompt_param)
+        request_id = base_id if len(prompts) == 1 else f"{base_id}-{i}"
+        try:
+            stream = context.async_engine.add_request(request_id, prompt, params)
+        except QueueFullError as exc:
+            submission.abort_unfinished()
+            raise APIError(429, str(exc), code="queue_full") from None
+        except RequestError as exc:
+            submission.abort_unfinished()
+            raise APIError(400, str(exc), param=prompt_param, code="invalid_prompt") from None
+        submission.request_ids.append(request_id)
+        submission.streams.append(stream)
+    return submission
+
+
+def usage(finals: list[Any]) -> dict[str, Any]:
+    """OpenAI's usage object over all prompts and choices of one HTTP request."""
+    prompt_tokens = sum(len(f.prompt_token_ids) for f in finals)
+    completion_tokens = sum(len(c.token_ids) for f in finals for c in f.outputs)
+    cached = sum(f.num_cached_tokens or 0 for f in finals)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }

@@ -1,0 +1,214 @@
+"""Request bodies of the OpenAI-compatible API, as pydantic models.
+
+Pydantic checks types and shapes (a string where a number belongs is a 400 naming the
+field); ranges are checked once, by ``SamplingParams``, whose ValueError names the
+parameter. ``to_sampling_params`` maps a request onto it and translates the parameter's
+name back into the one the client sent (``top_logprobs``, ``max_completion_tokens``).
+
+Unknown fields are ignored, as OpenAI's own clients send fields servers may not know.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from inferpath.sampling.params import SamplingParams
+
+
+class ParamError(ValueError):
+    """A request parameter is out of range; ``param`` is the name the client used."""
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class _SamplingFields(BaseModel):
+    """Parameters shared by completions and chat completions."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    n: int = 1
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    @property
+    def include_usage_in_stream(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def _sampling_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "n": self.n,
+            "seed": self.seed,
+            "stop": self.stop,
+            "stop_token_ids": tuple(self.stop_token_ids or ()),
+            "ignore_eos": self.ignore_eos,
+            "min_tokens": self.min_tokens,
+            "skip_special_tokens": self.skip_special_tokens,
+            "include_stop_str_in_output": self.include_stop_str_in_output,
+        }
+        for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                     "frequency_penalty", "repetition_penalty"):
+            value = getattr(self, name)
+            if value is not None:  # None: SamplingParams' default
+                kwargs[name] = value
+        return kwargs
+
+
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+class CompletionRequest(_SamplingFields):
+    """POST /v1/completions. ``prompt`` is a string, a list of strings, token ids or a
+    list of token-id lists; each prompt yields ``n`` choices, indexed prompt-major."""
+
+    prompt: Prompt
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, prompt: Prompt) -> Prompt:
+        if isinstance(prompt, list) and (not prompt or any(p == [] or p == "" for p in prompt)):
+            raise ValueError("prompt must not be empty (nor hold an empty prompt)")
+        if prompt == "":
+            raise ValueError("prompt must not be empty")
+        return prompt
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts as a list: each a string or a list of token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if all(isinstance(p, int) for p in prompt):
+            return [list(prompt)]  # type: ignore[arg-type]
+        return list(prompt)  # type: ignore[arg-type]
+
+    def to_sampling_params(self) -> SamplingParams:
+        if self.suffix:
+            raise ParamError("suffix is not supported", "suffix")
+        if self.echo and self.logprobs is not None:
+            raise ParamError("echo together with logprobs is not supported "
+                             "(prompt logprobs are not computed)", "echo")
+        kwargs = self._sampling_kwargs()
+        kwargs["max_tokens"] = self.max_tokens
+        kwargs["logprobs"] = self.logprobs
+        return _build(kwargs, renames={})
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The message's text: text parts joined; other part types are refused."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise ParamError(f"content part of type {part.type!r} is not supported; "
+                                 "only 'text' parts are", "messages")
+        return "".join(part.text or "" for part in self.content)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """POST /v1/chat/completions. ``max_completion_tokens`` wins over ``max_tokens``;
+    with neither, generation runs to EOS or the context limit."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        """Messages as plain dicts for the tokenizer's chat template."""
+        return messages_as_dicts(self.messages)
+
+    def to_sampling_params(self) -> SamplingParams:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ParamError("top_logprobs requires logprobs to be true", "top_logprobs")
+        kwargs = self._sampling_kwargs()
+        use_completion = self.max_completion_tokens is not None
+        kwargs["max_tokens"] = self.max_completion_tokens if use_completion else self.max_tokens
+        kwargs["logprobs"] = (self.top_logprobs or 0) if self.logprobs else None
+        renames = {"logprobs": "top_logprobs"}
+        if use_completion:
+            renames["max_tokens"] = "max_completion_tokens"
+        return _build(kwargs, renames)
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize: a prompt, or chat messages rendered with the chat template."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    tokens: list[int]
+
+
+def messages_as_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Messages as the chat template expects them (``developer`` is OpenAI's new name
+    for ``system``)."""
+    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in messages]
+
+
+def _build(kwargs: dict[str, Any], renames: dict[str, str]) -> SamplingParams:
+    """SamplingParams(**kwargs), its ValueError turned into a ParamError naming the field
+    as the client spelled it (SamplingParams' messages start with the parameter name)."""
+    try:
+        return SamplingParams(**kwargs)
+    except ValueError as exc:
+        message = str(exc)
+        name = message.split(" ", 1)[0]
+        if name in kwargs:
+            client_name = renames.get(name, name)
+            if client_name != name:
+                message = client_name + message[len(name):]
+            raise ParamError(message, client_name) from None
+        raise ParamError(message, None) from None
