@@ -1,0 +1,251 @@
+"""Scheduler: which tokens of which requests to compute in the next step. Imports no torch.
+
+Schedule tokens, not phases. A request is a list of tokens of which the first
+``num_computed_tokens`` have their K/V in the cache; each step computes some more of
+them. A prompt of 7 tokens is a chunk of 7, a decode is a chunk of 1, a long prompt is
+several chunks over several steps (chunked prefill). One token budget,
+``max_num_batched_tokens``, bounds the step:
+
+1. running requests first, decodes before partial prefills, oldest first;
+2. then waiting requests, front of the queue first, up to ``max_num_seqs`` running,
+   each starting from its longest cached prefix (automatic prefix caching).
+
+When the block manager runs out of blocks for a running request, the newest running
+request is preempted by recompute: its blocks are freed and it goes back to the front of
+the waiting queue, keeping its output tokens. On resume the prompt *and* its output so far
+are prefilled again (mostly prefix-cache hits), so its output is unchanged.
+
+Invariants:
+- a request is in exactly one of ``waiting`` / ``running``, or finished and in neither;
+- a running request holds blocks for at least its ``num_computed_tokens`` tokens;
+- a waiting request holds no blocks;
+- a request that is running always has at least one token left to compute.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from inferpath.cache.blocks import BlockManager
+from inferpath.engine.errors import RequestError
+from inferpath.engine.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """Compute the tokens at positions [start, end) of ``request``.
+
+    ``start`` is the request's ``num_computed_tokens`` when scheduled. ``samples`` is
+    True when the chunk reaches the request's last token: its logits are sampled.
+    """
+
+    request: Request
+    start: int
+    num_new_tokens: int
+    samples: bool
+
+    @classmethod
+    def of(cls, request: Request, num_new_tokens: int) -> "ScheduledChunk":
+        start = request.num_computed_tokens
+        return cls(request, start, num_new_tokens, start + num_new_tokens == request.num_tokens)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_new_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's work, in batch order (decodes first). Read by the runner."""
+
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    # requests finished by the scheduler itself (aborted, or out of cache when alone)
+    finished: list[Request] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(c.num_new_tokens for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass
+class SchedulerStats:
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up at first admission
+    prefix_cache_hits: int = 0  # of which found in the cache
+    num_prompt_tokens_computed: int = 0  # prompt tokens actually run through the model
+    num_generation_tokens: int = 0
+
+
+class Scheduler:
+    """Continuous batching over a token budget, with chunked prefill and preemption."""
+
+    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int,
+                 max_num_batched_tokens: int, max_model_len: int):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.stats = SchedulerStats()
+        self._to_abort: set = set()
+
+    # ------------------------------------------------------------------ intake
+    def check_prompt(self, num_prompt_tokens: int) -> None:
+        """Raise RequestError for a prompt that could never run."""
+        if num_prompt_tokens == 0:
+            raise RequestError("the prompt is empty; it needs at least one token")
+        if num_prompt_tokens >= self.max_model_len:
+            raise RequestError(
+                f"the prompt has {num_prompt_tokens} tokens, but max_model_len is "
+                f"{self.max_model_len} and at least one token must be left to generate; "
+                "shorten the prompt")
+        bm = self.block_manager
+        num_capacity = bm.num_blocks * bm.block_size
+        if num_prompt_tokens + 1 > num_capacity:
+            raise RequestError(
+                f"the prompt has {num_prompt_tokens} tokens, but the KV cache holds only "
+                f"{num_capacity} tokens ({bm.num_blocks} blocks of {bm.block_size}); "
+                "shorten the prompt or give the cache more memory")
+
+    def add_request(self, request: Request) -> None:
+        self.check_prompt(request.num_prompt_tokens)
+        request.max_model_len = self.max_model_len
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def abort(self, seq_ids: Iterable) -> None:
+        """Mark requests to be aborted (their blocks freed) at the next ``schedule``."""
+        self._to_abort.update(seq_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ schedule
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        if self._to_abort:
+            out.finished.extend(self._apply_aborts())
+        budget = self.max_num_batched_tokens
+        scheduled: dict[object, ScheduledChunk] = {}
+        # decodes first, then partial prefills; oldest first within each
+        order = ([r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+                 + [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1])
+        for request in order:
+            if budget == 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_slots = request.num_computed_tokens + num_new
+            while not self.block_manager.can_append_slots(request.seq_id, num_slots):
+                victim = self.running[-1]
+                if victim is request and len(self.running) == 1:
+                    # alone and still out of blocks: it can never grow; end it here
+                    self._finish(request, RequestStatus.FINISHED_LENGTH)
+                    out.finished.append(request)
+                    break
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim.seq_id in scheduled:
+                    budget += scheduled.pop(victim.seq_id).num_new_tokens
+                if victim is request:
+                    break
+            else:
+                self.block_manager.append_slots(request.seq_id, num_slots)
+                scheduled[request.seq_id] = ScheduledChunk.of(request, num_new)
+                budget -= num_new
+
+        if not out.preempted:
+            budget = self._admit_waiting(scheduled, budget)
+        out.chunks = list(scheduled.values())
+        return out
+
+    def _admit_waiting(self, scheduled: dict[object, ScheduledChunk], budget: int) -> int:
+        bm = self.block_manager
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            cached = bm.find_cached_prefix(request.all_token_ids)
+            num_computed = len(cached) * bm.block_size
+            num_new = min(request.num_tokens - num_computed, budget)
+            if not bm.can_allocate(num_computed + num_new, cached):
+                break  # the queue is FIFO: nobody overtakes the head
+            bm.allocate(request.seq_id, num_computed + num_new, cached)
+            if request.status is RequestStatus.WAITING:  # first admission, not a resume
+                request.num_cached_tokens = num_computed
+                self.stats.prefix_cache_queries += request.num_prompt_tokens
+                self.stats.prefix_cache_hits += num_computed
+            request.num_computed_tokens = num_computed
+            request.status = RequestStatus.RUNNING
+            self.waiting.popleft()
+            self.running.append(request)
+            scheduled[request.seq_id] = ScheduledChunk.of(request, num_new)
+            budget -= num_new
+        return budget
+
+    # ------------------------------------------------------------------ update
+    def update(self, output: SchedulerOutput, sampled_token_ids: list[int],
+               sampled_logprobs: list | None = None) -> list[Request]:
+        """Advance each scheduled request; append one sampled token to each chunk that
+        samples (in chunk order); free finished requests. Returns the requests that got
+        a token or finished, including ``output.finished``."""
+        changed = list(output.finished)
+        i = 0
+        for chunk in output.chunks:
+            request = chunk.request
+            if request.num_computed_tokens < request.num_prompt_tokens:
+                num_prompt_new = min(chunk.end, request.num_prompt_tokens) - chunk.start
+                self.stats.num_prompt_tokens_computed += num_prompt_new
+            request.num_computed_tokens = chunk.end
+            self.block_manager.cache_full_blocks(
+                request.seq_id, request.all_token_ids, request.num_computed_tokens)
+            if not chunk.samples:
+                continue
+            logprobs = sampled_logprobs[i] if sampled_logprobs is not None else None
+            request.append_output(sampled_token_ids[i], logprobs)
+            i += 1
+            self.stats.num_generation_tokens += 1
+            changed.append(request)
+            if request.status.is_finished:
+                self._remove_finished(request)
+        if i != len(sampled_token_ids):
+            raise ValueError(f"got {len(sampled_token_ids)} sampled tokens for "
+                             f"{i} sampling chunks")
+        return changed
+
+    # ------------------------------------------------------------------ helpers
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.block_manager.free(request.seq_id)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _remove_finished(self, request: Request) -> None:
+        self.running.remove(request)
+        self.block_manager.free(request.seq_id)
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        if request in self.running:
+            self._remove_finished(request)
+        else:
+            self.waiting.remove(request)
+        request.finish(status)
+
+    def _apply_aborts(self) -> list[Request]:
+        aborted = []
+        for request in [*self.running, *self.waiting]:
+            if request.seq_id in self._to_abort:
+                self._finish(request, RequestStatus.FINISHED_ABORTED)
+                aborted.append(request)
+        self._to_abort.clear()
+        return aborted
