@@ -1,0 +1,213 @@
+"""Causal attention over the paged KV cache, and a plain contiguous reference.
+
+The only step where tokens see each other: for each new token, scores = q . k / sqrt(d)
+against every cached key of its own sequence up to its own position, softmax, weighted
+sum of the values. Grouped-query attention: query head h reads KV head
+``h // (num_heads // num_kv_heads)``.
+
+``AttentionPlan`` is derived once per step from ``AttentionMetadata`` (host lists only, so
+building it never waits on the device) and shared by all layers. It splits the flat batch
+into one batched group of single-token queries (decodes: gather K/V through the block
+tables, one ``scaled_dot_product_attention`` call) and per-sequence prefill chunks (which
+may sit on top of earlier context from chunked prefill or a prefix-cache hit).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inferpath.model.metadata import AttentionMetadata
+
+
+@dataclass
+class DecodeGroup:
+    """The sequences of a step whose query is one token, attended in one batched call."""
+
+    token_rows: torch.Tensor | None  # (num_decodes,) rows of the flat batch; None = all rows
+    block_ids: torch.Tensor  # (num_decodes * blocks_per_seq,) blocks to gather, row-major
+    blocks_per_seq: int
+    key_start: int  # keys [key_start, key_end) of the gathered context are read
+    key_end: int
+    mask: torch.Tensor | None  # (num_decodes, 1, 1, key_end - key_start) bool; None = all
+
+
+@dataclass
+class PrefillChunk:
+    """One sequence's chunk of ``query_len`` > 1 new tokens on top of ``context_len`` cached."""
+
+    token_start: int
+    query_len: int
+    seq_len: int
+    block_ids: torch.Tensor | None  # (blocks,) to gather; None: no earlier context, use new K/V
+    mask: torch.Tensor | None  # (query_len, seq_len) bool, True = attend; None with is_causal
+    is_causal: bool
+
+
+@dataclass
+class AttentionPlan:
+    """Everything attention needs for one step, built once and read by every layer."""
+
+    slot_mapping: torch.Tensor  # (num_tokens,)
+    decode: DecodeGroup | None
+    prefills: list[PrefillChunk]
+    scale: float
+
+
+def build_attention_plan(meta: AttentionMetadata, head_dim: int, sliding_window: int | None) -> AttentionPlan:
+    """Split the flat batch into a decode group and prefill chunks, without host syncs."""
+    block_size = meta.block_size
+    window = sliding_window or 0
+    token_starts = [0]
+    for query_len in meta.query_lens:
+        token_starts.append(token_starts[-1] + query_len)
+    decode_seqs = [i for i, q in enumerate(meta.query_lens) if q == 1]
+    device = meta.block_tables.device
+
+    decode = None
+    if decode_seqs:
+        all_decode = len(decode_seqs) == meta.num_seqs
+        decode_lens = [meta.seq_lens_list[i] for i in decode_seqs]
+        max_len = max(decode_lens)
+        blocks_per_seq = -(-max_len // block_size)
+        if all_decode:
+            token_rows, tables, seq_lens = None, meta.block_tables, meta.seq_lens
+        else:
+            index = torch.tensor(decode_seqs, dtype=torch.long, device=device)
+            token_rows = torch.tensor([token_starts[i] for i in decode_seqs], dtype=torch.long, device=device)
+            tables, seq_lens = meta.block_tables.index_select(0, index), meta.seq_lens.index_select(0, index)
+        block_ids = tables[:, :blocks_per_seq].reshape(-1)
+        if min(decode_lens) == max_len:  # one length: slice the keys, no mask needed
+            key_start = max(0, max_len - window) if window else 0
+            mask = None
+        else:
+            key_start = 0
+            keys = torch.arange(max_len, device=device)  # (max_len,)
+            lens = seq_lens.view(-1, 1)  # (num_decodes, 1)
+            mask = keys < lens
+            if window:
+                mask &= keys >= lens - window
+            mask = mask.view(len(decode_seqs), 1, 1, max_len)
+        decode = DecodeGroup(token_rows, block_ids, blocks_per_seq, key_start, max_len, mask)
+
+    prefills = []
+    for i, query_len in enumerate(meta.query_lens):
+        if query_len == 1:
+            continue
+        seq_len = meta.seq_lens_list[i]
+        context_len = seq_len - query_len
+        block_ids = None
+        if context_len > 0:
+            block_ids = meta.block_tables[i, : -(-seq_len // block_size)]
+        needs_window = bool(window) and seq_len > window
+        mask = None
+        if context_len > 0 or needs_window:
+            mask = causal_mask(query_len, seq_len, window, device)
+        prefills.append(PrefillChunk(token_starts[i], query_len, seq_len, block_ids, mask, mask is None))
+    return AttentionPlan(meta.slot_mapping, decode, prefills, 1.0 / math.sqrt(head_dim))
+
+
+def causal_mask(query_len: int, seq_len: int, sliding_window: int | None, device=None) -> torch.Tensor:
+    """(query_len, seq_len) bool: query i (absolute position seq_len - query_len + i) sees key j
+    iff j <= its position and, with a sliding window w, position - j < w."""
+    positions = torch.arange(seq_len - query_len, seq_len, device=device).view(-1, 1)
+    keys = torch.arange(seq_len, device=device).view(1, -1)
+    mask = keys <= positions
+    if sliding_window:
+        mask &= keys > positions - sliding_window
+    return mask
+
+
+class KVWrite(nn.Module):
+    """Writes this step's K and V into the paged cache at ``slot_mapping``.
+
+    A slot is ``block_id * block_size + offset``; the cache of shape
+    (num_blocks, block_size, num_kv_heads, head_dim) is viewed as (num_slots, ...) rows.
+    """
+
+    def forward(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                slot_mapping: torch.Tensor) -> None:
+        # k, v: (num_tokens, num_kv_heads, head_dim)
+        num_kv_heads, head_dim = k_cache.shape[-2:]
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+class PagedAttention(nn.Module):
+    """softmax(q k^T / sqrt(head_dim)) v over the cache, causal, grouped-query.
+
+    Reads K/V of earlier tokens through the block tables (this step's K/V must already be
+    written). Returns (num_tokens, num_heads, head_dim).
+    """
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
+        # q: (num_tokens, num_heads, head_dim); k, v: (num_tokens, num_kv_heads, head_dim)
+        decode = plan.decode
+        if decode is not None and decode.token_rows is None:
+            return self._decode(q, k_cache, v_cache, decode, plan.scale)
+        if decode is None and len(plan.prefills) == 1:
+            return self._prefill(q, k, v, k_cache, v_cache, plan.prefills[0], plan.scale)
+        out = torch.empty_like(q)
+        if decode is not None:
+            rows = decode.token_rows
+            out.index_copy_(0, rows, self._decode(q.index_select(0, rows), k_cache, v_cache, decode, plan.scale))
+        for chunk in plan.prefills:
+            rows = slice(chunk.token_start, chunk.token_start + chunk.query_len)
+            out[rows] = self._prefill(q, k, v, k_cache, v_cache, chunk, plan.scale)
+        return out
+
+    @staticmethod
+    def _decode(q, k_cache, v_cache, group: DecodeGroup, scale: float) -> torch.Tensor:
+        num_seqs = q.shape[0]
+        num_kv_heads, head_dim = k_cache.shape[-2:]
+        context = group.blocks_per_seq * k_cache.shape[1]
+
+        def gather(cache):  # -> (num_seqs, num_kv_heads, num_keys, head_dim)
+            blocks = cache.index_select(0, group.block_ids)  # (num_seqs * blocks_per_seq, block_size, kvh, hd)
+            return blocks.view(num_seqs, context, num_kv_heads, head_dim)[:, group.key_start:group.key_end].transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), gather(k_cache), gather(v_cache),  # q: (num_seqs, num_heads, 1, head_dim)
+            attn_mask=group.mask, scale=scale, enable_gqa=True,
+        )
+        return out.squeeze(2)  # (num_seqs, num_heads, head_dim)
+
+    @staticmethod
+    def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, scale: float) -> torch.Tensor:
+        rows = slice(chunk.token_start, chunk.token_start + chunk.query_len)
+        if chunk.block_ids is None:  # no earlier context: this step's K/V are the whole context
+            keys, values = k[rows], v[rows]  # (seq_len, num_kv_heads, head_dim)
+        else:
+            num_kv_heads, head_dim = k_cache.shape[-2:]
+            keys = k_cache.index_select(0, chunk.block_ids).view(-1, num_kv_heads, head_dim)[: chunk.seq_len]
+            values = v_cache.index_select(0, chunk.block_ids).view(-1, num_kv_heads, head_dim)[: chunk.seq_len]
+        out = F.scaled_dot_product_attention(
+            q[rows].transpose(0, 1).unsqueeze(0),  # (1, num_heads, query_len, head_dim)
+            keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0),
+            attn_mask=chunk.mask, is_causal=chunk.is_causal, scale=scale, enable_gqa=True,
+        )
+        return out.squeeze(0).transpose(0, 1)  # (query_len, num_heads, head_dim)
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        sliding_window: int | None = None) -> torch.Tensor:
+    """Plain-torch causal attention of one sequence over contiguous K/V (the test oracle).
+
+    q: (query_len, num_heads, head_dim) -- the last query_len positions of the context;
+    k, v: (seq_len, num_kv_heads, head_dim). Returns (query_len, num_heads, head_dim).
+    """
+    query_len, num_heads, head_dim = q.shape
+    seq_len, num_kv_heads, _ = k.shape
+    group = num_heads // num_kv_heads
+    k = k.repeat_interleave(group, dim=1)  # (seq_len, num_heads, head_dim)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) / math.sqrt(head_dim)  # (heads, q, k)
+    mask = causal_mask(query_len, seq_len, sliding_window, q.device)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.softmax(dim=-1)
+    return torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)

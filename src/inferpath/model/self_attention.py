@@ -1,0 +1,51 @@
+"""The attention block of one layer: Q/K/V projections, RoPE, cache write, attention, W_O.
+
+Every stage is its own submodule under Hugging Face's name, so a tracer can time each one
+with forward hooks from outside and checkpoint tensors load by name:
+``q_proj``/``k_proj``/``v_proj`` -> ``rotary_emb`` -> ``kv_write`` -> ``attn`` -> ``o_proj``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from inferpath.config import ModelConfig
+from inferpath.model.attention import AttentionPlan, KVWrite, PagedAttention
+from inferpath.model.rope import RopeTable, RotaryEmbedding
+
+
+class SelfAttention(nn.Module):
+    """Grouped-query self-attention of layer ``layer_idx`` over the paged KV cache.
+
+    Q is ``num_heads * head_dim`` wide, K and V ``num_kv_heads * head_dim``; only K and V
+    are kept (in the cache), Q is discarded after use. Qwen2 adds a bias to Q, K and V.
+    """
+
+    def __init__(self, config: ModelConfig, layer_idx: int, rope_table: RopeTable) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, config.q_size, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
+        self.rotary_emb = RotaryEmbedding(rope_table)
+        self.kv_write = KVWrite()
+        self.attn = PagedAttention()
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache, plan: AttentionPlan) -> torch.Tensor:
+        # x: (num_tokens, hidden_size)
+        num_tokens = x.shape[0]
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary_emb(positions, q, k)
+        k_cache = kv_cache.k_caches[self.layer_idx]  # (num_blocks, block_size, num_kv_heads, head_dim)
+        v_cache = kv_cache.v_caches[self.layer_idx]
+        self.kv_write(k, v, k_cache, v_cache, plan.slot_mapping)
+        out = self.attn(q, k, v, k_cache, v_cache, plan)  # (num_tokens, num_heads, head_dim)
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))

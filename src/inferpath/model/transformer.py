@@ -1,0 +1,171 @@
+"""The decoder-only transformer (Llama, Mistral, Qwen2, Mixtral) in the seed's stage order.
+
+    embed_tokens (row lookup)
+    N x layer: input_layernorm -> self_attn (q/k/v_proj -> rotary_emb -> kv_write -> attn
+               -> o_proj) -> +residual -> post_attention_layernorm -> mlp (gate_proj,
+               up_proj -> act_fn -> down_proj) or block_sparse_moe -> +residual
+    norm, then lm_head on the rows whose logits are needed (``compute_logits``)
+
+Module names are Hugging Face's, so ``state_dict()`` keys are checkpoint tensor names and
+``load_weights`` is a direct name match. The file stays plain: no timing, quantization or
+compilation here; those wrap modules from outside.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from inferpath.config import ModelConfig
+from inferpath.model.attention import build_attention_plan
+from inferpath.model.layers import RMSNorm, SwiGLUMLP
+from inferpath.model.metadata import AttentionMetadata
+from inferpath.model.moe import SparseMoE
+from inferpath.model.rope import RopeTable
+from inferpath.model.self_attention import SelfAttention
+
+# Tensors some checkpoints carry that the model recomputes; ignored when loading.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class WeightLoadError(ValueError):
+    """Checkpoint tensors do not match the model built from its config."""
+
+
+class DecoderLayer(nn.Module):
+    """One transformer block: pre-norm attention and pre-norm FFN, each added to the residual."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int, rope_table: RopeTable) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = SelfAttention(config, layer_idx, rope_table)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if config.is_moe:
+            self.block_sparse_moe = SparseMoE(config.hidden_size, config.intermediate_size,
+                                              config.num_experts, config.num_experts_per_tok)
+        else:
+            self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
+        self.is_moe = config.is_moe
+
+    def forward(self, positions, hidden, kv_cache, plan) -> torch.Tensor:
+        # hidden: (num_tokens, hidden_size), the running residual stream
+        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, plan)
+        ffn = self.block_sparse_moe if self.is_moe else self.mlp
+        return hidden + ffn(self.post_attention_layernorm(hidden))
+
+
+class DecoderStack(nn.Module):
+    """Embedding, the layers and the final norm (Hugging Face's ``model.`` prefix)."""
+
+    def __init__(self, config: ModelConfig, rope_table: RopeTable) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, rope_table) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids, positions, kv_cache, plan) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)  # (num_tokens, hidden_size): rows copied, no arithmetic
+        for layer in self.layers:
+            hidden = layer(positions, hidden, kv_cache, plan)
+        return self.norm(hidden)
+
+
+class Transformer(nn.Module):
+    """A decoder-only LM over a flat batch of new tokens and a paged KV cache.
+
+    Parameters are allocated uninitialised; call ``load_weights`` (or
+    ``init_random_weights`` for tests and benchmarks) before ``forward``. With
+    ``tie_word_embeddings`` the LM head shares ``model.embed_tokens.weight``.
+    """
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu") -> None:
+        super().__init__()
+        self.config = config
+        self.rope_table = RopeTable(config)
+        with torch.device("meta"):
+            self.model = DecoderStack(config, self.rope_table)
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.to(dtype)
+        self.to_empty(device=device)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions: (num_tokens,) -> final-normed hidden (num_tokens, hidden_size).
+
+        Writes this step's K/V into ``kv_cache`` at ``meta.slot_mapping``. No host syncs:
+        lengths come from the host lists in ``meta``.
+        """
+        self.rope_table.ensure(meta.max_seq_len)
+        plan = build_attention_plan(meta, self.config.head_dim, self.config.sliding_window)
+        return self.model(input_ids, positions, kv_cache, plan)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM head on the given rows only: (num_rows, hidden_size) -> (num_rows, vocab) float32."""
+        return self.lm_head(hidden).float()
+
+    # ------------------------------------------------------------------ weights
+    def expected_weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Checkpoint tensor name -> shape; a tied head contributes no ``lm_head.weight``."""
+        return {name: tuple(p.shape) for name, p in self.named_parameters()}
+
+    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy checkpoint tensors in by name, converting to the model's dtype and device.
+
+        Raises WeightLoadError naming the first missing tensor, the first shape mismatch
+        (with both shapes) or the unexpected tensors. Tensors already in the right dtype,
+        device and layout are used without a copy.
+        """
+        params = dict(self.named_parameters())
+        missing = [name for name in params if name not in tensors]
+        if missing:
+            name = missing[0]
+            raise WeightLoadError(
+                f"checkpoint is missing tensor {name!r} (expected shape {tuple(params[name].shape)})"
+                + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+            )
+        unexpected = [name for name in tensors if name not in params and not self._is_ignorable(name)]
+        if unexpected:
+            raise WeightLoadError(
+                f"checkpoint has {len(unexpected)} tensor(s) this {self.config.architecture} model does "
+                f"not use, e.g. {unexpected[0]!r}"
+            )
+        for name, param in params.items():
+            tensor = tensors[name]
+            if tuple(tensor.shape) != tuple(param.shape):
+                raise WeightLoadError(
+                    f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
+                )
+        for name, param in params.items():
+            param.data = tensors[name].to(device=param.device, dtype=param.dtype).contiguous()
+
+    def _is_ignorable(self, name: str) -> bool:
+        if name.endswith(_IGNORED_SUFFIXES):
+            return True
+        return name == "lm_head.weight" and self.config.tie_word_embeddings
+
+    @torch.no_grad()
+    def init_random_weights(self, seed: int = 0, std: float = 0.02) -> None:
+        """Deterministic random weights (norms = 1, biases = 0): for tests and benchmarks."""
+        generator = torch.Generator().manual_seed(seed)
+        for name, param in self.named_parameters():
+            if isinstance(self.get_submodule(name.rsplit(".", 1)[0]), RMSNorm):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                values = torch.randn(param.shape, generator=generator, dtype=torch.float32) * std
+                param.copy_(values)
+
+
+def build_model(checkpoint, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Transformer:
+    """A Transformer for ``checkpoint.config`` with ``checkpoint.tensors`` loaded, in eval mode."""
+    model = Transformer(checkpoint.config, dtype=dtype, device=device)
+    model.load_weights(checkpoint.tensors)
+    return model.eval()

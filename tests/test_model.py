@@ -1,0 +1,219 @@
+"""The transformer against Hugging Face transformers, on random-weight models built offline.
+
+Each architecture (Llama with llama3 RoPE scaling and a 128,256 vocab, tied and untied;
+Qwen2 with QKV bias; Mistral with a sliding window shorter than the test; Mixtral MoE)
+must give logits within 1e-4 (relative, fp32) of transformers' for a prefill -- run here
+as two chunks, the second on top of cached context -- and for 16 decode steps fed the same
+tokens as transformers' own KV-cache decode.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from inferpath.cache.kv import KVCache
+from inferpath.config import ModelConfig
+from inferpath.model import AttentionMetadata, Transformer, WeightLoadError
+
+transformers = pytest.importorskip("transformers")
+
+BLOCK_SIZE = 4
+NUM_DECODE_STEPS = 16
+
+
+class PagedRunner:
+    """A tiny stand-in for the engine's runner: shuffled block ids, one flat batch per step."""
+
+    def __init__(self, model: Transformer, num_blocks: int = 64, seed: int = 0) -> None:
+        self.model = model
+        self.cache = KVCache(model.config, num_blocks, BLOCK_SIZE, model.dtype)
+        self.free_blocks = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free_blocks)
+        self.tokens: dict[int, list[int]] = {}
+        self.blocks: dict[int, list[int]] = {}
+
+    @torch.inference_mode()
+    def step(self, chunks: list[tuple[int, list[int]]]) -> torch.Tensor:
+        """Append each chunk's tokens to its sequence; logits of each chunk's last token."""
+        input_ids, positions, slots, query_lens, seq_lens = [], [], [], [], []
+        for seq_id, new_tokens in chunks:
+            tokens = self.tokens.setdefault(seq_id, [])
+            blocks = self.blocks.setdefault(seq_id, [])
+            start = len(tokens)
+            tokens.extend(new_tokens)
+            while len(blocks) * BLOCK_SIZE < len(tokens):
+                blocks.append(self.free_blocks.pop())
+            for pos in range(start, len(tokens)):
+                slots.append(blocks[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE)
+            input_ids += new_tokens
+            positions += range(start, len(tokens))
+            query_lens.append(len(new_tokens))
+            seq_lens.append(len(tokens))
+        width = max(len(self.blocks[s]) for s, _ in chunks) + 2  # padded wider than needed
+        tables = [self.blocks[s] + [0] * (width - len(self.blocks[s])) for s, _ in chunks]
+        starts = [0]
+        for q in query_lens:
+            starts.append(starts[-1] + q)
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots), query_start_loc=torch.tensor(starts),
+            seq_lens=torch.tensor(seq_lens), block_tables=torch.tensor(tables),
+            query_lens=query_lens, seq_lens_list=seq_lens, block_size=BLOCK_SIZE,
+        )
+        hidden = self.model(torch.tensor(input_ids), torch.tensor(positions), self.cache, meta)
+        return self.model.compute_logits(hidden[torch.tensor(starts[1:]) - 1])
+
+
+def _tiny(config_cls, **overrides):
+    base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                initializer_range=0.1, attn_implementation="eager")
+    base.update(overrides)
+    return config_cls(**base)
+
+
+CASES = {
+    "llama3-128k-vocab-untied": lambda: _tiny(
+        transformers.LlamaConfig, vocab_size=128_256, tie_word_embeddings=False,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    "llama3-128k-vocab-tied": lambda: _tiny(
+        transformers.LlamaConfig, vocab_size=128_256, tie_word_embeddings=True,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    "qwen2-bias": lambda: _tiny(transformers.Qwen2Config, num_attention_heads=8, num_key_value_heads=2),
+    "mistral-sliding-window": lambda: _tiny(transformers.MistralConfig, sliding_window=8),
+    "mixtral": lambda: _tiny(transformers.MixtralConfig, num_local_experts=4, num_experts_per_tok=2),
+}
+
+
+def hf_to_checkpoint_names(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """transformers 5 fuses Mixtral experts; split them back into the checkpoint layout."""
+    if not config.is_moe:
+        return dict(state)
+    out, inter = {}, config.intermediate_size
+    for name, tensor in state.items():
+        if ".mlp.gate." in name:
+            out[name.replace(".mlp.gate.", ".block_sparse_moe.gate.")] = tensor
+        elif name.endswith("mlp.experts.gate_up_proj"):
+            prefix = name.replace("mlp.experts.gate_up_proj", "block_sparse_moe.experts")
+            for e in range(tensor.shape[0]):
+                out[f"{prefix}.{e}.w1.weight"] = tensor[e, :inter]
+                out[f"{prefix}.{e}.w3.weight"] = tensor[e, inter:]
+        elif name.endswith("mlp.experts.down_proj"):
+            prefix = name.replace("mlp.experts.down_proj", "block_sparse_moe.experts")
+            for e in range(tensor.shape[0]):
+                out[f"{prefix}.{e}.w2.weight"] = tensor[e]
+        else:
+            out[name] = tensor
+    return out
+
+
+def build_pair(case: str):
+    """(transformers model, our model) with the same random weights (norms and biases too)."""
+    hf_config = CASES[case]()
+    torch.manual_seed(0)
+    hf = getattr(transformers, type(hf_config).__name__.replace("Config", "ForCausalLM"))(hf_config).eval()
+    with torch.no_grad():  # transformers initialises norms to 1 and biases to 0: make them count
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.1 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.1)
+    config = ModelConfig.from_hf_config(hf_config.to_dict())
+    ours = Transformer(config)
+    ours.load_weights(hf_to_checkpoint_names(hf.state_dict(), config))
+    return hf, ours.eval()
+
+
+def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual - expected).abs().max() / expected.abs().max()).item()
+
+
+def test_config_parser_reads_transformers_configs():
+    config = ModelConfig.from_hf_config(CASES["llama3-128k-vocab-untied"]().to_dict())
+    assert config.rope_scaling_dict["rope_type"] == "llama3"
+    assert config.rope_scaling_dict["original_max_position_embeddings"] == 64
+    assert ModelConfig.from_hf_config(CASES["qwen2-bias"]().to_dict()).attention_bias
+    assert ModelConfig.from_hf_config(CASES["mistral-sliding-window"]().to_dict()).sliding_window == 8
+    assert ModelConfig.from_hf_config(CASES["mixtral"]().to_dict()).num_experts == 4
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@torch.inference_mode()
+def test_logits_match_transformers_prefill_and_decode(case):
+    hf, ours = build_pair(case)
+    prompt = torch.randint(0, hf.config.vocab_size, (12,), generator=torch.Generator().manual_seed(1)).tolist()
+    ref = hf(torch.tensor([prompt]), use_cache=True)
+    runner = PagedRunner(ours)
+    first = runner.step([(0, prompt[:5])])  # chunked prefill: 5 tokens, then 7 on top of them
+    assert rel_err(first[0], ref.logits[0, 4]) < 1e-4
+    logits = runner.step([(0, prompt[5:])])
+    assert rel_err(logits[0], ref.logits[0, -1]) < 1e-4
+    cache = ref.cache
+    for step in range(NUM_DECODE_STEPS):
+        token = int(ref.logits[0, -1].argmax())
+        ref = hf(torch.tensor([[token]]), cache=cache, use_cache=True)
+        cache = ref.cache
+        logits = runner.step([(0, [token])])
+        assert rel_err(logits[0], ref.logits[0, -1]) < 1e-4, f"decode step {step}"
+
+
+@torch.inference_mode()
+def test_batch_of_four_matches_each_alone():
+    _, model = build_pair("qwen2-bias")
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (3, 9, 1, 14)]
+    alone = []
+    for prompt in prompts:
+        runner = PagedRunner(model)
+        steps = [runner.step([(0, prompt)])[0]]
+        for token in (7, 11, 13):
+            steps.append(runner.step([(0, [token])])[0])
+        alone.append(torch.stack(steps))
+    runner = PagedRunner(model, seed=5)
+    batched = [runner.step([(i, p) for i, p in enumerate(prompts)])]
+    for token in (7, 11, 13):
+        batched.append(runner.step([(i, [token]) for i in range(len(prompts))]))
+    batched = torch.stack(batched, dim=1)  # (num_seqs, steps, vocab)
+    for i in range(len(prompts)):
+        assert rel_err(batched[i], alone[i]) < 1e-5, f"sequence {i}"
+
+
+def test_load_weights_errors_name_tensor_and_shape():
+    _, model = build_pair("llama3-128k-vocab-tied")
+    tensors = dict(model.state_dict())
+    tensors.pop("lm_head.weight", None)
+    missing = dict(tensors)
+    del missing["model.layers.1.mlp.down_proj.weight"]
+    with pytest.raises(WeightLoadError, match=r"model\.layers\.1\.mlp\.down_proj\.weight.*\(64, 128\)"):
+        model.load_weights(missing)
+    wrong = dict(tensors)
+    wrong["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(64, 64)
+    with pytest.raises(WeightLoadError, match=r"k_proj\.weight.*\(64, 64\).*expected \(32, 64\)"):
+        model.load_weights(wrong)
+    extra = dict(tensors)
+    extra["model.layers.0.mlp.extra.weight"] = torch.zeros(1)
+    with pytest.raises(WeightLoadError, match=r"mlp\.extra\.weight"):
+        model.load_weights(extra)
+
+
+def test_tied_head_shares_the_embedding():
+    _, tied = build_pair("llama3-128k-vocab-tied")
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+    assert "lm_head.weight" not in tied.expected_weight_shapes()
+    _, untied = build_pair("llama3-128k-vocab-untied")
+    assert "lm_head.weight" in untied.expected_weight_shapes()
+
+
+def test_unknown_rope_scaling_is_rejected():
+    from inferpath.model.rope import RopeScalingError
+
+    config = ModelConfig.from_hf_config(CASES["qwen2-bias"]().to_dict())
+    from dataclasses import replace
+
+    bad = replace(config, rope_scaling=(("factor", 2.0), ("rope_type", "yarn")))
+    with pytest.raises(RopeScalingError, match="yarn"):
+        Transformer(bad)
