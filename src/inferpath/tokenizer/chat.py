@@ -1,0 +1,153 @@
+"""Chat templates: the model's Jinja template, rendered in a sandbox.
+
+The environment matches what Hugging Face ``transformers`` gives templates, so the rendered
+prompt is the same string: ``ImmutableSandboxedEnvironment(trim_blocks=True,
+lstrip_blocks=True)`` with loop controls, a ``tojson`` that does not HTML-escape,
+``raise_exception``, ``strftime_now``, ``namespace``, and the variables ``messages``,
+``add_generation_prompt``, ``tools``, ``documents``, ``bos_token``, ``eos_token``.
+
+Keeping content from becoming control tokens: before rendering, every added-token string
+inside message data is wrapped in two private-use marker characters that occur nowhere else.
+After rendering, the markers are removed and the spans they enclosed are returned as
+"protected": the tokenizer encodes added tokens there as plain text.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+import regex
+
+
+class _GenerationBlock(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}`` renders its body unchanged (transformers uses
+    it to find assistant tokens; a template that has it must still render here)."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render_body"), [], [], body).set_lineno(lineno)
+
+    def _render_body(self, caller):
+        return caller()
+
+
+def _raise_exception(message: str):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def compile_template(source: str) -> jinja2.Template:
+    """Compile a chat template in the sandbox; ValueError with the line on a syntax error."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationBlock]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"chat template does not compile: {exc.message} (line {exc.lineno})") from None
+
+
+def _strings_in(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings_in(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings_in(v)]
+    return []
+
+
+def _mark(value: Any, added_re: regex.Pattern, start: str, end: str) -> Any:
+    """A copy of ``value`` with each added-token string in it wrapped in the markers."""
+    if isinstance(value, str):
+        return added_re.sub(lambda m: start + m.group() + end, value)
+    if isinstance(value, dict):
+        return {k: _mark(v, added_re, start, end) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_mark(v, added_re, start, end) for v in value]
+    return value
+
+
+def _pick_markers(texts: list[str]) -> tuple[str, str]:
+    """Two private-use characters that occur in none of ``texts``."""
+    used = set("".join(texts))
+    free = (chr(c) for c in range(0xE000, 0xF900) if chr(c) not in used)
+    return next(free), next(free)
+
+
+class ChatRenderer:
+    """One compiled chat template plus the special-token strings it is given.
+
+    Invariant: ``render_with_spans(...)[0] == render(...)`` for the same arguments.
+    """
+
+    def __init__(self, source: str, template_tokens: dict[str, str]):
+        self.source = source
+        self.template = compile_template(source)
+        self.template_tokens = dict(template_tokens)
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if not isinstance(messages, (list, tuple)) or not all(isinstance(m, dict) for m in messages):
+            raise ValueError(f"messages must be a list of dicts with 'role' and 'content', got {messages!r}")
+        try:
+            return self.template.render(
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                tools=None,
+                documents=None,
+                **self.template_tokens,
+            )
+        except jinja2.TemplateError as exc:
+            raise ValueError(f"chat template failed on these messages: {exc}") from None
+
+    def render_with_spans(
+        self, messages: list[dict], add_generation_prompt: bool, added_re: regex.Pattern | None
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered text and the sorted ``(start, end)`` spans of added-token strings that
+        came from the messages (not from the template)."""
+        strings = _strings_in(list(messages))
+        if added_re is None or not any(added_re.search(s) for s in strings):
+            return self.render(messages, add_generation_prompt), []
+        start, end = _pick_markers(strings + [self.source] + list(self.template_tokens.values()))
+        marked = self.render(_mark(list(messages), added_re, start, end), add_generation_prompt)
+        text_parts: list[str] = []
+        protected: list[tuple[int, int]] = []
+        position = 0
+        open_at = None
+        for part in regex.split(f"([{start}{end}])", marked):
+            if part == start:
+                open_at = position
+            elif part == end:
+                if open_at is not None:
+                    protected.append((open_at, position))
+                open_at = None
+            else:
+                text_parts.append(part)
+                position += len(part)
+        text = "".join(text_parts)
+        if text != self.render(messages, add_generation_prompt):
+            raise ValueError(
+                "chat template output depends on the exact characters of the message content, so "
+                "the special-token strings in it cannot be kept apart from the template's own"
+            )
+        return text, protected

@@ -1,0 +1,170 @@
+"""Build a Tokenizer from a file: GGUF metadata, a Hugging Face tokenizer.json, or tiktoken ranks.
+
+``load_tokenizer(path)`` decides by what the path is:
+
+- a ``.gguf`` file (or any file starting with ``b"GGUF"``): ``tokenizer.ggml.*`` metadata;
+- a directory holding ``tokenizer.json`` (plus optional ``tokenizer_config.json``,
+  ``chat_template.jinja``, ``generation_config.json``), or a ``tokenizer.json`` file;
+- a tiktoken rank file (lines ``<base64 bytes> <rank>``), e.g. Llama-3's ``tokenizer.model``.
+
+Every loader ends in the same ``Tokenizer``; only byte-level BPE is supported.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from pathlib import Path
+
+from inferpath.tokenizer.bpe import BytePairEncoder, bytes_to_piece
+from inferpath.tokenizer.gguf_meta import read_gguf_metadata
+from inferpath.tokenizer.pretokenize import LLAMA3_PATTERN, PreTokenizer, patterns_for
+from inferpath.tokenizer.tokenizer import AddedToken, Tokenizer
+
+# Texts of tokens that end a turn or a document, in the vocabularies we know. A model stops
+# on any of them that its vocabulary marks special (llama.cpp does the same).
+END_OF_TURN_TOKENS = (
+    "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|im_end|>", "<|endoftext|>",
+    "<|end|>", "<end_of_turn>", "</s>",
+)  # fmt: skip
+
+# GGUF token types (llama.cpp): 3 = control (special), 4 = user defined (always split).
+_GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
+
+# Llama-3's special tokens follow its 128,000 tiktoken ranks (llama-models' tokenizer.py).
+_LLAMA3_NUM_BASE_TOKENS = 128_000
+_LLAMA3_SPECIAL_TOKENS = [
+    "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|step_id|>",
+    "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>",
+    "<|python_tag|>", "<|image|>",
+] + [f"<|reserved_special_token_{i}|>" for i in range(2, 2 + 256 - 12)]  # fmt: skip
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """A Tokenizer from a GGUF file, a tokenizer.json (file or directory) or a tiktoken rank file."""
+    path = Path(path)
+    if path.is_dir():
+        from inferpath.tokenizer.load_hf import load_hf_directory
+
+        return load_hf_directory(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no tokenizer at {path} (expected a .gguf, tokenizer.json, directory or tiktoken file)")
+    with open(path, "rb") as file:
+        head = file.read(4)
+    if head == b"GGUF":
+        return load_gguf(path)
+    if path.suffix == ".json" or head.lstrip()[:1] == b"{":
+        from inferpath.tokenizer.load_hf import load_tokenizer_json
+
+        return load_tokenizer_json(path)
+    return load_tiktoken(path)
+
+
+def end_of_turn_ids(added_tokens: list[AddedToken], eos_id: int | None) -> frozenset[int]:
+    """The primary EOS plus every special token whose text ends a turn."""
+    ids = {t.id for t in added_tokens if t.special and t.content in END_OF_TURN_TOKENS}
+    if eos_id is not None:
+        ids.add(eos_id)
+    return frozenset(ids)
+
+
+def _require(metadata: dict, key: str, path: Path):
+    if key not in metadata:
+        raise ValueError(f"GGUF file {path} has no {key!r}; a byte-level BPE tokenizer needs it")
+    return metadata[key]
+
+
+def load_gguf(path: str | Path) -> Tokenizer:
+    """A Tokenizer from GGUF metadata (``tokenizer.ggml.model`` must be ``gpt2``)."""
+    path = Path(path)
+    metadata = read_gguf_metadata(path)
+    model = _require(metadata, "tokenizer.ggml.model", path)
+    if model != "gpt2":
+        raise ValueError(
+            f"GGUF file {path}: tokenizer.ggml.model is {model!r}; supported: 'gpt2' (byte-level BPE). "
+            "SentencePiece ('llama') and WordPiece ('bert') vocabularies are not"
+        )
+    pieces = list(_require(metadata, "tokenizer.ggml.tokens", path))
+    merges = _require(metadata, "tokenizer.ggml.merges", path)
+    token_types = metadata.get("tokenizer.ggml.token_type") or [1] * len(pieces)
+    if len(token_types) != len(pieces):
+        raise ValueError(
+            f"GGUF file {path}: tokenizer.ggml.token_type has {len(token_types)} entries, "
+            f"tokenizer.ggml.tokens has {len(pieces)}"
+        )
+    pre = metadata.get("tokenizer.ggml.pre", "gpt-2")
+    try:
+        patterns = patterns_for(pre)
+    except ValueError as exc:
+        raise ValueError(f"GGUF file {path}: tokenizer.ggml.pre: {exc}") from None
+    added = [
+        AddedToken(piece, i, special=(kind == _GGUF_CONTROL))
+        for i, (piece, kind) in enumerate(zip(pieces, token_types))
+        if kind in (_GGUF_CONTROL, _GGUF_USER_DEFINED)
+    ]
+    vocab = {piece: i for i, (piece, kind) in enumerate(zip(pieces, token_types)) if kind not in (_GGUF_CONTROL, _GGUF_USER_DEFINED)}
+    merge_ranks = {}
+    for rank, merge in enumerate(merges):
+        left, sep, right = merge.partition(" ")
+        if not sep:
+            raise ValueError(f"GGUF file {path}: tokenizer.ggml.merges[{rank}] = {merge!r} is not 'left right'")
+        merge_ranks.setdefault((left, right), rank)
+    is_llama3 = pre in ("llama-bpe", "llama3")
+    eos_id = metadata.get("tokenizer.ggml.eos_token_id")
+    extra_eos = [metadata[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in metadata]
+    for token_id in [metadata.get("tokenizer.ggml.bos_token_id"), eos_id, *extra_eos]:
+        if token_id is not None and not 0 <= token_id < len(pieces):
+            raise ValueError(f"GGUF file {path}: special token id {token_id} is outside the {len(pieces)} tokens")
+    return Tokenizer(
+        pieces=pieces,
+        encoder=BytePairEncoder(vocab, merge_ranks, ignore_merges=is_llama3),
+        pre_tokenizer=PreTokenizer(patterns),
+        added_tokens=added,
+        bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=eos_id,
+        eos_token_ids=end_of_turn_ids(added, eos_id) | frozenset(extra_eos),
+        add_bos_token=bool(metadata.get("tokenizer.ggml.add_bos_token", is_llama3)),
+        chat_template=metadata.get("tokenizer.chat_template"),
+        name=str(metadata.get("general.name", path.stem)),
+    )
+
+
+def load_tiktoken(path: str | Path) -> Tokenizer:
+    """A Tokenizer from a tiktoken rank file; a 128,000-rank file gets Llama-3's special tokens."""
+    path = Path(path)
+    vocab: dict[str, int] = {}
+    with open(path, "rb") as file:
+        for line_number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
+            try:
+                token_b64, rank = line.split()
+                vocab[bytes_to_piece(base64.b64decode(token_b64, validate=True))] = int(rank)
+            except (ValueError, binascii.Error):
+                raise ValueError(
+                    f"{path}: line {line_number} is not '<base64 token> <rank>' ({line[:60]!r}); "
+                    "supported tokenizer files: .gguf, tokenizer.json, tiktoken rank files"
+                ) from None
+    if sorted(vocab.values()) != list(range(len(vocab))):
+        raise ValueError(f"{path}: tiktoken ranks must be 0..{len(vocab) - 1} without gaps or repeats")
+    pieces = [""] * len(vocab)
+    for piece, rank in vocab.items():
+        pieces[rank] = piece
+    added: list[AddedToken] = []
+    if len(vocab) == _LLAMA3_NUM_BASE_TOKENS:
+        added = [AddedToken(t, len(vocab) + i, special=True) for i, t in enumerate(_LLAMA3_SPECIAL_TOKENS)]
+        pieces += _LLAMA3_SPECIAL_TOKENS
+    by_content = {t.content: t.id for t in added}
+    eos_id = by_content.get("<|end_of_text|>")
+    return Tokenizer(
+        pieces=pieces,
+        encoder=BytePairEncoder(vocab, merge_ranks=None, ignore_merges=True),
+        pre_tokenizer=PreTokenizer((LLAMA3_PATTERN,)),
+        added_tokens=added,
+        bos_token_id=by_content.get("<|begin_of_text|>"),
+        eos_token_id=eos_id,
+        eos_token_ids=end_of_turn_ids(added, eos_id),
+        add_bos_token="<|begin_of_text|>" in by_content,
+        name=path.stem,
+    )
