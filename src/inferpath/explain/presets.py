@@ -77,7 +77,7 @@ def resolve_model_config(spec: str) -> ModelConfig:
         from inferpath.models import resolve_model  # weights helper; pulls on first use
 
         path = Path(resolve_model(spec))
-        return _with_default_name(config_from_path(path), spec)
+        return config_from_path(path).with_name(key)
     if path.exists():
         return config_from_path(path)
     raise ValueError(
@@ -102,7 +102,3 @@ def config_from_path(path: Path) -> ModelConfig:
     if path.suffix == ".json":
         return ModelConfig.from_json_file(path)
     raise ValueError(f"{path}: expected a config.json, a model directory or a .gguf file")
-
-
-def _with_default_name(config: ModelConfig, name: str) -> ModelConfig:
-    return config if config.name else config.with_name(name)

@@ -7,7 +7,7 @@ the machine can do, not what a busy moment gave:
 - matmul: ``a @ b`` with square ``n x n`` operands does ``2 n^3`` FLOPs.
 
 The roofline uses the read bandwidth (weights are read, not copied). Results are cached as
-JSON under ``$INFERPATH_CACHE_DIR`` (default ``~/.cache/inferpath``), keyed by device,
+JSON under ``$INFERPATH_CACHE`` (default ``~/.cache/inferpath``), keyed by device,
 thread count and sizes, since they cost seconds to measure and change rarely.
 """
 
@@ -26,7 +26,8 @@ _REPEATS = 5
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("INFERPATH_CACHE_DIR", Path.home() / ".cache" / "inferpath"))
+    """``$INFERPATH_CACHE`` or ``~/.cache/inferpath`` (the same root as inferpath.models)."""
+    return Path(os.environ.get("INFERPATH_CACHE") or "~/.cache/inferpath").expanduser()
 
 
 def probe_this_machine(device: str = "cpu", bandwidth_bytes: int = DEFAULT_BANDWIDTH_BYTES,

@@ -32,7 +32,7 @@ def fmt_time(s: float) -> str:
 
 
 def fmt_flops(n: float) -> str:
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n:.0f}"

@@ -1,0 +1,119 @@
+"""``inferpath explain``, ``inferpath roofline`` and ``inferpath trace``.
+
+explain: the cost model's stage tables and totals for a model on a hardware spec.
+roofline: the same stages placed on a roofline chart (PNG) or as JSON.
+trace: a real run of a real model, each stage timed beside the cost model's prediction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from inferpath.explain.cost import DTYPE_BYTES
+    from inferpath.explain.hardware import hardware_names
+
+    def common(parser: argparse.ArgumentParser, model: str, hardware: str) -> None:
+        parser.add_argument("--model", default=model,
+                            help="preset name, real-model alias, config.json, model dir or .gguf "
+                                 f"(default {model})")
+        parser.add_argument("--hardware", default=hardware, metavar="H",
+                            help=f"one of {', '.join(hardware_names())} (default {hardware})")
+        parser.add_argument("--dtype", default="bf16", choices=list(DTYPE_BYTES),
+                            help="weight dtype (default bf16)")
+        parser.add_argument("--json", action="store_true", help="print JSON for programs")
+
+    p = subparsers.add_parser("explain", help="what every stage reads, writes and costs, and its bound")
+    common(p, "llama-3-70b", "h100-sxm")
+    p.add_argument("--prompt-tokens", type=int, default=7)
+    p.add_argument("--output-tokens", type=int, default=184, help="answer length, stop token excluded")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--devices", type=int, default=1, help="shard over N devices (aggregate bandwidth)")
+    p.add_argument("--context", type=int, default=None,
+                   help="context length of the decode step to tabulate (default prompt + 1)")
+    p.add_argument("--no-stop-token", action="store_true",
+                   help="the answer ends at max tokens, not with a sampled stop token")
+    p.add_argument("--fused-attention", action="store_true",
+                   help="model a fused (FlashAttention) kernel: scores never reach memory")
+    p.set_defaults(func=_explain)
+
+    r = subparsers.add_parser("roofline", help="draw the roofline chart of prefill and decode stages")
+    common(r, "llama-3-70b", "h100-sxm")
+    r.add_argument("--out", default="roofline.png", help="PNG to write (default roofline.png)")
+    r.add_argument("--context", type=int, default=1024, help="context of the decode steps (default 1024)")
+    r.set_defaults(func=_roofline)
+
+    t = subparsers.add_parser("trace", help="run a real model and time every stage against the cost model")
+    t.add_argument("prompt", nargs="?", default="What is a quadratic equation?")
+    t.add_argument("--model", default="smollm2-135m-instruct")
+    t.add_argument("--max-tokens", type=int, default=8, help="tokens to generate (default 8)")
+    t.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--top", type=int, default=5, help="candidates shown per sampled step")
+    t.add_argument("--show-steps", type=int, default=3, help="sampled steps whose candidates are shown")
+    t.add_argument("--no-chat", action="store_true", help="encode the prompt as is, without the chat template")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=_trace)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from inferpath.explain.cost import Precision
+    from inferpath.explain.hardware import get_hardware
+    from inferpath.explain.presets import resolve_model_config
+    from inferpath.explain.report import explain_json, explain_text
+    from inferpath.explain.request import RequestSpec, estimate_request
+
+    spec = RequestSpec(
+        config=resolve_model_config(args.model), hardware=get_hardware(args.hardware),
+        precision=Precision.parse(args.dtype), prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens, batch=args.batch, devices=args.devices,
+        ends_with_stop=not args.no_stop_token, fused_attention=args.fused_attention,
+    )
+    cost = estimate_request(spec)
+    step = spec.pass_at(1, args.context) if args.context else None
+    if args.json:
+        print(json.dumps(explain_json(cost, step), indent=2))
+    else:
+        print(explain_text(cost, step))
+    return 0
+
+
+def _roofline(args: argparse.Namespace) -> int:
+    from inferpath.explain.cost import Precision
+    from inferpath.explain.hardware import get_hardware
+    from inferpath.explain.presets import resolve_model_config
+    from inferpath.explain.roofline import plot_roofline, roofline_points
+
+    config, hardware = resolve_model_config(args.model), get_hardware(args.hardware)
+    precision = Precision.parse(args.dtype)
+    points = roofline_points(config, hardware, precision, decode_context=args.context)
+    if args.json:
+        print(json.dumps({"model": config.name, "hardware": hardware.name,
+                          "memory_bandwidth": hardware.memory_bandwidth,
+                          "peak_flops": hardware.flops_for(precision.compute_dtype),
+                          "ridge": hardware.ridge_point(precision.compute_dtype),
+                          "points": points}, indent=2))
+        return 0
+    title = (f"{config.name or config.architecture} on {hardware.name}, {precision.weights} weights "
+             f"(decode at context {args.context})")
+    out = plot_roofline(points, hardware, precision.compute_dtype, args.out, title)
+    print(f"wrote {out} ({len(points)} points; ridge {hardware.ridge_point(precision.compute_dtype):.0f} FLOP/byte)")
+    return 0
+
+
+def _trace(args: argparse.Namespace) -> int:
+    from inferpath.explain.trace import run_trace
+    from inferpath.explain.trace_report import trace_json, trace_text
+
+    result = run_trace(args.prompt, model=args.model, max_tokens=args.max_tokens,
+                       temperature=args.temperature, seed=args.seed, top=args.top,
+                       chat=not args.no_chat,
+                       progress=lambda message: print(message, file=sys.stderr))
+    if args.json:
+        print(json.dumps(trace_json(result), indent=2))
+    else:
+        print(trace_text(result, show_steps=args.show_steps))
+    return 0
