@@ -141,6 +141,11 @@ class Request:
         self.finished_time = time.monotonic()
 
     # ------------------------------------------------------------------ streaming
+    @property
+    def streamed_text(self) -> str:
+        """The text handed out by ``take_delta`` so far (held-back characters excluded)."""
+        return self.output_text[:self._num_sent_chars]
+
     def take_delta(self) -> tuple[str, list[int], list | None]:
         """Text, token ids and logprobs produced since the last call.
 

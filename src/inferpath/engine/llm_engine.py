@@ -1,0 +1,216 @@
+"""LLMEngine: requests in, RequestOutputs out, one step at a time.
+
+    step = schedule -> execute -> update
+
+``add_request`` and ``abort_request`` may be called from another thread than ``step``
+(the AsyncEngine's event loop versus its worker thread): they only validate and queue,
+under a lock, and ``step`` takes the queued work at its start. So a new request joins the
+running batch at the next step, and an abort frees its blocks at the next step.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import deque
+
+import torch
+
+from inferpath.cache.blocks import BlockManager
+from inferpath.cache.kv import KVCache
+from inferpath.config import ConfigError, EngineConfig, ModelConfig
+from inferpath.engine.errors import QueueFullError, RequestError
+from inferpath.engine.group import RequestGroup
+from inferpath.engine.outputs import EngineStats, RequestOutput
+from inferpath.engine.request import Request, RequestStatus
+from inferpath.engine.runner import ModelRunner
+from inferpath.engine.scheduler import Scheduler
+from inferpath.sampling.params import SamplingParams
+from inferpath.sampling.sampler import Sampler
+
+
+class LLMEngine:
+    """Continuous batching over one model (see the module docstring).
+
+    ``max_model_len`` is ``engine_config.max_model_len`` or else the model's
+    ``max_position_embeddings``; the number of KV blocks is ``engine_config.num_kv_blocks``
+    or else what ``kv_cache_memory_bytes`` holds.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer, model_config: ModelConfig,
+                 engine_config: EngineConfig, *, eos_token_ids=(), model_name: str = ""):
+        self.tokenizer = tokenizer
+        self.model_config = model_config
+        self.engine_config = engine_config
+        self.model_name = model_name or model_config.name
+        self.max_model_len = _max_model_len(model_config, engine_config)
+        self.eos_token_ids = frozenset(eos_token_ids) | frozenset(tokenizer.eos_token_ids)
+        dtype = getattr(torch, engine_config.dtype)
+        bs = engine_config.block_size
+        num_blocks = engine_config.num_kv_blocks or KVCache.num_blocks_for_budget(
+            model_config, bs, dtype, engine_config.kv_cache_memory_bytes)
+        self.kv_cache = KVCache(model_config, num_blocks, bs, dtype)
+        self.block_manager = BlockManager(num_blocks, bs, engine_config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs=engine_config.max_num_seqs,
+                                   max_num_batched_tokens=engine_config.max_num_batched_tokens,
+                                   max_model_len=self.max_model_len)
+        self.runner = ModelRunner(model, self.kv_cache, self.block_manager,
+                                  Sampler(engine_config.seed), self.eos_token_ids)
+        self._rng = random.Random(engine_config.seed)  # seeds of requests without one
+        self._groups: dict[str, RequestGroup] = {}
+        self._partial: dict[str, RequestGroup] = {}  # n > 1 groups with samples not added
+        self._lock = threading.Lock()
+        self._new: deque[RequestGroup] = deque()
+        self._to_abort: set[str] = set()
+        self._num_finished = 0
+
+    @classmethod
+    def from_model(cls, model: str, engine_config: EngineConfig | None = None,
+                   progress: bool = False) -> "LLMEngine":
+        """Load an alias (pulled on first use), a .gguf file or a Hugging Face directory."""
+        from inferpath.model import build_model
+        from inferpath.models import resolve_model
+        from inferpath.tokenizer import load_tokenizer
+        from inferpath.weights import load_checkpoint
+
+        engine_config = engine_config or EngineConfig()
+        dtype = getattr(torch, engine_config.dtype)
+        checkpoint = load_checkpoint(resolve_model(model), dtype=dtype, progress=progress)
+        tokenizer = load_tokenizer(checkpoint.tokenizer_path)
+        transformer = build_model(checkpoint, dtype)
+        return cls(transformer, tokenizer, checkpoint.config, engine_config,
+                   eos_token_ids=checkpoint.eos_token_ids,
+                   model_name=checkpoint.config.name or str(model))
+
+    # ------------------------------------------------------------------ intake
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    params: SamplingParams | None = None, arrival_time: float | None = None) -> None:
+        """Queue a request for the next step. Raises RequestError or QueueFullError."""
+        params = params or SamplingParams()
+        prompt_ids = self._prompt_token_ids(prompt)
+        self.scheduler.check_prompt(len(prompt_ids))
+        arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        samples = [Request(request_id, prompt_ids, params, index=i,
+                           eos_token_ids=self.eos_token_ids,
+                           generator=self._generator(params, i),
+                           detokenizer=self.tokenizer.detokenizer(params.skip_special_tokens),
+                           arrival_time=arrival_time)
+                   for i in range(params.n)]
+        group = RequestGroup(request_id, prompt if isinstance(prompt, str) else None, samples)
+        with self._lock:
+            if request_id in self._groups:
+                raise RequestError(f"request id {request_id!r} is already in use")
+            num_waiting = len(self.scheduler.waiting) + len(self._new)
+            if num_waiting >= self.engine_config.max_waiting_requests:
+                raise QueueFullError(
+                    f"the waiting queue is full ({num_waiting} requests, "
+                    f"max_waiting_requests={self.engine_config.max_waiting_requests}); retry later")
+            self._groups[request_id] = group
+            self._new.append(group)
+
+    def abort_request(self, request_id: str) -> None:
+        """Abort a request; its blocks are freed and a final "abort" output is returned at
+        the next step. Unknown or finished ids are ignored."""
+        with self._lock:
+            self._to_abort.add(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        with self._lock:
+            return bool(self._groups)
+
+    # ------------------------------------------------------------------ step
+    def step(self) -> list[RequestOutput]:
+        """Schedule, execute and update once; returns the requests that advanced."""
+        touched = self._take_intake()
+        scheduled = self.scheduler.schedule()
+        executed = self.runner.execute(scheduled)
+        changed = self.scheduler.update(scheduled, executed.token_ids, executed.logprobs)
+        return self._make_outputs(touched, changed)
+
+    def _take_intake(self) -> dict[str, RequestGroup]:
+        """Hand queued requests to the scheduler and queued aborts to it."""
+        touched: dict[str, RequestGroup] = {}
+        with self._lock:
+            new, self._new = list(self._new), deque()
+            to_abort, self._to_abort = self._to_abort, set()
+        for group in new:
+            self._add_ready_samples(group)
+        for request_id in to_abort:
+            group = self._groups.get(request_id)
+            if group is None:
+                continue
+            group.aborted = True
+            self.scheduler.abort(s.seq_id for s in group.samples[:group.num_added])
+            for sample in group.samples[group.num_added:]:  # never scheduled: end them here
+                sample.finish(RequestStatus.FINISHED_ABORTED)
+            group.num_added = len(group.samples)
+            self._partial.pop(request_id, None)
+            touched[request_id] = group
+        return touched
+
+    def _make_outputs(self, touched: dict[str, RequestGroup], changed: list[Request]) -> list[RequestOutput]:
+        for request in changed:
+            touched.setdefault(request.request_id, self._groups[request.request_id])
+        for group in list(self._partial.values()):  # n > 1: the rest join once the prompt is cached
+            self._add_ready_samples(group)
+        outputs = []
+        for request_id, group in touched.items():
+            output = group.make_output()
+            if output.finished:
+                with self._lock:
+                    del self._groups[request_id]
+                self._num_finished += 1
+            outputs.append(output)
+        return outputs
+
+    def _add_ready_samples(self, group: RequestGroup) -> None:
+        for sample in group.samples_to_add(self.engine_config.enable_prefix_caching):
+            self.scheduler.add_request(sample)
+        if group.num_added < len(group.samples):
+            self._partial[group.request_id] = group
+        else:
+            self._partial.pop(group.request_id, None)
+
+    # ------------------------------------------------------------------ helpers
+    def stats(self) -> EngineStats:
+        usage = self.block_manager.usage()
+        s = self.scheduler.stats
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting) + len(self._new),
+            num_kv_blocks_used=usage.num_used_blocks,
+            num_kv_blocks_total=usage.num_total_blocks,
+            prefix_cache_queries=s.prefix_cache_queries,
+            prefix_cache_hits=s.prefix_cache_hits,
+            num_preemptions=s.num_preemptions,
+            num_prompt_tokens_computed=s.num_prompt_tokens_computed,
+            num_generation_tokens=s.num_generation_tokens,
+            num_requests_finished=self._num_finished,
+        )
+
+    def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        vocab_size = self.model_config.vocab_size
+        for token_id in prompt:
+            if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < vocab_size:
+                raise RequestError(f"prompt token id {token_id!r} is not in [0, {vocab_size})")
+        return list(prompt)
+
+    def _generator(self, params: SamplingParams, index: int) -> torch.Generator | None:
+        """The sample's own RNG, kept across preemptions; greedy samples need none."""
+        if params.is_greedy:
+            return None
+        seed = params.seed + index if params.seed is not None else self._rng.getrandbits(63)
+        return torch.Generator().manual_seed(seed)
+
+
+def _max_model_len(model_config: ModelConfig, engine_config: EngineConfig) -> int:
+    limit = model_config.max_position_embeddings
+    if engine_config.max_model_len is None:
+        return limit
+    if not 0 < engine_config.max_model_len <= limit:
+        raise ConfigError(f"max_model_len must be in 1..{limit} (the model's "
+                          f"max_position_embeddings), got {engine_config.max_model_len}")
+    return engine_config.max_model_len

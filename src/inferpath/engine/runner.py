@@ -1,0 +1,130 @@
+"""Model runner: a SchedulerOutput in, one sampled token per finishing chunk out.
+
+The only part of the engine that touches tensors. It lays the step's chunks out as one
+flat batch (design.md):
+
+    input_ids, positions, slot_mapping   (num_tokens,)    the new tokens, back to back
+    query_start_loc                      (num_seqs + 1,)  where each chunk starts
+    seq_lens                             (num_seqs,)      context length after the step
+    block_tables                         (num_seqs, max_blocks) padded with block 0
+    logits_indices                       (num_samples,)   last row of each sampling chunk
+
+runs ``model.forward``, the LM head on ``logits_indices`` only, and the sampler.
+
+NOTE: host overhead is per step, not per token where it can be helped: one
+``torch.tensor`` call for the token-indexed fields and one for the sequence-indexed ones;
+slot mappings are built per block, not per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inferpath.cache.blocks import BlockManager
+from inferpath.cache.kv import KVCache
+from inferpath.engine.scheduler import SchedulerOutput
+from inferpath.model.metadata import AttentionMetadata
+from inferpath.sampling.sampler import Sampler, SamplingRow
+
+
+@dataclass
+class RunnerOutput:
+    """One token (and logprobs, or None) per sampling chunk, in chunk order."""
+
+    token_ids: list[int]
+    logprobs: list
+
+
+@dataclass
+class BatchInputs:
+    """The step's tensors (see the module docstring), and what to sample."""
+
+    input_ids: torch.Tensor  # (num_tokens,)
+    positions: torch.Tensor  # (num_tokens,)
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # (num_samples,)
+    sampling_rows: list[SamplingRow]
+
+
+class ModelRunner:
+    """Owns the model, its KV cache and the sampler; executes one step at a time."""
+
+    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, block_manager: BlockManager,
+                 sampler: Sampler, eos_token_ids: frozenset[int], device: str | torch.device = "cpu"):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_manager = block_manager
+        self.sampler = sampler
+        self.eos_token_ids = eos_token_ids
+        self.device = torch.device(device)
+
+    @torch.inference_mode()
+    def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
+        if scheduled.is_empty:
+            return RunnerOutput([], [])
+        batch = self.prepare(scheduled)
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_cache, batch.meta)
+        # hidden: (num_tokens, hidden_size); logits only where a token is sampled
+        if not batch.sampling_rows:
+            return RunnerOutput([], [])
+        logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
+        sampled = self.sampler(logits, batch.sampling_rows)  # logits: (num_samples, vocab)
+        return RunnerOutput(sampled.token_ids, sampled.logprobs)
+
+    def prepare(self, scheduled: SchedulerOutput) -> BatchInputs:
+        """Lay the scheduled chunks out as one flat batch of tensors."""
+        bs = self.block_manager.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start_loc = [0]
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        tables: list[list[int]] = []
+        logits_indices: list[int] = []
+        rows: list[SamplingRow] = []
+        for chunk in scheduled.chunks:
+            request = chunk.request
+            start, end = chunk.start, chunk.end
+            table = self.block_manager.block_table(request.seq_id)
+            input_ids += request.all_token_ids[start:end]
+            positions += range(start, end)
+            pos = start
+            while pos < end:  # one range per block the chunk touches
+                block_end = min(end, (pos // bs + 1) * bs)
+                base = table[pos // bs] * bs - (pos // bs) * bs
+                slots += range(base + pos, base + block_end)
+                pos = block_end
+            query_lens.append(end - start)
+            query_start_loc.append(query_start_loc[-1] + end - start)
+            seq_lens.append(end)
+            tables.append(table)
+            if chunk.samples:
+                logits_indices.append(query_start_loc[-1] - 1)
+                rows.append(SamplingRow(request.params, request.prompt_token_ids,
+                                        request.output_token_ids, request.generator,
+                                        self.eos_token_ids))
+        num_tokens = len(input_ids)
+        num_seqs = len(query_lens)
+        # one host-to-tensor conversion per index space
+        per_token = torch.tensor(input_ids + positions + slots, dtype=torch.long)
+        max_blocks = -(-max(seq_lens) // bs)
+        padded = [t[:max_blocks] + [0] * (max_blocks - len(t[:max_blocks])) for t in tables]
+        per_seq = torch.tensor(query_start_loc + seq_lens + logits_indices, dtype=torch.long)
+        block_tables = torch.tensor(padded, dtype=torch.long)
+        if self.device.type != "cpu":
+            per_token, per_seq = per_token.to(self.device), per_seq.to(self.device)
+            block_tables = block_tables.to(self.device)
+        meta = AttentionMetadata(
+            slot_mapping=per_token[2 * num_tokens:],
+            query_start_loc=per_seq[:num_seqs + 1],
+            seq_lens=per_seq[num_seqs + 1:2 * num_seqs + 1],
+            block_tables=block_tables,
+            query_lens=query_lens,
+            seq_lens_list=seq_lens,
+            block_size=bs,
+        )
+        return BatchInputs(per_token[:num_tokens], per_token[num_tokens:2 * num_tokens], meta,
+                           per_seq[2 * num_seqs + 1:], rows)
