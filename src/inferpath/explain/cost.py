@@ -18,8 +18,8 @@ Conventions (documented so the numbers can be checked by hand):
   kernel instead: the scores never reach memory, so softmax moves no bytes.
 - Only the last position of each sequence reaches the LM head and the sampler (Stage 5).
 - Per-layer stages have ``count == num_layers``; their numbers are totals over the layers.
-- tokenize runs on the host before the first kernel: it appears in prefill with its bytes
-  (the token ids) but no accelerator time.
+- tokenize runs on the host before the first kernel: it appears in prefill with no
+  accelerator bytes, FLOPs or time; the ids it produces are what the embedding reads.
 - MoE: the weights read are the experts the pass's tokens touch, expected under uniform
   routing: ``E * (1 - (1 - k/E) ** num_tokens)``; FLOPs count ``k`` experts per token.
 
@@ -247,7 +247,7 @@ def pass_cost(config: ModelConfig, hardware: HardwareSpec, precision: Precision,
 
     is_prefill = T == context_len
     if is_prefill:
-        add("tokenize", 1, 0, 0, 0, N * TOKEN_ID, 0, on_accelerator=False)
+        add("tokenize", 1, 0, 0, 0, 0, 0, on_accelerator=False)
     add("embedding", 1, vocab * h, N * h * wb, N * TOKEN_ID, N * h * ab, 0)
     # --- per layer: attention half
     add("rmsnorm_attn", L, h, h * wb, N * h * ab, N * h * ab, 4 * N * h)

@@ -30,11 +30,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("INFERPATH_CACHE") or "~/.cache/inferpath").expanduser()
 
 
-def probe_this_machine(device: str = "cpu", bandwidth_bytes: int = DEFAULT_BANDWIDTH_BYTES,
-                       matmul_n: int = DEFAULT_MATMUL_N, refresh: bool = False,
+def probe_this_machine(device: str = "cpu", bandwidth_bytes: int | None = None,
+                       matmul_n: int | None = None, refresh: bool = False,
                        cache_path: Path | None = None) -> HardwareSpec:
     """Measured HardwareSpec of this machine, from the cache unless ``refresh``."""
     import torch
+
+    bandwidth_bytes = bandwidth_bytes or DEFAULT_BANDWIDTH_BYTES
+    matmul_n = matmul_n or DEFAULT_MATMUL_N
 
     threads = torch.get_num_threads()
     key = f"{device}-t{threads}-b{bandwidth_bytes}-n{matmul_n}"
