@@ -10,7 +10,8 @@ import torch
 
 from inferpath.sampling import Sampler, SamplerOutput, SamplingParams, SamplingRow, TokenLogprobs
 from inferpath.sampling.penalties import apply_penalties
-from inferpath.sampling.truncation import apply_min_p, apply_top_k_top_p
+from inferpath.sampling.sampler import draw_from_probs
+from inferpath.sampling.truncation import apply_truncation
 
 
 def row(params: SamplingParams, prompt=(1, 2), output=(), generator=None, eos=()) -> SamplingRow:
@@ -28,7 +29,7 @@ def seeded(seed: int, **kwargs) -> SamplingRow:
 def reference_keep(logits: np.ndarray, k: int, p: float, min_p: float) -> set[int]:
     """Tokens kept by top-k, then top-p, then min-p, computed one token at a time."""
     order = sorted(range(len(logits)), key=lambda i: -logits[i])
-    kept = order if k <= 0 else [i for i in order if logits[i] >= logits[order[k - 1]]]
+    kept = order if k <= 0 else [i for i in order if logits[i] >= logits[order[min(k, len(order)) - 1]]]
     if p < 1.0:
         weights = [math.exp(logits[i] - logits[order[0]]) for i in kept]
         total, mass, prefix = sum(weights), 0.0, []
@@ -56,15 +57,21 @@ def truncated_distribution(logits: np.ndarray, temperature: float, k: int, p: fl
 # ---------------------------------------------------------------- masks
 
 MASK_CASES = [(0, 1.0, 0.0), (5, 1.0, 0.0), (1, 1.0, 0.0), (0, 0.5, 0.0), (0, 0.9, 0.0), (10, 0.8, 0.0),
-              (0, 1.0, 0.1), (0, 1.0, 0.5), (20, 0.95, 0.05), (3, 0.3, 0.9), (0, 0.01, 0.0), (64, 1.0, 1.0)]
+              (0, 1.0, 0.1), (0, 1.0, 0.5), (20, 0.95, 0.05), (3, 0.3, 0.9), (0, 0.01, 0.0), (64, 1.0, 1.0),
+              (0, 0.99, 0.0)]
+BIG_K_CASES = [(2000, 0.9, 0.0), (5000, 1.0, 0.0), (0, 0.9, 0.0)]
 
 
-def test_top_k_top_p_min_p_masks_match_direct_computation():
-    gen = torch.Generator().manual_seed(0)
-    logits = torch.randn(len(MASK_CASES), 64, generator=gen) * 3  # (rows, vocab)
-    ks, ps, min_ps = zip(*MASK_CASES)
-    masked = apply_min_p(apply_top_k_top_p(logits, list(ks), list(ps)), list(min_ps))
-    for i, (k, p, min_p) in enumerate(MASK_CASES):
+@pytest.mark.parametrize("cases", [MASK_CASES, BIG_K_CASES], ids=["small_k", "big_k"])
+@pytest.mark.parametrize("vocab,scale", [(64, 3.0), (3000, 0.3), (3000, 8.0)])
+def test_top_k_top_p_min_p_masks_match_direct_computation(vocab, scale, cases):
+    # With vocab 3000, small k and flat logits, top-p needs more than the top-1024
+    # candidates and the full-sort fallback runs for those rows; with peaked ones not.
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(len(cases), vocab, generator=gen) * scale  # (rows, vocab)
+    ks, ps, min_ps = zip(*cases)
+    masked = apply_truncation(logits, list(ks), list(ps), list(min_ps))
+    for i, (k, p, min_p) in enumerate(cases):
         kept = set(torch.nonzero(torch.isfinite(masked[i])).flatten().tolist())
         assert kept == reference_keep(logits[i].double().numpy(), k, p, min_p), (k, p, min_p)
         # Kept logits are untouched.
@@ -73,8 +80,18 @@ def test_top_k_top_p_min_p_masks_match_direct_computation():
 
 def test_top_k_keeps_ties_with_the_kth_logit():
     logits = torch.tensor([[3.0, 1.0, 2.0, 2.0, 0.0]])
-    masked = apply_top_k_top_p(logits, [2], None)
+    masked = apply_truncation(logits, top_k=[2])
     assert torch.isfinite(masked[0]).tolist() == [True, False, True, True, False]
+
+
+def test_draw_never_picks_a_zero_probability_token():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0], [0.2, 0.0, 0.0, 0.0, 0.0]])
+    edges = torch.tensor([0.0, 0.4999999, 0.5, 1.0 - 2**-53, 1.0], dtype=torch.float64)  # 1.0: u x total rounded up
+    for u in edges:
+        tokens = draw_from_probs(probs, u.expand(2, 1)).tolist()
+        assert tokens[0] in (1, 3) and tokens[1] == 0
+    assert draw_from_probs(probs, torch.tensor([[0.49], [0.0]], dtype=torch.float64)).tolist() == [1, 0]
+    assert draw_from_probs(probs, torch.tensor([[0.51], [0.9]], dtype=torch.float64)).tolist() == [3, 0]
 
 
 # ---------------------------------------------------------------- greedy and penalties

@@ -4,15 +4,15 @@ Order (design.md): min-tokens ban -> penalties -> temperature -> top-k -> top-p
 -> min-p -> seeded draw (argmax for greedy rows) -> logprobs of the raw logits.
 
 Each step does only the work some row needs: no penalty pass when no row has a
-penalty, no softmax or noise when every row is greedy, no sort when no row uses top-k
-or top-p, no log-softmax when no row asks for logprobs.
+penalty, no softmax or draw when every row is greedy, no top-k selection when no row
+truncates, no log-softmax when no row asks for logprobs.
 
-The draw: for probabilities p and independent noise E_i ~ Exponential(1), the index of
-max(p_i / E_i) is distributed exactly as p (it is the first arrival among independent
-exponential clocks of rates p_i; the Gumbel-max trick in another form). A row with its
-own ``generator`` draws its V noise values from it, so its token depends only on its
-logits and its generator's state, not on the batch around it. Rows without one share
-the sampler's generator.
+The draw is by inverse CDF: one uniform u per row, and the token is the first whose
+cumulative probability exceeds u (exact for the truncated, renormalised distribution;
+one random number per row instead of V noise values, which cost ~40x the cumsum on
+CPU). A row with its own ``generator`` draws its u from it, so its token depends only on
+its logits and its generator's state, not on the batch around it. Rows without one
+share the sampler's generator.
 """
 
 from __future__ import annotations
@@ -25,11 +25,7 @@ import torch
 from inferpath.sampling.logprobs import TokenLogprobs, compute_logprobs
 from inferpath.sampling.params import SamplingParams
 from inferpath.sampling.penalties import apply_penalties
-from inferpath.sampling.truncation import apply_min_p, apply_top_k_top_p
-
-# Smallest noise value used: keeps p / E finite (E = 0 has probability ~2^-24 per draw).
-_MIN_NOISE = 1e-10
-
+from inferpath.sampling.truncation import apply_truncation
 
 @dataclass(slots=True)
 class SamplingRow:
@@ -126,23 +122,37 @@ class Sampler:
         logits = logits / temperatures.unsqueeze(1)  # (num_rows, vocab)
         top_k = [p.top_k for p in params] if any(p.top_k > 0 for p in params) else None
         top_p = [p.top_p for p in params] if any(p.top_p < 1.0 for p in params) else None
-        if top_k is not None or top_p is not None:
-            logits = apply_top_k_top_p(logits, top_k, top_p)
-        if any(p.min_p > 0.0 for p in params):
-            logits = apply_min_p(logits, [p.min_p for p in params])
-        probs = logits.softmax(dim=-1)  # (num_rows, vocab)
-        noise = torch.empty_like(probs)
-        own = [i for i, row in enumerate(rows) if row.generator is not None]
-        shared = self.shared_generator(logits.device)
-        if not own:
-            noise.exponential_(generator=shared)
-        else:
-            for i in own:
-                noise[i].exponential_(generator=rows[i].generator)
-            others = [i for i, row in enumerate(rows) if row.generator is None]
-            if others:
-                noise[others] = torch.empty_like(noise[others]).exponential_(generator=shared)
-        return (probs / noise.clamp_(min=_MIN_NOISE)).argmax(dim=-1)
+        min_p = [p.min_p for p in params] if any(p.min_p > 0.0 for p in params) else None
+        if top_k is not None or top_p is not None or min_p is not None:
+            logits = apply_truncation(logits, top_k, top_p, min_p)
+        probs = logits.softmax(dim=-1)  # (num_rows, vocab); 0 where masked
+        return draw_from_probs(probs, self._uniforms(rows, logits.device))
+
+    def _uniforms(self, rows: Sequence[SamplingRow], device: torch.device) -> torch.Tensor:
+        """One U[0, 1) float64 per row, from the row's generator or the shared one."""
+        shared = self.shared_generator(device)
+        if all(row.generator is None for row in rows):
+            return torch.rand(len(rows), 1, dtype=torch.float64, generator=shared, device=device)
+        uniforms = [
+            torch.rand(1, dtype=torch.float64, generator=row.generator or shared, device=device) for row in rows
+        ]
+        return torch.stack(uniforms)  # (num_rows, 1)
+
+
+def draw_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw: the first token whose cumulative probability exceeds u x total.
+
+    probs: (num_rows, vocab) >= 0, not necessarily summing to 1; uniforms: (num_rows, 1)
+    in [0, 1] (1 behaves as u x total rounded up to total would). Token i is drawn with probability probs[i] / total; a token with
+    probability 0 never is (the CDF does not rise there). The CDF is summed in float64
+    so that even a 1e-9 token keeps its share among 150k others.
+    """
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # (num_rows, vocab)
+    total = cdf[:, -1:].contiguous()  # (num_rows, 1)
+    token_ids = torch.searchsorted(cdf, uniforms * total, right=True)  # (num_rows, 1)
+    # NOTE: u x total may round up to total; the last token with probability > 0 then.
+    last_nonzero = torch.searchsorted(cdf, total, right=False)
+    return torch.minimum(token_ids, last_nonzero).squeeze(1)
 
 
 def _ban_before_min_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
