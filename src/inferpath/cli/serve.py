@@ -64,6 +64,13 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     )
 
 
+def served_name(model_arg: str, engine_model_name: str) -> str:
+    """The id clients send: the alias as typed (``smollm2-135m-instruct``); for a path,
+    the model's own name."""
+    looks_like_path = "/" in model_arg or model_arg.endswith((".gguf", ".safetensors"))
+    return engine_model_name if looks_like_path else model_arg
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from inferpath.engine import AsyncEngine, LLMEngine
     from inferpath.server.app import build_app
@@ -72,9 +79,8 @@ def run_serve(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
     print(f"inferpath serve: loading {args.model} ...", file=sys.stderr)
     engine = LLMEngine.from_model(args.model, config)
-    app = build_app(AsyncEngine(engine), api_key=args.api_key,
-                    served_model_name=args.served_model_name)
-    name = args.served_model_name or engine.model_name
+    name = args.served_model_name or served_name(args.model, engine.model_name)
+    app = build_app(AsyncEngine(engine), api_key=args.api_key, served_model_name=name)
     print(f"inferpath serve: {name} (max_model_len {engine.max_model_len}) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr)
     serve_forever(app, args.host, args.port, log_level=args.log_level)
