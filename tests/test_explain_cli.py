@@ -40,6 +40,15 @@ def test_explain_text_reads_in_plain_words(capsys):
     assert "batch size" in out and "sharded over N devices" in out
 
 
+def test_explain_reads_the_shapes_of_a_real_model_alias(capsys):
+    assert main(["explain", "--model", "smollm2-135m-instruct", "--hardware", "rtx-4090",
+                 "--output-tokens", "4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["model"]["name"] == "smollm2-135m-instruct"
+    assert data["model"]["num_layers"] == 30 and data["model"]["tie_word_embeddings"]
+    assert data["weights"]["total_params"] == 134_515_008  # the tensors in the GGUF file
+
+
 def test_explain_rejects_an_unknown_model(capsys):
     assert main(["explain", "--model", "gpt-9"]) == 1
     assert "unknown model 'gpt-9'" in capsys.readouterr().err

@@ -70,7 +70,7 @@ def summary_lines(cost: RequestCost) -> list[str]:
         f"{cfg.name or cfg.architecture} on {hw.name}: {fmt_bytes(hw.memory_bandwidth)}/s, "
         f"{fmt_flops(hw.flops_for(dtype))}FLOP/s {dtype}, ridge {hw.ridge_point(dtype):.0f} FLOP/byte; "
         f"{spec.precision.weights} weights",
-        f"request: {spec.prompt_tokens} prompt tokens, a {spec.output_tokens}-token answer{stop}, "
+        f"request: {spec.prompt_tokens} prompt tokens, an answer of {spec.output_tokens} tokens{stop}, "
         f"batch {spec.batch}",
         "",
         f"weights: {fmt_bytes(w.total_bytes, 4)} ({fmt_params(w.total_params)} parameters): embedding "
