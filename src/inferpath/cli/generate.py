@@ -1,0 +1,153 @@
+"""``inferpath generate PROMPT`` and ``inferpath chat``: stream a model's answer.
+
+The answer goes to stdout as it is produced; one summary line goes to stderr at the end:
+prompt tokens, time to first token, decode speed, and the KV-cache bytes the request
+holds (seed formula: 2 x layers x kv_heads x head_dim x dtype bytes per token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    gen = subparsers.add_parser("generate", help="stream a model's answer to one prompt",
+                                description="Stream a model's answer to one prompt.")
+    gen.add_argument("prompt", help="the prompt (the chat template is applied unless --no-chat)")
+    _add_common(gen)
+    gen.add_argument("--no-chat", action="store_true",
+                     help="send the prompt as plain text, without the chat template")
+    gen.set_defaults(func=run_generate)
+
+    chat = subparsers.add_parser("chat", help="talk to a model interactively",
+                                 description="Interactive chat; /reset clears the "
+                                             "conversation, /exit (or Ctrl-D) quits.")
+    _add_common(chat)
+    chat.set_defaults(func=run_chat)
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help=f"alias, .gguf file or model directory (default {DEFAULT_MODEL})")
+    parser.add_argument("--system", default=None, help="a system message to start with")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="context limit in tokens (default: the model's)")
+    parser.add_argument("--kv-cache-mb", type=int, default=512,
+                        help="memory for the KV cache in MiB (default 512)")
+    sampling = parser.add_argument_group("sampling")
+    sampling.add_argument("--max-tokens", type=int, default=256)
+    sampling.add_argument("--temperature", type=float, default=0.0,
+                          help="0 = greedy (default)")
+    sampling.add_argument("--top-p", type=float, default=1.0)
+    sampling.add_argument("--top-k", type=int, default=0)
+    sampling.add_argument("--min-p", type=float, default=0.0)
+    sampling.add_argument("--repetition-penalty", type=float, default=1.0)
+    sampling.add_argument("--presence-penalty", type=float, default=0.0)
+    sampling.add_argument("--frequency-penalty", type=float, default=0.0)
+    sampling.add_argument("--seed", type=int, default=None)
+    sampling.add_argument("--stop", action="append", default=None,
+                          help="a stop string (repeat for several)")
+    sampling.add_argument("--ignore-eos", action="store_true")
+
+
+def _sampling_params(args: argparse.Namespace):
+    from inferpath.sampling.params import SamplingParams
+
+    return SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+        seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
+
+
+def _load_engine(args: argparse.Namespace):
+    from inferpath.config import EngineConfig
+    from inferpath.engine.llm_engine import LLMEngine
+
+    config = EngineConfig(dtype=args.dtype, max_model_len=args.max_model_len,
+                          kv_cache_memory_bytes=args.kv_cache_mb * 1024 * 1024)
+    print(f"loading {args.model} ...", file=sys.stderr, flush=True)
+    return LLMEngine.from_model(args.model, config, progress=True)
+
+
+def _stream_answer(engine, request_id: str, prompt, params) -> str:
+    """Print the answer as it comes, then the summary line; returns the answer text."""
+    engine.add_request(request_id, prompt, params)
+    final = None
+    try:
+        while final is None:
+            for output in engine.step():
+                if output.request_id != request_id:
+                    continue
+                sys.stdout.write(output.outputs[0].delta_text)
+                sys.stdout.flush()
+                if output.finished:
+                    final = output
+    except KeyboardInterrupt:
+        engine.abort_request(request_id)
+        engine.step()
+        raise
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    print(summary_line(final, engine.kv_cache.bytes_per_token), file=sys.stderr, flush=True)
+    return final.outputs[0].text
+
+
+def summary_line(output, kv_bytes_per_token: int) -> str:
+    """prompt tokens | TTFT | decode tok/s | KV bytes held (and why it stopped)."""
+    completion = output.outputs[0]
+    metrics = output.metrics
+    num_prompt, num_out = len(output.prompt_token_ids), len(completion.token_ids)
+    ttft = metrics.time_to_first_token
+    ttft_text = f"{ttft * 1000:.0f} ms" if ttft is not None else "n/a"
+    decode_s = (metrics.finished_time - metrics.first_token_time) if ttft is not None else 0.0
+    rate = f"{(num_out - 1) / decode_s:.1f} tok/s" if num_out > 1 and decode_s > 0 else "n/a"
+    num_tokens = num_prompt + num_out
+    kv_bytes = num_tokens * kv_bytes_per_token
+    return (f"[prompt {num_prompt} tokens | TTFT {ttft_text} | decode {rate} ({num_out} tokens) | "
+            f"KV {kv_bytes / 1e6:.2f} MB ({num_tokens} tokens x {kv_bytes_per_token:,} B) | "
+            f"finish {completion.finish_reason}]")
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    params = _sampling_params(args)
+    engine = _load_engine(args)
+    prompt = args.prompt
+    if not args.no_chat and engine.tokenizer.chat_template:
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        prompt = engine.tokenizer.encode_chat(messages + [{"role": "user", "content": args.prompt}])
+    _stream_answer(engine, "generate", prompt, params)
+    return 0
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    params = _sampling_params(args)
+    engine = _load_engine(args)
+    if not engine.tokenizer.chat_template:
+        print(f"inferpath chat: error: {args.model} has no chat template; use "
+              "`inferpath generate --no-chat`", file=sys.stderr)
+        return 1
+    start = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(start)
+    print("chat with the model; /reset clears the conversation, /exit quits", file=sys.stderr)
+    for turn in range(10**9):
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if line.strip() in ("/exit", "/quit"):
+            return 0
+        if line.strip() == "/reset":
+            messages = list(start)
+            continue
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        answer = _stream_answer(engine, f"chat-{turn}", engine.tokenizer.encode_chat(messages), params)
+        messages.append({"role": "assistant", "content": answer})
+    return 0

@@ -1,0 +1,29 @@
+"""``inferpath generate`` end to end on the default model (SmolLM2-135M-Instruct)."""
+
+import re
+
+from inferpath.cli import main
+
+
+def test_generate_streams_text_and_ends_with_a_summary_line(capsys):
+    code = main(["generate", "What is a quadratic equation?", "--max-tokens", "16"])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert len(captured.out.split()) >= 5  # 16 tokens of English
+    assert "<|im_end|>" not in captured.out and "<|im_start|>" not in captured.out
+    summary = captured.err.strip().splitlines()[-1]
+    match = re.fullmatch(
+        r"\[prompt (\d+) tokens \| TTFT \d+ ms \| decode [\d.]+ tok/s \((\d+) tokens\) \| "
+        r"KV [\d.]+ MB \((\d+) tokens x ([\d,]+) B\) \| finish (\w+)\]", summary)
+    assert match, summary
+    num_prompt, num_out, num_tokens = (int(match.group(i)) for i in (1, 2, 3))
+    assert num_out == 16 and num_tokens == num_prompt + num_out
+    # seed formula for SmolLM2: 2 x 30 layers x 3 kv heads x 64 head dim x 4 bytes (fp32)
+    assert match.group(4) == f"{2 * 30 * 3 * 64 * 4:,}" and match.group(5) == "length"
+    assert num_prompt > len("What is a quadratic equation?".split())  # chat template applied
+
+
+def test_bad_sampling_flag_is_an_error_naming_the_parameter(capsys):
+    code = main(["generate", "hi", "--temperature", "-1"])
+    assert code == 1
+    assert "temperature" in capsys.readouterr().err
