@@ -62,7 +62,8 @@ class BytePairEncoder:
 
     Invariants: every result is cached per pre-token string (bounded by ``max_cache_size``,
     cleared when full); results never depend on the cache. ``vocab`` maps byte-level strings to
-    ids; every single byte character must be in it, otherwise encoding raises.
+    ids; a byte with no entry is dropped (so only a vocabulary holding all 256 bytes can
+    encode every string losslessly).
     """
 
     def __init__(
@@ -92,14 +93,10 @@ class BytePairEncoder:
 
     def encode_piece(self, piece: str) -> list[int]:
         """The ids of one pre-token (cached)."""
-        symbols = self.merge(bytes_to_piece(piece.encode("utf-8")))
-        try:
-            piece_ids = [self.vocab[s] for s in symbols]
-        except KeyError as exc:
-            raise ValueError(
-                f"BPE produced {exc.args[0]!r}, which is not in the vocabulary "
-                f"(pre-token {piece!r}); the vocabulary must hold all 256 byte characters"
-            ) from None
+        vocab = self.vocab
+        # NOTE: a byte missing from the vocabulary (SmolLM2 has no 0xF5..0xFF) is dropped, as
+        # Hugging Face tokenizers (no unk token) and llama.cpp drop it.
+        piece_ids = [vocab[s] for s in self.merge(bytes_to_piece(piece.encode("utf-8"))) if s in vocab]
         if len(self.cache) >= self.max_cache_size:
             self.cache.clear()
         self.cache[piece] = piece_ids

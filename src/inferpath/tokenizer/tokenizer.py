@@ -42,8 +42,8 @@ class Tokenizer:
 
     Invariants: ids are in ``range(vocab_size)``; ``token_bytes(i)`` is the exact bytes id ``i``
     stands for (added tokens: their UTF-8 content), so ``decode`` is a byte concatenation
-    followed by one UTF-8 decode; ``decode(encode(x)) == x`` for every string ``x`` (byte-level
-    BPE loses nothing; a normalizer, if the file has one, is the only exception).
+    followed by one UTF-8 decode; ``decode(encode(x)) == x`` for every string ``x`` when the
+    vocabulary holds all 256 bytes and the file has no normalizer (byte-level BPE loses nothing).
     """
 
     def __init__(
