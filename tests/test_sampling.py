@@ -269,10 +269,13 @@ INVALID = [
     ("temperature", float("nan")), ("temperature", float("inf")), ("top_p", 0.0), ("top_p", 1.01),
     ("top_k", -2), ("top_k", 2.5), ("min_p", -0.01), ("min_p", 1.5), ("repetition_penalty", 0.0),
     ("repetition_penalty", -1.0), ("presence_penalty", 2.5), ("presence_penalty", -2.01),
-    ("frequency_penalty", 3.0), ("frequency_penalty", -2.5), ("seed", 1.5), ("seed", "7"),
+    ("frequency_penalty", 3.0), ("frequency_penalty", -2.5), ("seed", 1.5), ("seed", "7"), ("seed", 2**63),
     ("logprobs", -1), ("logprobs", 21), ("min_tokens", -1), ("stop", ""), ("stop", ["a", 3]),
     ("stop_token_ids", [-1]), ("stop_token_ids", ["x"]), ("ignore_eos", "yes"),
 ]
+
+
+BOOLS_AND_LISTS = ("stop", "stop_token_ids", "ignore_eos")  # no numeric range to state
 
 
 @pytest.mark.parametrize("name,value", INVALID, ids=[f"{n}={v!r}" for n, v in INVALID])
@@ -280,8 +283,9 @@ def test_invalid_parameters_raise_naming_parameter_and_value(name, value):
     with pytest.raises(ValueError) as excinfo:
         SamplingParams(**{name: value})
     message = str(excinfo.value)
-    assert message.startswith(name), message
+    assert message.startswith(f"{name} must be "), message
     assert repr(value) in message or name == "stop", message
+    assert any(c.isdigit() for c in message.split(", got")[0]) or name in BOOLS_AND_LISTS, message
 
 
 def test_min_tokens_above_max_tokens_names_both():

@@ -20,17 +20,15 @@ def _fail(name: str, value: object, allowed: str) -> ValueError:
     return ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
-def _check_int(name: str, value: object) -> int:
+def _check_int(name: str, value: object, allowed: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(name, value, "an integer")
+        raise _fail(name, value, f"an integer {allowed}")
     return value
 
 
-def _check_float(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _fail(name, value, "a number")
-    if math.isnan(value):
-        raise _fail(name, value, "a number (not NaN)")
+def _check_float(name: str, value: object, allowed: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise _fail(name, value, f"a number {allowed}")
     return float(value)
 
 
@@ -83,33 +81,35 @@ class SamplingParams:
     min_tokens: int = 0
 
     def __post_init__(self) -> None:
-        if _check_int("n", self.n) < 1:
+        if _check_int("n", self.n, ">= 1") < 1:
             raise _fail("n", self.n, ">= 1")
-        if self.max_tokens is not None and _check_int("max_tokens", self.max_tokens) < 1:
+        if self.max_tokens is not None and _check_int("max_tokens", self.max_tokens, ">= 1") < 1:
             raise _fail("max_tokens", self.max_tokens, ">= 1 or None")
-        if not _check_float("temperature", self.temperature) >= 0.0 or math.isinf(self.temperature):
-            raise _fail("temperature", self.temperature, "a finite number >= 0 (0 = greedy)")
-        if not 0.0 < _check_float("top_p", self.top_p) <= 1.0:
+        temperature = _check_float("temperature", self.temperature, ">= 0")
+        if not 0.0 <= temperature < math.inf:
+            raise _fail("temperature", temperature, "a finite number >= 0 (0 = greedy)")
+        if not 0.0 < _check_float("top_p", self.top_p, "in (0, 1]") <= 1.0:
             raise _fail("top_p", self.top_p, "in (0, 1]")
-        top_k = _check_int("top_k", self.top_k)
+        top_k = _check_int("top_k", self.top_k, ">= 1, or 0 or -1 (off)")
         if top_k < -1:
-            raise _fail("top_k", top_k, "0 or -1 (off) or >= 1")
+            raise _fail("top_k", top_k, ">= 1, or 0 or -1 (off)")
         if top_k == -1:
             object.__setattr__(self, "top_k", 0)
-        if not 0.0 <= _check_float("min_p", self.min_p) <= 1.0:
+        if not 0.0 <= _check_float("min_p", self.min_p, "in [0, 1]") <= 1.0:
             raise _fail("min_p", self.min_p, "in [0, 1]")
-        rep = _check_float("repetition_penalty", self.repetition_penalty)
-        if not (0.0 < rep and not math.isinf(rep)):
+        rep = _check_float("repetition_penalty", self.repetition_penalty, "> 0")
+        if not 0.0 < rep < math.inf:
             raise _fail("repetition_penalty", rep, "a finite number > 0 (1 = off)")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            if not -2.0 <= _check_float(name, value) <= 2.0:
+            if not -2.0 <= _check_float(name, value, "in [-2, 2]") <= 2.0:
                 raise _fail(name, value, "in [-2, 2]")
-        if self.seed is not None:
-            _check_int("seed", self.seed)
-        if self.logprobs is not None and not 0 <= _check_int("logprobs", self.logprobs) <= MAX_LOGPROBS:
-            raise _fail("logprobs", self.logprobs, f"in [0, {MAX_LOGPROBS}] or None")
-        if _check_int("min_tokens", self.min_tokens) < 0:
+        if self.seed is not None and not -(2**63) <= _check_int("seed", self.seed, "(64-bit signed) or None") < 2**63:
+            raise _fail("seed", self.seed, "a 64-bit signed integer or None")
+        if self.logprobs is not None:
+            if not 0 <= _check_int("logprobs", self.logprobs, f"in [0, {MAX_LOGPROBS}]") <= MAX_LOGPROBS:
+                raise _fail("logprobs", self.logprobs, f"in [0, {MAX_LOGPROBS}] or None")
+        if _check_int("min_tokens", self.min_tokens, ">= 0") < 0:
             raise _fail("min_tokens", self.min_tokens, ">= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise _fail("min_tokens", self.min_tokens, f"<= max_tokens ({self.max_tokens})")
