@@ -84,7 +84,10 @@ class AsyncEngine:
         self._task = None
         for request_id in list(self._streams):
             self.engine.abort_request(request_id)
-        await self._loop.run_in_executor(self._executor, self.engine.step)  # free the blocks
+        try:
+            await self._loop.run_in_executor(self._executor, self.engine.step)  # free the blocks
+        except Exception:  # noqa: BLE001 - shutting down anyway
+            logger.exception("engine step failed while shutting down")
         self._fail_all(EngineDeadError("the engine was shut down"))
 
     @property
