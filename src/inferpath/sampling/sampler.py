@@ -34,7 +34,8 @@ class SamplingRow:
     - ``prompt_token_ids`` / ``output_token_ids``: the tokens seen so far (penalties;
       ``len(output_token_ids)`` is compared with ``params.min_tokens``).
     - ``generator``: the request's own generator (seeded by the engine with
-      ``params.seed``), on the logits' device; None = the sampler's shared one.
+      ``params.seed``), on any device (a CPU one is fine with CUDA logits: it draws one
+      number per step); None = the sampler's shared one.
     - ``eos_token_ids``: the model's EOS ids; with ``params.stop_token_ids`` they are
       banned (logit -inf) while fewer than ``params.min_tokens`` tokens have been
       generated (EOS ids only unless ``params.ignore_eos``). Default: none.
@@ -58,25 +59,16 @@ class SamplerOutput:
 class Sampler:
     """Turns (num_rows, vocab) logits into one token per row; see the module docstring.
 
-    ``seed`` seeds the generator shared by rows without their own (None = random).
+    ``seed`` seeds the (CPU) generator shared by rows without their own (None = random).
     The caller's logits tensor is never modified.
     """
 
     def __init__(self, seed: int | None = None) -> None:
-        self._seed = seed
-        self._shared_generators: dict[torch.device, torch.Generator] = {}
-
-    def shared_generator(self, device: torch.device) -> torch.Generator:
-        """The generator for rows without their own, one per device, created lazily."""
-        generator = self._shared_generators.get(device)
-        if generator is None:
-            generator = torch.Generator(device=device)
-            if self._seed is None:
-                generator.seed()
-            else:
-                generator.manual_seed(self._seed)
-            self._shared_generators[device] = generator
-        return generator
+        self.shared_generator = torch.Generator()  # CPU: one number per row per step
+        if seed is None:
+            self.shared_generator.seed()
+        else:
+            self.shared_generator.manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
@@ -129,14 +121,17 @@ class Sampler:
         return draw_from_probs(probs, self._uniforms(rows, logits.device))
 
     def _uniforms(self, rows: Sequence[SamplingRow], device: torch.device) -> torch.Tensor:
-        """One U[0, 1) float64 per row, from the row's generator or the shared one."""
-        shared = self.shared_generator(device)
+        """One U[0, 1) float64 per row, from the row's generator or the shared one.
+
+        Each number is drawn on its generator's device (CPU generators work with CUDA
+        logits) and the (num_rows, 1) result is moved to ``device``.
+        """
+        shared = self.shared_generator
         if all(row.generator is None for row in rows):
-            return torch.rand(len(rows), 1, dtype=torch.float64, generator=shared, device=device)
-        uniforms = [
-            torch.rand(1, dtype=torch.float64, generator=row.generator or shared, device=device) for row in rows
-        ]
-        return torch.stack(uniforms)  # (num_rows, 1)
+            return torch.rand(len(rows), 1, dtype=torch.float64, generator=shared).to(device)
+        generators = [row.generator or shared for row in rows]
+        uniforms = [torch.rand(1, dtype=torch.float64, generator=g, device=g.device).to(device) for g in generators]
+        return torch.cat(uniforms).unsqueeze(1)  # (num_rows, 1)
 
 
 def draw_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
