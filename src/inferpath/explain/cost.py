@@ -20,6 +20,7 @@ Conventions (documented so the numbers can be checked by hand):
 - Per-layer stages have ``count == num_layers``; their numbers are totals over the layers.
 - tokenize runs on the host before the first kernel: it appears in prefill with no
   accelerator bytes, FLOPs or time; the ids it produces are what the embedding reads.
+- RoPE's cos/sin tables are not counted (precomputed, and small against Q and K).
 - MoE: the weights read are the experts the pass's tokens touch, expected under uniform
   routing: ``E * (1 - (1 - k/E) ** num_tokens)``; FLOPs count ``k`` experts per token.
 
@@ -245,8 +246,8 @@ def pass_cost(config: ModelConfig, hardware: HardwareSpec, precision: Precision,
     def linear(name, params, d_in, d_out, bias=0):  # per layer; bias elements included in params
         add(name, L, params, params * wb, N * d_in * ab, N * d_out * ab, 2 * N * d_in * d_out + N * bias)
 
-    is_prefill = T == context_len
-    if is_prefill:
+    starts_request = T == context_len  # nothing cached yet: the prompt was just tokenized
+    if starts_request:
         add("tokenize", 1, 0, 0, 0, 0, 0, on_accelerator=False)
     add("embedding", 1, vocab * h, N * h * wb, N * TOKEN_ID, N * h * ab, 0)
     # --- per layer: attention half
@@ -288,6 +289,6 @@ def pass_cost(config: ModelConfig, hardware: HardwareSpec, precision: Precision,
     add("final_norm", 1, h, h * wb, N * h * ab, N * h * ab, 4 * N * h)
     add("lm_head", 1, vocab * h, vocab * h * wb, B * h * ab, B * vocab * FP32, 2 * B * h * vocab)
     add("sampling", 1, 0, 0, B * vocab * FP32, B * TOKEN_ID, 5 * B * vocab)
-    return PassCost(phase="prefill" if is_prefill else "decode", batch=B,
+    return PassCost(phase="prefill" if T > 1 or starts_request else "decode", batch=B,
                     num_new_tokens=T, context_len=context_len, stages=tuple(stages),
                     weight_bytes_per_param=wb)

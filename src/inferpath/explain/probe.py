@@ -78,7 +78,7 @@ def measure(device: str, bandwidth_bytes: int, matmul_n: int) -> dict:
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         a = torch.randn(matmul_n, matmul_n, device=device).to(dtype)  # (n, n)
         b = torch.randn(matmul_n, matmul_n, device=device).to(dtype)  # (n, n)
-        flops[name] = 2 * matmul_n**3 / _best_time(lambda: a @ b, device)
+        flops[name] = 2 * matmul_n**3 / _best_time(lambda a=a, b=b: a @ b, device)
     return {
         "device": device,
         "read_bandwidth": x.nbytes / read_s,

@@ -62,11 +62,12 @@ class RequestSpec:
     def final_kv_tokens(self) -> int:
         return self.prompt_tokens + self.num_decode_passes
 
-    def pass_at(self, num_new_tokens: int, context_len: int, **override) -> PassCost:
-        hardware = override.pop("hardware", self.hardware.scaled(self.devices))
-        return pass_cost(self.config, hardware, override.pop("precision", self.precision),
-                         num_new_tokens, context_len, override.pop("batch", self.batch),
-                         self.fused_attention)
+    def pass_at(self, num_new_tokens: int, context_len: int, *, hardware: HardwareSpec | None = None,
+                precision: Precision | None = None, batch: int | None = None) -> PassCost:
+        """One pass of this request; the keywords override the spec (for the what-if tables)."""
+        return pass_cost(self.config, hardware or self.hardware.scaled(self.devices),
+                         precision or self.precision, num_new_tokens, context_len,
+                         batch or self.batch, self.fused_attention)
 
 
 @dataclass(frozen=True)
@@ -155,13 +156,13 @@ class RequestCost:
         return self.weights.total_bytes + self.final_kv_bytes <= hw.memory_bytes
 
 
-def summarize_decode(spec: RequestSpec, **override) -> DecodeSummary:
+def summarize_decode(spec: RequestSpec) -> DecodeSummary:
     """Sum the decode steps at contexts prompt+1 .. prompt+num_decode_passes."""
     n = spec.num_decode_passes
     time_s = weight = moved = flops = 0.0
     first = last = None
     for step in range(1, n + 1):
-        p = spec.pass_at(1, spec.prompt_tokens + step, **dict(override))
+        p = spec.pass_at(1, spec.prompt_tokens + step)
         time_s += p.time_s
         weight += p.weight_bytes
         moved += p.bytes_moved

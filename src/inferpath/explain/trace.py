@@ -187,7 +187,7 @@ def trace_request(loaded: LoadedModel, prompt: str, hardware: HardwareSpec, max_
             sample_start = time.perf_counter()
             top_probs, top_ids, token_id = _sample(logits, temperature, top, generator)
             step_end = time.perf_counter()
-            candidates = [Candidate(i, tokenizer.decode([i]), p) for i, p in zip(top_ids, top_probs)]
+            candidates = [Candidate(i, tokenizer.decode([i]), p) for i, p in zip(top_ids, top_probs, strict=True)]
             measured = timer.take() if timer else {}
             measured["sampling"] = step_end - sample_start
             timed_s = sum(measured.values())

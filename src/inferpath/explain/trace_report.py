@@ -48,27 +48,32 @@ def trace_text(result: TraceResult, show_steps: int = 3) -> str:
         "",
         f"tokens: {len(result.prompt_ids)} from {result.prompt!r} (tokenize {fmt_time(result.tokenize_s)}, "
         "on the host)",
-        "  " + " ".join(f"{i}:{piece!r}" for i, piece in zip(result.prompt_ids, result.prompt_pieces)),
+        "  " + " ".join(f"{i}:{piece!r}" for i, piece in zip(result.prompt_ids, result.prompt_pieces, strict=True)),
         "",
     ]
     prefill, decodes = steps[0], steps[1:]
-    lines.append(f"{'stage':<13} {'prefill: measured':>17} {'predicted':>10} {'bound':>7}   "
-                 f"{'decode step: measured':>21} {'predicted':>10} {'bound':>7}")
+    lines.append(f"{'stage':<13} {'prefill: measured':>17} {'predicted':>10} {'ratio':>6} {'bound':>7}   "
+                 f"{'decode step: measured':>21} {'predicted':>10} {'ratio':>6} {'bound':>7}")
     mean_decode = _mean_rows(decodes) if decodes else {}
     for row in rows_of(prefill):
         name = row["stage"]
-        text = (f"{name:<13} {fmt_time(row['measured_s']):>17} {_t(row['predicted_s']):>10} {row['bound']:>7}")
+        text = (f"{name:<13} {fmt_time(row['measured_s']):>17} {_t(row['predicted_s']):>10} "
+                f"{_ratio(row['measured_s'], row['predicted_s']):>6} {row['bound']:>7}")
         if decodes:
             m, pred, bound = mean_decode.get(name, (0.0, None, ""))
-            text += f"   {fmt_time(m):>21} {_t(pred):>10} {bound:>7}"
+            text += f"   {fmt_time(m):>21} {_t(pred):>10} {_ratio(m, pred):>6} {bound:>7}"
         lines.append(text)
-    total = f"{'step':<13} {fmt_time(prefill.step_s):>17} {fmt_time(prefill.predicted.time_s):>10} {'':>7}"
+    total = (f"{'step':<13} {fmt_time(prefill.step_s):>17} {fmt_time(prefill.predicted.time_s):>10} "
+             f"{_ratio(prefill.step_s, prefill.predicted.time_s):>6} {'':>7}")
     if decodes:
         mean = sum(s.step_s for s in decodes) / len(decodes)
         pred = sum(s.predicted.time_s for s in decodes) / len(decodes)
-        total += f"   {fmt_time(mean):>21} {fmt_time(pred):>10}"
-    lines += [total, f"(decode: mean of {len(decodes)} steps; residual = each layer's time outside its "
-                     "hooked stages; other = time outside every hooked module)", ""]
+        total += f"   {fmt_time(mean):>21} {fmt_time(pred):>10} {_ratio(mean, pred):>6}"
+    lines += [total,
+              f"(decode: mean of {len(decodes)} steps; ratio = measured / predicted; residual = each "
+              "layer's time outside its hooked stages; other = time outside every hooked module.",
+              " The prediction is the roofline alone: per-operator dispatch overhead, which dominates "
+              "small stages on a CPU, is not in it.)", ""]
     for step in steps[:show_steps]:
         shown = ", ".join(f"{c.text!r} {c.probability:.3f}" for c in step.candidates)
         lines.append(f"step {step.index} ({step.phase}): top {len(step.candidates)}: {shown}")
@@ -92,6 +97,10 @@ def _mean_rows(steps: list[StepTrace]) -> dict[str, tuple[float, float | None, s
         pred = None if preds[0][0] is None else sum(p[0] for p in preds) / len(present)
         out[name] = (sum(s.measured[name] for s in present) / len(present), pred, preds[-1][1])
     return out
+
+
+def _ratio(measured: float, predicted: float | None) -> str:
+    return "-" if not predicted else f"{measured / predicted:.1f}x"
 
 
 def _t(seconds: float | None) -> str:
