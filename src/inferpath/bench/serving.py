@@ -13,6 +13,7 @@ text-carrying chunk, which undercounts when it packs several tokens in a chunk.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import time
@@ -23,12 +24,7 @@ import httpx
 
 from inferpath.bench.serving_metrics import RequestResult, ServingSummary, summarize
 
-WORDS = (
-    "the river carried light across a quiet valley where old bridges stood between stone "
-    "houses and orchards while travellers spoke of mountains comets glaciers lighthouses "
-    "violins owls tides deserts clocks bees and the patient work of engineers who measured "
-    "everything twice before building anything once"
-).split()
+WORDS = ["the", "river", "carried", "light", "across", "a", "quiet", "valley", "where", "old", "bridges", "stood", "between", "stone", "houses", "and", "orchards", "while", "travellers", "spoke", "of", "mountains", "comets", "glaciers", "lighthouses", "violins", "owls", "tides", "deserts", "clocks", "bees", "and", "the", "patient", "work", "of", "engineers", "who", "measured", "everything", "twice", "before", "building", "anything", "once"]
 
 
 @dataclass(frozen=True)
@@ -143,7 +139,7 @@ async def send_request(
         success=True,
         output_tokens=int(usage.get("completion_tokens") or len(chunk_times)),
         ttft=chunk_times[0] - start,
-        itl=[b - a for a, b in zip(chunk_times, chunk_times[1:])],
+        itl=[b - a for a, b in itertools.pairwise(chunk_times)],
         e2e=end - start,
         prompt_tokens=usage.get("prompt_tokens"),
         text="".join(text_parts),

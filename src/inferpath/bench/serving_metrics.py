@@ -127,8 +127,8 @@ def format_summary(summary: ServingSummary) -> str:
         return "-" if value is None else f"{value:,.{digits}f}"
 
     lines = [
-        f"requests          {summary.num_completed} completed / {summary.num_requests} sent"
-        f" ({summary.num_failed} failed)",
+        (f"requests          {summary.num_completed} completed / {summary.num_requests} sent"
+         f" ({summary.num_failed} failed)"),
         f"duration          {summary.duration_s:.2f} s",
         f"prompt tokens     {summary.total_prompt_tokens if summary.total_prompt_tokens is not None else '-'}",
         f"output tokens     {summary.total_output_tokens}",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from inferpath.sampling.params import SamplingParams
 
-__all__ = ["SamplingParams", "Sampler", "SamplingRow", "SamplerOutput", "TokenLogprobs", "TokenLogprob"]
+__all__ = ["Sampler", "SamplerOutput", "SamplingParams", "SamplingRow", "TokenLogprob", "TokenLogprobs"]
 
 _SAMPLER_NAMES = {"Sampler", "SamplingRow", "SamplerOutput"}
 

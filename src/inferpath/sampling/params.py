@@ -106,9 +106,10 @@ class SamplingParams:
                 raise _fail(name, value, "in [-2, 2]")
         if self.seed is not None and not -(2**63) <= _check_int("seed", self.seed, "(64-bit signed) or None") < 2**63:
             raise _fail("seed", self.seed, "a 64-bit signed integer or None")
-        if self.logprobs is not None:
-            if not 0 <= _check_int("logprobs", self.logprobs, f"in [0, {MAX_LOGPROBS}]") <= MAX_LOGPROBS:
-                raise _fail("logprobs", self.logprobs, f"in [0, {MAX_LOGPROBS}] or None")
+        if self.logprobs is not None and not (
+            0 <= _check_int("logprobs", self.logprobs, f"in [0, {MAX_LOGPROBS}]") <= MAX_LOGPROBS
+        ):
+            raise _fail("logprobs", self.logprobs, f"in [0, {MAX_LOGPROBS}] or None")
         if _check_int("min_tokens", self.min_tokens, ">= 0") < 0:
             raise _fail("min_tokens", self.min_tokens, ">= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:

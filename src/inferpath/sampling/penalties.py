@@ -44,7 +44,7 @@ def apply_penalties(
     - presence: ``logit -= presence_penalty`` if the token occurs in the output.
     A penalty at its neutral value (1, 0, 0) leaves the row unchanged.
     """
-    num_rows, vocab_size = logits.shape
+    vocab_size = logits.shape[1]
     device = logits.device
     output_counts = token_counts(output_token_ids, vocab_size, device)  # (num_rows, vocab)
     output_mask = output_counts > 0

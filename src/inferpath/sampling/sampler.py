@@ -18,7 +18,7 @@ share the sampler's generator.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -26,6 +26,7 @@ from inferpath.sampling.logprobs import TokenLogprobs, compute_logprobs
 from inferpath.sampling.params import SamplingParams
 from inferpath.sampling.penalties import apply_penalties
 from inferpath.sampling.truncation import apply_truncation
+
 
 @dataclass(slots=True)
 class SamplingRow:
