@@ -197,3 +197,46 @@ def test_hardware_presets_quote_their_source_and_the_h100_ridge():
     assert get_hardware("h200").memory_bandwidth == 4.8e12
     assert H100.scaled(4).memory_bandwidth == 4 * H100.memory_bandwidth
     assert H100.scaled(4).ridge_point() == pytest.approx(H100.ridge_point())
+
+
+@pytest.mark.parametrize("config", [
+    ModelConfig(architecture="llama", vocab_size=96, hidden_size=64, intermediate_size=160,
+                num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=64),
+    ModelConfig(architecture="mixtral", vocab_size=96, hidden_size=64, intermediate_size=96,
+                num_layers=2, num_heads=4, num_kv_heads=1, head_dim=16, num_experts=4,
+                num_experts_per_tok=2, max_position_embeddings=64),
+], ids=["dense", "moe"])
+def test_matmul_flops_match_torch_flop_counter_on_the_real_model(config):
+    """The cost model's matrix FLOPs against torch's own count of the model's matmuls.
+
+    Prefill of 7 tokens then one decode step at context 8, on the real Transformer with
+    random weights. torch counts every mm: projections, router, experts as routed, LM head.
+    (It does not count the CPU attention kernel; attention pairs are checked by brute
+    force in test_attention_pairs_match_a_brute_force_causal_mask.)
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from inferpath.explain.trace import one_sequence_metadata
+    from inferpath.model import Transformer
+
+    model = Transformer(config)
+    model.init_random_weights(seed=0)
+    assert sum(t.nbytes for t in model.parameters()) == weight_breakdown(config, 4).total_bytes
+    cache = KVCache(config, num_blocks=1, block_size=16, dtype=torch.float32)
+    ids = torch.arange(7) % config.vocab_size
+    for tokens, start in ((ids, 0), (ids[:1], 7)):
+        with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+            hidden = model(tokens, torch.arange(start, start + len(tokens)), cache,
+                           one_sequence_metadata(start, len(tokens), num_blocks=1))
+            model.compute_logits(hidden[-1:])
+        counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+        matmul = sum(n for op, n in counts.items() if op in ("aten.mm", "aten.addmm", "aten.bmm"))
+        p = pass_cost(config, H100, Precision("fp32"), len(tokens), start + len(tokens))
+        names = [n for n in (*LAYER_MATMUL_STAGES, "lm_head") if n in {s.name for s in p.stages}]
+        # the model's FLOPs for gate/up/down are its experts' mms; the router's softmax and the
+        # weighted combine of MoE outputs are elementwise, not mms
+        extra = sum(p.stage(n).flops for n in names) - matmul
+        if config.is_moe:
+            n = len(tokens) * config.num_layers
+            extra -= 5 * n * config.num_experts + 2 * n * config.num_experts_per_tok * config.hidden_size
+        assert extra == 0, counts
