@@ -58,6 +58,7 @@ class Submission:
     id: str  # the HTTP response's id; engine requests are id, or id-0, id-1... per prompt
     request_ids: list[str]
     streams: list[Any]
+    num_choices_per_prompt: int = 1
     created: int = field(default_factory=lambda: int(time.time()))
     finished: set[int] = field(default_factory=set)
 
@@ -65,6 +66,7 @@ class Submission:
         for i, request_id in enumerate(self.request_ids):
             if i not in self.finished:
                 self.context.async_engine.abort(request_id)
+                self.context.metrics.record_aborted(self.num_choices_per_prompt)
                 self.finished.add(i)
 
     async def outputs(self) -> AsyncIterator[tuple[int, Any]]:
@@ -134,7 +136,7 @@ def submit(context: ServingContext, prefix: str, prompts: list[str | list[int]],
     """Add one engine request per prompt; all or none (earlier ones are aborted if a later
     one is refused). Engine refusals become 400 (naming ``prompt_param``) or 429."""
     base_id = new_request_id(prefix)
-    submission = Submission(context, base_id, [], [])
+    submission = Submission(context, base_id, [], [], params.n)
     vocab_size = context.tokenizer.vocab_size
     for i, prompt in enumerate(prompts):
         if isinstance(prompt, list):

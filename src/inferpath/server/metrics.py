@@ -92,6 +92,10 @@ class ServerMetrics:
     def record_error(self, status: int) -> None:
         self.request_errors.labels(status=str(status)).inc()
 
+    def record_aborted(self, num_choices: int) -> None:
+        """A request given up by the server (client gone): its choices end as "abort"."""
+        self.request_success.labels(finish_reason="abort").inc(num_choices)
+
     def record_finished(self, output: Any) -> None:
         """Record a finished ``RequestOutput`` (all its choices)."""
         for completion in output.outputs:
