@@ -62,6 +62,13 @@ def smollm2(smollm2_path) -> Tokenizer:
     return load_tokenizer(smollm2_path)
 
 
+@pytest.fixture(scope="session")
+def trained_json(tmp_path_factory, corpus):
+    from inferpath.tokenizer.train import save_tokenizer_json, train_bpe
+
+    return save_tokenizer_json(train_bpe(corpus[:20_000], 400, "gpt2", ["<|end|>"]), tmp_path_factory.mktemp("trained"))
+
+
 # ---- llama.cpp's vectors ------------------------------------------------------------------
 @pytest.mark.parametrize("name", LLAMA_CPP_VOCABS)
 def test_llama_cpp_vocab_vectors(vocab_dir, name):
@@ -153,6 +160,34 @@ def test_longest_special_token_wins(tmp_path):
     tokenizer = load_tokenizer(tmp_path)
     assert tokenizer.encode("x<|a|>bb", allow_special=True) == [23, 30, 1]
     assert tokenizer.encode("<|a|>", allow_special=True) == [29]
+
+
+def test_tokenizer_json_pipeline_options_equal_tokenizers(tmp_path, trained_json):
+    """Split by string (with gaps), Digits runs, ByteLevel with prefix space, NFC, non-special
+    added tokens: the loader's less common paths against the reference."""
+    from tokenizers import Tokenizer as Reference
+
+    spec = json.loads(trained_json.read_text(encoding="utf-8"))
+    spec["normalizer"] = {"type": "NFC"}
+    splits = [
+        {"type": "Split", "pattern": {"String": "--"}, "behavior": "Isolated", "invert": False},
+        {"type": "Split", "pattern": {"Regex": "(x)(y)"}, "behavior": "Isolated", "invert": False},
+        {"type": "Digits", "individual_digits": False},
+    ]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": splits + [byte_level]}
+    spec["added_tokens"].append({"id": len(spec["model"]["vocab"]) + 1, "content": "[tool]", "special": False,
+                                 "single_word": False, "lstrip": False, "rstrip": False, "normalized": False})
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    (tmp_path / "prefix.json").write_text(json.dumps(spec | {"pre_tokenizer": byte_level | {"add_prefix_space": True}}))
+    for name in ("tokenizer.json", "prefix.json"):
+        ours, reference = load_tokenizer(tmp_path / name), Reference.from_file(str(tmp_path / name))
+        for text in ["a--b----c 12345 xyxy e\u0301 caf\u00e9", "Hello [tool] world", "--", "   lead", "123abc456"]:
+            assert ours.encode(text) == reference.encode(text, add_special_tokens=False).ids, (name, text)
+    (tmp_path / "bad.json").write_text(json.dumps(spec | {"pre_tokenizer": {
+        "type": "Sequence", "pretokenizers": splits + [byte_level | {"add_prefix_space": True}]}}))  # fmt: skip
+    with pytest.raises(ValueError, match="add_prefix_space only on a ByteLevel that comes first"):
+        load_tokenizer(tmp_path / "bad.json")
 
 
 # ---- errors ---------------------------------------------------------------------------------

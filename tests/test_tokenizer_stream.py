@@ -14,6 +14,7 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")
 from tokenizer_fixtures import model_gguf, read_corpus, smollm2_reference  # noqa: E402
 
 from inferpath.tokenizer import load_tokenizer  # noqa: E402
+from inferpath.tokenizer.pretokenize import DIGITS_PATTERN, GPT2_PATTERN, PreTokenizer  # noqa: E402
 from inferpath.tokenizer.train import train_bpe  # noqa: E402
 
 PROPERTY_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -69,6 +70,14 @@ def test_round_trip_arbitrary_unicode(qwen, trained, text):
 def test_ids_equal_tokenizers_on_arbitrary_text(smollm2, reference_ids, text):
     # the reference always matches special tokens; bytes SmolLM2 lacks are dropped by both
     assert smollm2.encode(text, allow_special=True) == reference_ids(text)
+
+
+@PROPERTY_SETTINGS
+@given(text=st.one_of(clean_text, tricky_text))
+def test_fused_digit_pattern_equals_two_passes(text):
+    # SmolLM2's digits-then-GPT-2 split runs as one regex; it must equal the two passes
+    patterns = (DIGITS_PATTERN, GPT2_PATTERN)
+    assert PreTokenizer(patterns).split(text) == PreTokenizer(patterns, fuse=False).split(text)
 
 
 def _stream(tokenizer, ids, skip_special_tokens):

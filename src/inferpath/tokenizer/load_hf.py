@@ -37,6 +37,10 @@ def _pre_tokenizer(spec: dict | None, path: Path) -> tuple[list[str], bool, bool
         patterns, prefix, byte_level = [], False, False
         for sub in spec.get("pretokenizers", []):
             sub_patterns, sub_prefix, sub_byte_level = _pre_tokenizer(sub, path)
+            if sub_prefix and patterns:
+                # NOTE: there Hugging Face adds the space to every piece, not to the text
+                raise _fail(path, "pre_tokenizer ByteLevel.add_prefix_space", True,
+                            "add_prefix_space only on a ByteLevel that comes first")  # fmt: skip
             patterns += sub_patterns
             prefix |= sub_prefix
             byte_level |= sub_byte_level
