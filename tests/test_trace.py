@@ -103,3 +103,25 @@ def test_trace_text_and_json(traced):
     data = json.loads(json.dumps(trace_json(traced)))
     assert len(data["steps"]) == len(traced.steps)
     assert data["steps"][0]["stages"][0]["stage"] == "embedding"
+
+
+def test_stage_timer_on_a_moe_model_times_the_experts_as_one_row():
+    import torch
+
+    from inferpath.cache.kv import KVCache
+    from inferpath.config import ModelConfig
+    from inferpath.explain.hooks import StageTimer
+    from inferpath.explain.trace import one_sequence_metadata
+    from inferpath.model import Transformer
+
+    config = ModelConfig(architecture="mixtral", vocab_size=64, hidden_size=32, intermediate_size=48,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, num_experts=4,
+                         num_experts_per_tok=2, max_position_embeddings=32)
+    model = Transformer(config)
+    model.init_random_weights()
+    cache = KVCache(config, num_blocks=1, block_size=16)
+    with torch.inference_mode(), StageTimer(model) as timer:
+        model(torch.arange(5), torch.arange(5), cache, one_sequence_metadata(0, 5, 1))
+        rows = timer.take()
+    assert "moe_ffn" in rows and "gate_proj" not in rows and rows["moe_ffn"] > 0
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
