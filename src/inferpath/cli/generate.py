@@ -36,8 +36,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="context limit in tokens (default: the model's)")
-    parser.add_argument("--kv-cache-mb", type=int, default=512,
-                        help="memory for the KV cache in MiB (default 512)")
+    parser.add_argument("--kv-cache-mb", type=int, default=256,
+                        help="memory for the KV cache in MiB (default 256)")
     sampling = parser.add_argument_group("sampling")
     sampling.add_argument("--max-tokens", type=int, default=256)
     sampling.add_argument("--temperature", type=float, default=0.0,

@@ -39,7 +39,6 @@ class RequestMetrics:
     """Timestamps (time.monotonic()) of a request's life."""
 
     arrival_time: float
-    first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
 
