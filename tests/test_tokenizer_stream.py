@@ -65,8 +65,14 @@ def test_round_trip_arbitrary_unicode(qwen, trained, text):
         assert all(0 <= i < tokenizer.vocab_size for i in ids)
 
 
+# Assigned characters only (per this Python's Unicode tables): the `regex` module knows newer
+# Unicode versions than the reference's regex engine, so a letter assigned in Unicode 17 is
+# \p{L} to us and unknown to it. That is a table-version difference, not a tokenizer one.
+assigned_text = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cn")), max_size=80)
+
+
 @PROPERTY_SETTINGS
-@given(text=st.one_of(clean_text, tricky_text))
+@given(text=st.one_of(assigned_text, tricky_text))
 def test_ids_equal_tokenizers_on_arbitrary_text(smollm2, reference_ids, text):
     # the reference always matches special tokens; bytes SmolLM2 lacks are dropped by both
     assert smollm2.encode(text, allow_special=True) == reference_ids(text)
