@@ -8,6 +8,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inferpath.cache.blocks import BlockManager
 from inferpath.engine.errors import RequestError
@@ -273,3 +275,42 @@ def test_held_back_text_is_released_when_it_does_not_stop():
     assert r.take_delta()[0] == "a"
     r.append_output(ord("b"))  # max_tokens: finishes, "x" and "b" are released
     assert r.finish_reason == "length" and r.take_delta()[0] == "xb"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 30), st.integers(1, 12), st.integers(0, 3),
+                          st.booleans()), min_size=1, max_size=8),
+       st.integers(6, 24), st.integers(1, 40), st.booleans())
+def test_random_workloads_finish_with_alone_outputs_and_free_every_block(
+        specs, num_blocks, budget, prefix):
+    """Arrivals over time, shared prefixes, aborts, a small cache and budget: every
+    request that is not aborted gets exactly its alone output; no block leaks."""
+    sched = make_scheduler(num_blocks=num_blocks, budget=budget, max_num_seqs=4,
+                           max_model_len=200, prefix=prefix)
+    pending = []
+    for i, (length, max_tokens, arrival_step, abort) in enumerate(specs):
+        prompt = ([7, 8, 9, 10] * 8)[:min(length, 12)] + [i + 1] * max(0, length - 12)
+        if length + 1 > num_blocks * BS:
+            continue
+        pending.append((arrival_step, make_request(f"r{i}", prompt, max_tokens), abort))
+    for step_index in range(400):
+        for arrival_step, request, abort in pending:
+            if arrival_step == step_index:
+                sched.add_request(request)
+            if abort and arrival_step + 2 == step_index:
+                sched.abort([request.seq_id])
+        if step_index > 5 and not sched.has_unfinished_requests():
+            break
+        step(sched)
+    assert not sched.has_unfinished_requests()
+    for _, request, abort in pending:
+        if request.finish_reason == "abort":
+            assert abort
+            continue
+        expected = alone(request.prompt_token_ids, request.params.max_tokens)
+        if request.finish_reason == "length" and request.num_output_tokens < len(expected):
+            # alone and out of blocks: only possible when the cache cannot hold it whole
+            assert request.num_tokens > num_blocks * BS
+            expected = expected[:request.num_output_tokens]
+        assert request.output_token_ids == expected
+    assert sched.block_manager.usage().num_used_blocks == 0
