@@ -84,8 +84,9 @@ def plot_roofline(points: list[dict], hardware: HardwareSpec, compute_dtype: str
                    edgecolor="black" if stars else "none", zorder=3 if stars else 2, alpha=0.9)
         if stars:  # name the whole pass beside its star
             short = p["pass"].replace(" tokens", "").replace("batch ", "b")
-            ax.annotate(short, (p["intensity"], p["flops_per_s"]), xytext=(8, -12),
-                        textcoords="offset points", fontsize=8)
+            below = p["phase"] == "prefill"  # prefill labels below right, decode above left
+            ax.annotate(short, (p["intensity"], p["flops_per_s"]), xytext=(8, -12) if below else (-8, 8),
+                        ha="left" if below else "right", textcoords="offset points", fontsize=8)
     for lab in labels:  # legend: one entry per pass (colour) and per stage group (marker)
         ax.scatter([], [], color=colors[lab], marker="s", label=lab)
     for group, marker in [*_MARKERS.items(), ("whole pass", "*")]:
