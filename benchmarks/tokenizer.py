@@ -27,9 +27,9 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from tokenizer_fixtures import model_gguf, smollm2_reference  # noqa: E402
+from tokenizer_fixtures import model_gguf, smollm2_reference
 
-from inferpath.tokenizer import load_tokenizer  # noqa: E402
+from inferpath.tokenizer import load_tokenizer
 
 
 def english_text(num_bytes: int) -> str:
@@ -44,7 +44,9 @@ def english_text(num_bytes: int) -> str:
         except (SyntaxError, UnicodeDecodeError):
             continue
         for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and ast.get_docstring(node):
+            if isinstance(
+                node, (ast.Module, ast.ClassDef, ast.FunctionDef)
+            ) and ast.get_docstring(node):
                 parts.append(ast.get_docstring(node) + "\n\n")
         if sum(len(p) for p in parts) > num_bytes * 1.2:
             break
@@ -66,7 +68,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--num-bytes", type=int, default=1_000_000)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "tokenizer.json"))
+    parser.add_argument(
+        "--out", default=str(ROOT / "benchmarks" / "results" / "tokenizer.json")
+    )
     args = parser.parse_args()
 
     text = english_text(args.num_bytes)
@@ -75,15 +79,24 @@ def main() -> int:
     ours = load_tokenizer(path)
     reference = smollm2_reference(path)
 
-    cold_s, ids = best_time(lambda: ours.encode(text), args.repeats, before=ours.encoder.cache.clear)
+    cold_s, ids = best_time(
+        lambda: ours.encode(text), args.repeats, before=ours.encoder.cache.clear
+    )
     warm_s, _ = best_time(lambda: ours.encode(text), args.repeats)
-    reference_s, reference_ids = best_time(lambda: reference.encode(text, add_special_tokens=False).ids, args.repeats)
+    reference_s, reference_ids = best_time(
+        lambda: reference.encode(text, add_special_tokens=False).ids, args.repeats
+    )
     if ids != reference_ids:
-        raise SystemExit("ids differ from the reference: fix the tokenizer before timing it")
+        raise SystemExit(
+            "ids differ from the reference: fix the tokenizer before timing it"
+        )
 
     def rates(seconds):
-        return {"seconds": round(seconds, 4), "mb_per_s": round(megabytes / seconds, 3),
-                "tokens_per_s": round(len(ids) / seconds)}  # fmt: skip
+        return {
+            "seconds": round(seconds, 4),
+            "mb_per_s": round(megabytes / seconds, 3),
+            "tokens_per_s": round(len(ids) / seconds),
+        }
 
     result = {
         "benchmark": "tokenizer_encode",
@@ -101,9 +114,13 @@ def main() -> int:
     }
     for name in ("ours_cold", "ours_warm", "hf_tokenizers_single_thread"):
         r = result[name]
-        print(f"{name:28s} {r['mb_per_s']:7.3f} MB/s {r['tokens_per_s']:>10,d} tokens/s")
-    print(f"ours / tokenizers: {result['ratio_cold']:.2f}x cold cache, {result['ratio_warm']:.2f}x warm cache "
-          f"({len(ids):,} tokens, {megabytes:.2f} MB)")  # fmt: skip
+        print(
+            f"{name:28s} {r['mb_per_s']:7.3f} MB/s {r['tokens_per_s']:>10,d} tokens/s"
+        )
+    print(
+        f"ours / tokenizers: {result['ratio_cold']:.2f}x cold cache, {result['ratio_warm']:.2f}x warm cache "
+        f"({len(ids):,} tokens, {megabytes:.2f} MB)"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

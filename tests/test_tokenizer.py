@@ -10,7 +10,7 @@ import pytest
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 
-from tokenizer_fixtures import (  # noqa: E402
+from tokenizer_fixtures import (
     LLAMA_CPP_VOCABS,
     first_difference,
     llama3_dir,
@@ -22,7 +22,7 @@ from tokenizer_fixtures import (  # noqa: E402
     smollm2_reference,
 )
 
-from inferpath.tokenizer import Tokenizer, load_tokenizer  # noqa: E402
+from inferpath.tokenizer import Tokenizer, load_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +66,10 @@ def smollm2(smollm2_path) -> Tokenizer:
 def trained_json(tmp_path_factory, corpus):
     from inferpath.tokenizer.train import save_tokenizer_json, train_bpe
 
-    return save_tokenizer_json(train_bpe(corpus[:20_000], 400, "gpt2", ["<|end|>"]), tmp_path_factory.mktemp("trained"))
+    return save_tokenizer_json(
+        train_bpe(corpus[:20_000], 400, "gpt2", ["<|end|>"]),
+        tmp_path_factory.mktemp("trained"),
+    )
 
 
 # ---- llama.cpp's vectors ------------------------------------------------------------------
@@ -76,8 +79,11 @@ def test_llama_cpp_vocab_vectors(vocab_dir, name):
     tokenizer = load_tokenizer(path)
     cases = read_vocab_tests(path)
     assert len(cases) >= 40
-    failures = [(text, first_difference(tokenizer.encode(text, add_bos=False), ids))
-                for text, ids in cases if tokenizer.encode(text, add_bos=False) != ids]  # fmt: skip
+    failures = [
+        (text, first_difference(tokenizer.encode(text, add_bos=False), ids))
+        for text, ids in cases
+        if tokenizer.encode(text, add_bos=False) != ids
+    ]
     assert not failures, failures[:3]
     for text, ids in cases:
         assert tokenizer.decode(ids) == text
@@ -87,7 +93,10 @@ def test_gguf_attributes(vocab_dir, smollm2):
     llama = load_tokenizer(vocab_dir / "ggml-vocab-llama-bpe.gguf")
     assert llama.vocab_size == 128_256
     assert llama.bos_token_id == 128_000 and llama.add_bos_token
-    assert llama.encode("Hi")[0] == 128_000 and llama.encode("Hi", add_bos=False)[0] != 128_000
+    assert (
+        llama.encode("Hi")[0] == 128_000
+        and llama.encode("Hi", add_bos=False)[0] != 128_000
+    )
     assert {128_001, 128_009} <= llama.eos_token_ids  # <|end_of_text|>, <|eot_id|>
     # SmolLM2: <|im_start|> (1) is BOS and is not added; <|im_end|> (2) ends a turn
     assert smollm2.vocab_size == 49_152
@@ -112,7 +121,9 @@ def test_llama3_tokenizer_json_equals_tokenizers(llama3, llama3_json, corpus):
     from tokenizers import Tokenizer as Reference
 
     assert llama3_json.vocab_size == 128_256
-    _assert_same_as_reference(llama3_json, Reference.from_file(str(llama3 / "tokenizer.json")), corpus)
+    _assert_same_as_reference(
+        llama3_json, Reference.from_file(str(llama3 / "tokenizer.json")), corpus
+    )
 
 
 def test_llama3_tiktoken_equals_tokenizer_json(llama3, llama3_json, corpus):
@@ -120,7 +131,9 @@ def test_llama3_tiktoken_equals_tokenizer_json(llama3, llama3_json, corpus):
     assert tiktoken.vocab_size == 128_256 and tiktoken.bos_token_id == 128_000
     assert tiktoken.encode("<|eot_id|>", allow_special=True, add_bos=False) == [128_009]
     assert {128_001, 128_008, 128_009} <= tiktoken.eos_token_ids
-    assert tiktoken.encode(corpus, add_bos=False) == llama3_json.encode(corpus, add_bos=False)
+    assert tiktoken.encode(corpus, add_bos=False) == llama3_json.encode(
+        corpus, add_bos=False
+    )
 
 
 def test_smollm2_gguf_equals_tokenizers(smollm2_path, smollm2, corpus):
@@ -148,13 +161,23 @@ def test_special_tokens_only_when_allowed(smollm2):
 
 
 def test_longest_special_token_wins(tmp_path):
-    vocab = {chr(c): i for i, c in enumerate(range(ord("a"), ord("z") + 1))} | {"<": 26, ">": 27, "|": 28}
+    vocab = {chr(c): i for i, c in enumerate(range(ord("a"), ord("z") + 1))} | {
+        "<": 26,
+        ">": 27,
+        "|": 28,
+    }
     spec = {
         "model": {"type": "BPE", "vocab": vocab, "merges": []},
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+        "pre_tokenizer": {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "use_regex": True,
+        },
         "decoder": {"type": "ByteLevel"},
-        "added_tokens": [{"id": 29, "content": "<|a|>", "special": True},
-                         {"id": 30, "content": "<|a|>b", "special": True}],  # fmt: skip
+        "added_tokens": [
+            {"id": 29, "content": "<|a|>", "special": True},
+            {"id": 30, "content": "<|a|>b", "special": True},
+        ],
     }
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
     tokenizer = load_tokenizer(tmp_path)
@@ -170,23 +193,72 @@ def test_tokenizer_json_pipeline_options_equal_tokenizers(tmp_path, trained_json
     spec = json.loads(trained_json.read_text(encoding="utf-8"))
     spec["normalizer"] = {"type": "NFC"}
     splits = [
-        {"type": "Split", "pattern": {"String": "--"}, "behavior": "Isolated", "invert": False},
-        {"type": "Split", "pattern": {"Regex": "(x)(y)"}, "behavior": "Isolated", "invert": False},
+        {
+            "type": "Split",
+            "pattern": {"String": "--"},
+            "behavior": "Isolated",
+            "invert": False,
+        },
+        {
+            "type": "Split",
+            "pattern": {"Regex": "(x)(y)"},
+            "behavior": "Isolated",
+            "invert": False,
+        },
         {"type": "Digits", "individual_digits": False},
     ]
-    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    byte_level = {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": True,
+        "use_regex": True,
+    }
     spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": splits + [byte_level]}
-    spec["added_tokens"].append({"id": len(spec["model"]["vocab"]) + 1, "content": "[tool]", "special": False,
-                                 "single_word": False, "lstrip": False, "rstrip": False, "normalized": False})
+    spec["added_tokens"].append(
+        {
+            "id": len(spec["model"]["vocab"]) + 1,
+            "content": "[tool]",
+            "special": False,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+        }
+    )
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
-    (tmp_path / "prefix.json").write_text(json.dumps(spec | {"pre_tokenizer": byte_level | {"add_prefix_space": True}}))
+    (tmp_path / "prefix.json").write_text(
+        json.dumps(spec | {"pre_tokenizer": byte_level | {"add_prefix_space": True}})
+    )
     for name in ("tokenizer.json", "prefix.json"):
-        ours, reference = load_tokenizer(tmp_path / name), Reference.from_file(str(tmp_path / name))
-        for text in ["a--b----c 12345 xyxy e\u0301 caf\u00e9", "Hello [tool] world", "--", "   lead", "123abc456"]:
-            assert ours.encode(text) == reference.encode(text, add_special_tokens=False).ids, (name, text)
-    (tmp_path / "bad.json").write_text(json.dumps(spec | {"pre_tokenizer": {
-        "type": "Sequence", "pretokenizers": splits + [byte_level | {"add_prefix_space": True}]}}))  # fmt: skip
-    with pytest.raises(ValueError, match="add_prefix_space only on a ByteLevel that comes first"):
+        ours, reference = (
+            load_tokenizer(tmp_path / name),
+            Reference.from_file(str(tmp_path / name)),
+        )
+        for text in [
+            "a--b----c 12345 xyxy e\u0301 caf\u00e9",
+            "Hello [tool] world",
+            "--",
+            "   lead",
+            "123abc456",
+        ]:
+            assert (
+                ours.encode(text)
+                == reference.encode(text, add_special_tokens=False).ids
+            ), (name, text)
+    (tmp_path / "bad.json").write_text(
+        json.dumps(
+            spec
+            | {
+                "pre_tokenizer": {
+                    "type": "Sequence",
+                    "pretokenizers": splits + [byte_level | {"add_prefix_space": True}],
+                }
+            }
+        )
+    )
+    with pytest.raises(
+        ValueError, match="add_prefix_space only on a ByteLevel that comes first"
+    ):
         load_tokenizer(tmp_path / "bad.json")
 
 
@@ -206,26 +278,45 @@ def _write_gguf(path, **fields):
 
 
 def test_unsupported_gguf_model_names_field(tmp_path):
-    _write_gguf(tmp_path / "spm.gguf", tokenizer__ggml__model="llama", tokenizer__ggml__tokens=["a"])
-    with pytest.raises(ValueError, match=r"tokenizer\.ggml\.model is 'llama'; supported: 'gpt2'"):
+    _write_gguf(
+        tmp_path / "spm.gguf",
+        tokenizer__ggml__model="llama",
+        tokenizer__ggml__tokens=["a"],
+    )
+    with pytest.raises(
+        ValueError, match=r"tokenizer\.ggml\.model is 'llama'; supported: 'gpt2'"
+    ):
         load_tokenizer(tmp_path / "spm.gguf")
-    _write_gguf(tmp_path / "nomerges.gguf", tokenizer__ggml__model="gpt2", tokenizer__ggml__tokens=["a"])
+    _write_gguf(
+        tmp_path / "nomerges.gguf",
+        tokenizer__ggml__model="gpt2",
+        tokenizer__ggml__tokens=["a"],
+    )
     with pytest.raises(ValueError, match=r"tokenizer\.ggml\.merges"):
         load_tokenizer(tmp_path / "nomerges.gguf")
-    _write_gguf(tmp_path / "pre.gguf", tokenizer__ggml__model="gpt2", tokenizer__ggml__tokens=["a"],
-                tokenizer__ggml__merges=["a a"], tokenizer__ggml__pre="mystery")  # fmt: skip
+    _write_gguf(
+        tmp_path / "pre.gguf",
+        tokenizer__ggml__model="gpt2",
+        tokenizer__ggml__tokens=["a"],
+        tokenizer__ggml__merges=["a a"],
+        tokenizer__ggml__pre="mystery",
+    )
     with pytest.raises(ValueError, match=r"tokenizer\.ggml\.pre.*'mystery'.*supported"):
         load_tokenizer(tmp_path / "pre.gguf")
 
 
 def test_malformed_files_name_the_problem(tmp_path):
-    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "Unigram", "vocab": []}}))
+    (tmp_path / "tokenizer.json").write_text(
+        json.dumps({"model": {"type": "Unigram", "vocab": []}})
+    )
     with pytest.raises(ValueError, match=r"model\.type is 'Unigram'; supported: BPE"):
         load_tokenizer(tmp_path / "tokenizer.json")
     (tmp_path / "ranks.model").write_text("not-base64!! 0\n")
     with pytest.raises(ValueError, match=r"line 1 is not '<base64 token> <rank>'"):
         load_tokenizer(tmp_path / "ranks.model")
-    (tmp_path / "truncated.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 8 + b"\x05")
+    (tmp_path / "truncated.gguf").write_bytes(
+        b"GGUF\x03\x00\x00\x00" + b"\x00" * 8 + b"\x05"
+    )
     with pytest.raises(ValueError, match="truncated"):
         load_tokenizer(tmp_path / "truncated.gguf")
     with pytest.raises(FileNotFoundError):

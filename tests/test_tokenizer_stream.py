@@ -11,19 +11,46 @@ from hypothesis import strategies as st
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 
-from tokenizer_fixtures import model_gguf, read_corpus, smollm2_reference  # noqa: E402
+from tokenizer_fixtures import model_gguf, read_corpus, smollm2_reference
 
-from inferpath.tokenizer import load_tokenizer  # noqa: E402
-from inferpath.tokenizer.pretokenize import DIGITS_PATTERN, GPT2_PATTERN, PreTokenizer  # noqa: E402
-from inferpath.tokenizer.train import train_bpe  # noqa: E402
+from inferpath.tokenizer import load_tokenizer
+from inferpath.tokenizer.pretokenize import DIGITS_PATTERN, GPT2_PATTERN, PreTokenizer
+from inferpath.tokenizer.train import train_bpe
 
-PROPERTY_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY_SETTINGS = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 # Text without U+FFFD, so a U+FFFD in the output can only come from a broken character.
-clean_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\ufffd"), max_size=80)
+clean_text = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\ufffd"),
+    max_size=80,
+)
 # Mixes that stress byte-level BPE: emoji, CJK, combining marks, whitespace runs, digits.
 tricky_text = st.lists(
-    st.sampled_from(["é", "e\u0301", "😊", "👩🏽\u200d💻", "東京", "한국어", "مرحبا", " ", "  ", "\t", "\n", "\r\n",
-                     "123456", "'s", "DON'T", "<|im_end|>", "a", "Hello", "\u3000", "\xa0"]),  # fmt: skip
+    st.sampled_from(
+        [
+            "é",
+            "e\u0301",
+            "😊",
+            "👩🏽\u200d💻",
+            "東京",
+            "한국어",
+            "مرحبا",
+            " ",
+            "  ",
+            "\t",
+            "\n",
+            "\r\n",
+            "123456",
+            "'s",
+            "DON'T",
+            "<|im_end|>",
+            "a",
+            "Hello",
+            "\u3000",
+            "\xa0",
+        ]
+    ),
     max_size=30,
 ).map("".join)
 
@@ -68,7 +95,9 @@ def test_round_trip_arbitrary_unicode(qwen, trained, text):
 # Assigned characters only (per this Python's Unicode tables): the `regex` module knows newer
 # Unicode versions than the reference's regex engine, so a letter assigned in Unicode 17 is
 # \p{L} to us and unknown to it. That is a table-version difference, not a tokenizer one.
-assigned_text = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cn")), max_size=80)
+assigned_text = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs", "Cn")), max_size=80
+)
 
 
 @PROPERTY_SETTINGS
@@ -83,7 +112,9 @@ def test_ids_equal_tokenizers_on_arbitrary_text(smollm2, reference_ids, text):
 def test_fused_digit_pattern_equals_two_passes(text):
     # SmolLM2's digits-then-GPT-2 split runs as one regex; it must equal the two passes
     patterns = (DIGITS_PATTERN, GPT2_PATTERN)
-    assert PreTokenizer(patterns).split(text) == PreTokenizer(patterns, fuse=False).split(text)
+    assert PreTokenizer(patterns).split(text) == PreTokenizer(
+        patterns, fuse=False
+    ).split(text)
 
 
 def _stream(tokenizer, ids, skip_special_tokens):
@@ -91,7 +122,9 @@ def _stream(tokenizer, ids, skip_special_tokens):
     deltas = []
     for token_id in ids:
         deltas.append(detokenizer.add(token_id))
-        assert detokenizer.num_pending_bytes <= 3  # at most one incomplete character held back
+        assert (
+            detokenizer.num_pending_bytes <= 3
+        )  # at most one incomplete character held back
     deltas.append(detokenizer.flush())
     assert detokenizer.num_pending_bytes == 0
     return deltas
@@ -103,21 +136,27 @@ def test_detokenizer_deltas_concatenate_to_decode(qwen, text, skip):
     ids = qwen.encode(text, allow_special=True)
     deltas = _stream(qwen, ids, skip)
     assert "".join(deltas) == qwen.decode(ids, skip_special_tokens=skip)
-    assert not any("\ufffd" in delta for delta in deltas)  # split characters never show as U+FFFD
+    assert not any(
+        "\ufffd" in delta for delta in deltas
+    )  # split characters never show as U+FFFD
 
 
 @PROPERTY_SETTINGS
 @given(ids=st.lists(st.integers(0, 49_151), max_size=40), skip=st.booleans())
 def test_detokenizer_on_arbitrary_ids(smollm2, ids, skip):
     # arbitrary ids can form invalid UTF-8: the stream still equals decode(), U+FFFD included
-    assert "".join(_stream(smollm2, ids, skip)) == smollm2.decode(ids, skip_special_tokens=skip)
+    assert "".join(_stream(smollm2, ids, skip)) == smollm2.decode(
+        ids, skip_special_tokens=skip
+    )
 
 
 def test_split_characters_arrive_whole(smollm2):
     text = "数学 😊 👩🏽\u200d💻"
     ids = smollm2.encode(text)
     pieces = [smollm2.token_bytes(i) for i in ids]
-    assert any(_is_incomplete(p) for p in pieces), "the example must split a character across tokens"
+    assert any(_is_incomplete(p) for p in pieces), (
+        "the example must split a character across tokens"
+    )
     detokenizer = smollm2.detokenizer()
     emitted = ""
     for token_id in ids:
@@ -133,7 +172,9 @@ def test_incomplete_tail_becomes_replacement_at_flush(smollm2):
     partial = [i for i in smollm2.encode("学")][:1]  # first bytes of a 3-byte character
     assert _is_incomplete(smollm2.token_bytes(partial[0]))
     deltas = _stream(smollm2, ids + partial, skip_special_tokens=True)
-    assert deltas[-1] == "\ufffd" and "".join(deltas) == "数\ufffd" == smollm2.decode(ids + partial)
+    assert deltas[-1] == "\ufffd" and "".join(deltas) == "数\ufffd" == smollm2.decode(
+        ids + partial
+    )
 
 
 def _is_incomplete(data: bytes) -> bool:

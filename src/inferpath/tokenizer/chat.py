@@ -16,26 +16,27 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import jinja2
 import jinja2.ext
 import jinja2.nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
 import regex
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
 class _GenerationBlock(jinja2.ext.Extension):
     """``{% generation %}...{% endgeneration %}`` renders its body unchanged (transformers uses
     it to find assistant tokens; a template that has it must still render here)."""
 
-    tags = {"generation"}
+    tags: ClassVar[set[str]] = {"generation"}
 
     def parse(self, parser):
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_render_body"), [], [], body).set_lineno(lineno)
+        return jinja2.nodes.CallBlock(
+            self.call_method("_render_body"), [], [], body
+        ).set_lineno(lineno)
 
     def _render_body(self, caller):
         return caller()
@@ -45,8 +46,16 @@ def _raise_exception(message: str):
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+def _tojson(
+    value, ensure_ascii=False, indent=None, separators=None, sort_keys=False
+) -> str:
+    return json.dumps(
+        value,
+        ensure_ascii=ensure_ascii,
+        indent=indent,
+        separators=separators,
+        sort_keys=sort_keys,
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -56,7 +65,9 @@ def _strftime_now(fmt: str) -> str:
 def compile_template(source: str) -> jinja2.Template:
     """Compile a chat template in the sandbox; ValueError with the line on a syntax error."""
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationBlock]
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols, _GenerationBlock],
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
@@ -64,7 +75,9 @@ def compile_template(source: str) -> jinja2.Template:
     try:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as exc:
-        raise ValueError(f"chat template does not compile: {exc.message} (line {exc.lineno})") from None
+        raise ValueError(
+            f"chat template does not compile: {exc.message} (line {exc.lineno})"
+        ) from None
 
 
 def _strings_in(value: Any) -> list[str]:
@@ -107,8 +120,12 @@ class ChatRenderer:
         self.template_tokens = dict(template_tokens)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        if not isinstance(messages, (list, tuple)) or not all(isinstance(m, dict) for m in messages):
-            raise ValueError(f"messages must be a list of dicts with 'role' and 'content', got {messages!r}")
+        if not isinstance(messages, (list, tuple)) or not all(
+            isinstance(m, dict) for m in messages
+        ):
+            raise ValueError(
+                f"messages must be a list of dicts with 'role' and 'content', got {messages!r}"
+            )
         try:
             return self.template.render(
                 messages=list(messages),
@@ -121,15 +138,22 @@ class ChatRenderer:
             raise ValueError(f"chat template failed on these messages: {exc}") from None
 
     def render_with_spans(
-        self, messages: list[dict], add_generation_prompt: bool, added_re: regex.Pattern | None
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool,
+        added_re: regex.Pattern | None,
     ) -> tuple[str, list[tuple[int, int]]]:
         """The rendered text and the sorted ``(start, end)`` spans of added-token strings that
         came from the messages (not from the template)."""
         strings = _strings_in(list(messages))
         if added_re is None or not any(added_re.search(s) for s in strings):
             return self.render(messages, add_generation_prompt), []
-        start, end = _pick_markers(strings + [self.source] + list(self.template_tokens.values()))
-        marked = self.render(_mark(list(messages), added_re, start, end), add_generation_prompt)
+        start, end = _pick_markers(
+            strings + [self.source] + list(self.template_tokens.values())
+        )
+        marked = self.render(
+            _mark(list(messages), added_re, start, end), add_generation_prompt
+        )
         text_parts: list[str] = []
         protected: list[tuple[int, int]] = []
         position = 0

@@ -18,9 +18,18 @@ from typing import Any
 
 # value type -> (struct format, size) for fixed-size scalars
 _SCALARS = {
-    0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
-    6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
-}  # fmt: skip
+    0: ("<B", 1),
+    1: ("<b", 1),
+    2: ("<H", 2),
+    3: ("<h", 2),
+    4: ("<I", 4),
+    5: ("<i", 4),
+    6: ("<f", 4),
+    7: ("<?", 1),
+    10: ("<Q", 8),
+    11: ("<q", 8),
+    12: ("<d", 8),
+}
 _STRING, _ARRAY = 8, 9
 
 
@@ -32,7 +41,9 @@ class _Cursor:
 
     def unpack(self, fmt: str, size: int):
         if self.offset + size > len(self.buffer):
-            raise ValueError(f"GGUF file {self.path} is truncated at byte {self.offset} (metadata incomplete)")
+            raise ValueError(
+                f"GGUF file {self.path} is truncated at byte {self.offset} (metadata incomplete)"
+            )
         (value,) = struct.unpack_from(fmt, self.buffer, self.offset)
         self.offset += size
         return value
@@ -41,7 +52,9 @@ class _Cursor:
         length = self.unpack("<Q", 8)
         end = self.offset + length
         if end > len(self.buffer):
-            raise ValueError(f"GGUF file {self.path}: a string of {length} bytes runs past the end of the file")
+            raise ValueError(
+                f"GGUF file {self.path}: a string of {length} bytes runs past the end of the file"
+            )
         text = bytes(self.buffer[self.offset : end]).decode("utf-8", errors="replace")
         self.offset = end
         return text
@@ -60,12 +73,18 @@ class _Cursor:
                 fmt, size = _SCALARS[item_type]
                 end = self.offset + size * count
                 if end > len(self.buffer):
-                    raise ValueError(f"GGUF file {self.path}: an array of {count} values runs past the end")
-                values = list(struct.unpack_from(f"<{count}{fmt[1]}", self.buffer, self.offset))
+                    raise ValueError(
+                        f"GGUF file {self.path}: an array of {count} values runs past the end"
+                    )
+                values = list(
+                    struct.unpack_from(f"<{count}{fmt[1]}", self.buffer, self.offset)
+                )
                 self.offset = end
                 return values
             return [self.value(item_type) for _ in range(count)]
-        raise ValueError(f"GGUF file {self.path}: unknown value type {value_type} at byte {self.offset}")
+        raise ValueError(
+            f"GGUF file {self.path}: unknown value type {value_type} at byte {self.offset}"
+        )
 
 
 def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
@@ -73,14 +92,18 @@ def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     with open(path, "rb") as file:
         if file.read(4) != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file (the first 4 bytes are not b'GGUF')")
+            raise ValueError(
+                f"{path} is not a GGUF file (the first 4 bytes are not b'GGUF')"
+            )
         with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
             cursor = _Cursor(memoryview(buffer), path)
             try:
                 cursor.offset = 4
                 version = cursor.unpack("<I", 4)
                 if version not in (2, 3):
-                    raise ValueError(f"GGUF file {path} has version {version}; supported: 2, 3")
+                    raise ValueError(
+                        f"GGUF file {path} has version {version}; supported: 2, 3"
+                    )
                 cursor.unpack("<Q", 8)  # tensor count
                 num_kv = cursor.unpack("<Q", 8)
                 metadata = {}

@@ -24,9 +24,15 @@ from inferpath.tokenizer.tokenizer import AddedToken, Tokenizer
 # Texts of tokens that end a turn or a document, in the vocabularies we know. A model stops
 # on any of them that its vocabulary marks special (llama.cpp does the same).
 END_OF_TURN_TOKENS = (
-    "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|im_end|>", "<|endoftext|>",
-    "<|end|>", "<end_of_turn>", "</s>",
-)  # fmt: skip
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end_of_text|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "</s>",
+)
 
 # GGUF token types (llama.cpp): 3 = control (special), 4 = user defined (always split).
 _GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
@@ -34,11 +40,19 @@ _GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
 # Llama-3's special tokens follow its 128,000 tiktoken ranks (llama-models' tokenizer.py).
 _LLAMA3_NUM_BASE_TOKENS = 128_000
 _LLAMA3_SPECIAL_TOKENS = [
-    "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
-    "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|step_id|>",
-    "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>",
-    "<|python_tag|>", "<|image|>",
-] + [f"<|reserved_special_token_{i}|>" for i in range(2, 2 + 256 - 12)]  # fmt: skip
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>",
+    "<|step_id|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+    "<|image|>",
+] + [f"<|reserved_special_token_{i}|>" for i in range(2, 2 + 256 - 12)]
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
@@ -49,7 +63,9 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 
         return load_hf_directory(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no tokenizer at {path} (expected a .gguf, tokenizer.json, directory or tiktoken file)")
+        raise FileNotFoundError(
+            f"no tokenizer at {path} (expected a .gguf, tokenizer.json, directory or tiktoken file)"
+        )
     with open(path, "rb") as file:
         head = file.read(4)
     if head == b"GGUF":
@@ -61,7 +77,9 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     return load_tiktoken(path)
 
 
-def end_of_turn_ids(added_tokens: list[AddedToken], eos_id: int | None) -> frozenset[int]:
+def end_of_turn_ids(
+    added_tokens: list[AddedToken], eos_id: int | None
+) -> frozenset[int]:
     """The primary EOS plus every special token whose text ends a turn."""
     ids = {t.id for t in added_tokens if t.special and t.content in END_OF_TURN_TOKENS}
     if eos_id is not None:
@@ -71,7 +89,9 @@ def end_of_turn_ids(added_tokens: list[AddedToken], eos_id: int | None) -> froze
 
 def _require(metadata: dict, key: str, path: Path):
     if key not in metadata:
-        raise ValueError(f"GGUF file {path} has no {key!r}; a byte-level BPE tokenizer needs it")
+        raise ValueError(
+            f"GGUF file {path} has no {key!r}; a byte-level BPE tokenizer needs it"
+        )
     return metadata[key]
 
 
@@ -103,19 +123,31 @@ def load_gguf(path: str | Path) -> Tokenizer:
         for i, (piece, kind) in enumerate(zip(pieces, token_types))
         if kind in (_GGUF_CONTROL, _GGUF_USER_DEFINED)
     ]
-    vocab = {piece: i for i, (piece, kind) in enumerate(zip(pieces, token_types)) if kind not in (_GGUF_CONTROL, _GGUF_USER_DEFINED)}
+    vocab = {
+        piece: i
+        for i, (piece, kind) in enumerate(zip(pieces, token_types))
+        if kind not in (_GGUF_CONTROL, _GGUF_USER_DEFINED)
+    }
     merge_ranks = {}
     for rank, merge in enumerate(merges):
         left, sep, right = merge.partition(" ")
         if not sep:
-            raise ValueError(f"GGUF file {path}: tokenizer.ggml.merges[{rank}] = {merge!r} is not 'left right'")
+            raise ValueError(
+                f"GGUF file {path}: tokenizer.ggml.merges[{rank}] = {merge!r} is not 'left right'"
+            )
         merge_ranks.setdefault((left, right), rank)
     is_llama3 = pre in ("llama-bpe", "llama3")
     eos_id = metadata.get("tokenizer.ggml.eos_token_id")
-    extra_eos = [metadata[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in metadata]
+    extra_eos = [
+        metadata[k]
+        for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+        if k in metadata
+    ]
     for token_id in [metadata.get("tokenizer.ggml.bos_token_id"), eos_id, *extra_eos]:
         if token_id is not None and not 0 <= token_id < len(pieces):
-            raise ValueError(f"GGUF file {path}: special token id {token_id} is outside the {len(pieces)} tokens")
+            raise ValueError(
+                f"GGUF file {path}: special token id {token_id} is outside the {len(pieces)} tokens"
+            )
     return Tokenizer(
         pieces=pieces,
         encoder=BytePairEncoder(vocab, merge_ranks, ignore_merges=is_llama3),
@@ -140,20 +172,27 @@ def load_tiktoken(path: str | Path) -> Tokenizer:
                 continue
             try:
                 token_b64, rank = line.split()
-                vocab[bytes_to_piece(base64.b64decode(token_b64, validate=True))] = int(rank)
+                vocab[bytes_to_piece(base64.b64decode(token_b64, validate=True))] = int(
+                    rank
+                )
             except (ValueError, binascii.Error):
                 raise ValueError(
                     f"{path}: line {line_number} is not '<base64 token> <rank>' ({line[:60]!r}); "
                     "supported tokenizer files: .gguf, tokenizer.json, tiktoken rank files"
                 ) from None
     if sorted(vocab.values()) != list(range(len(vocab))):
-        raise ValueError(f"{path}: tiktoken ranks must be 0..{len(vocab) - 1} without gaps or repeats")
+        raise ValueError(
+            f"{path}: tiktoken ranks must be 0..{len(vocab) - 1} without gaps or repeats"
+        )
     pieces = [""] * len(vocab)
     for piece, rank in vocab.items():
         pieces[rank] = piece
     added: list[AddedToken] = []
     if len(vocab) == _LLAMA3_NUM_BASE_TOKENS:
-        added = [AddedToken(t, len(vocab) + i, special=True) for i, t in enumerate(_LLAMA3_SPECIAL_TOKENS)]
+        added = [
+            AddedToken(t, len(vocab) + i, special=True)
+            for i, t in enumerate(_LLAMA3_SPECIAL_TOKENS)
+        ]
         pieces += _LLAMA3_SPECIAL_TOKENS
     by_content = {t.content: t.id for t in added}
     eos_id = by_content.get("<|end_of_text|>")

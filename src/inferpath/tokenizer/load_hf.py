@@ -39,8 +39,12 @@ def _pre_tokenizer(spec: dict | None, path: Path) -> tuple[list[str], bool, bool
             sub_patterns, sub_prefix, sub_byte_level = _pre_tokenizer(sub, path)
             if sub_prefix and patterns:
                 # NOTE: there Hugging Face adds the space to every piece, not to the text
-                raise _fail(path, "pre_tokenizer ByteLevel.add_prefix_space", True,
-                            "add_prefix_space only on a ByteLevel that comes first")  # fmt: skip
+                raise _fail(
+                    path,
+                    "pre_tokenizer ByteLevel.add_prefix_space",
+                    True,
+                    "add_prefix_space only on a ByteLevel that comes first",
+                )
             patterns += sub_patterns
             prefix |= sub_prefix
             byte_level |= sub_byte_level
@@ -49,16 +53,30 @@ def _pre_tokenizer(spec: dict | None, path: Path) -> tuple[list[str], bool, bool
         patterns = [GPT2_PATTERN] if spec.get("use_regex", True) else []
         return patterns, bool(spec.get("add_prefix_space", False)), True
     if kind == "Digits":
-        return [DIGITS_PATTERN if spec.get("individual_digits", False) else r"\p{N}+"], False, False
+        return (
+            [DIGITS_PATTERN if spec.get("individual_digits", False) else r"\p{N}+"],
+            False,
+            False,
+        )
     if kind == "Split":
         if spec.get("behavior") != "Isolated" or spec.get("invert", False):
-            raise _fail(path, "pre_tokenizer Split behavior/invert", (spec.get("behavior"), spec.get("invert")), "Isolated, invert=false")
+            raise _fail(
+                path,
+                "pre_tokenizer Split behavior/invert",
+                (spec.get("behavior"), spec.get("invert")),
+                "Isolated, invert=false",
+            )
         pattern = spec.get("pattern", {})
         if "Regex" in pattern:
             return [pattern["Regex"]], False, False
         if "String" in pattern:
             return [regex.escape(pattern["String"])], False, False
-        raise _fail(path, "pre_tokenizer Split pattern", pattern, "{'Regex': ...} or {'String': ...}")
+        raise _fail(
+            path,
+            "pre_tokenizer Split pattern",
+            pattern,
+            "{'Regex': ...} or {'String': ...}",
+        )
     raise _fail(path, "pre_tokenizer.type", kind, "ByteLevel, Split, Digits, Sequence")
 
 
@@ -70,7 +88,9 @@ def _normalizer(spec: dict | None, path: Path) -> str | None:
         forms = [_normalizer(sub, path) for sub in spec.get("normalizers", [])]
         forms = [f for f in forms if f is not None]
         if len(forms) > 1:
-            raise _fail(path, "normalizer", forms, "at most one Unicode normalization form")
+            raise _fail(
+                path, "normalizer", forms, "at most one Unicode normalization form"
+            )
         return forms[0] if forms else None
     if kind in _NORMALIZERS:
         return kind
@@ -86,7 +106,12 @@ def _merge_ranks(merges: list, path: Path) -> dict[tuple[str, str], int]:
         else:
             pair = tuple(merge) if len(merge) == 2 else None
         if pair is None:
-            raise _fail(path, f"model.merges[{rank}]", merge, "'left right' strings or [left, right] pairs")
+            raise _fail(
+                path,
+                f"model.merges[{rank}]",
+                merge,
+                "'left right' strings or [left, right] pairs",
+            )
         ranks.setdefault(pair, rank)
     return ranks
 
@@ -112,8 +137,12 @@ def _token_text(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
-def load_tokenizer_json(path: str | Path, config: dict | None = None, chat_template: str | None = None,
-                        extra_eos_ids: list[int] = ()) -> Tokenizer:  # fmt: skip
+def load_tokenizer_json(
+    path: str | Path,
+    config: dict | None = None,
+    chat_template: str | None = None,
+    extra_eos_ids: list[int] = (),
+) -> Tokenizer:
     """A Tokenizer from tokenizer.json; ``config`` is tokenizer_config.json's content if any."""
     path = Path(path)
     config = config or {}
@@ -127,15 +156,23 @@ def load_tokenizer_json(path: str | Path, config: dict | None = None, chat_templ
     for field in ("continuing_subword_prefix", "end_of_word_suffix"):
         if model.get(field):
             raise _fail(path, f"model.{field}", model[field], "null")
-    patterns, add_prefix_space, byte_level = _pre_tokenizer(spec.get("pre_tokenizer"), path)
+    patterns, add_prefix_space, byte_level = _pre_tokenizer(
+        spec.get("pre_tokenizer"), path
+    )
     decoder_type = (spec.get("decoder") or {}).get("type")
     if not byte_level and decoder_type != "ByteLevel":
-        raise _fail(path, "pre_tokenizer/decoder", decoder_type, "a ByteLevel pre-tokenizer or decoder (byte-level BPE)")
+        raise _fail(
+            path,
+            "pre_tokenizer/decoder",
+            decoder_type,
+            "a ByteLevel pre-tokenizer or decoder (byte-level BPE)",
+        )
     vocab: dict[str, int] = dict(model.get("vocab") or {})
     if not vocab:
         raise _fail(path, "model.vocab", "empty", "a non-empty token -> id map")
     added = [
-        AddedToken(t["content"], int(t["id"]), bool(t.get("special", False))) for t in spec.get("added_tokens") or []
+        AddedToken(t["content"], int(t["id"]), bool(t.get("special", False)))
+        for t in spec.get("added_tokens") or []
     ]
     vocab_size = max(max(vocab.values()), max((t.id for t in added), default=-1)) + 1
     pieces = [""] * vocab_size
@@ -144,14 +181,26 @@ def load_tokenizer_json(path: str | Path, config: dict | None = None, chat_templ
     for token in added:
         pieces[token.id] = token.content
         vocab.pop(token.content, None)
-    by_content = {t.content: t.id for t in added} | {p: i for p, i in vocab.items() if p in _BOS_GUESSES + _EOS_GUESSES}
+    by_content = {t.content: t.id for t in added} | {
+        p: i for p, i in vocab.items() if p in _BOS_GUESSES + _EOS_GUESSES
+    }
     adds_bos, bos_text = _bos_from_post_processor(spec.get("post_processor"))
-    bos_text = _token_text(config.get("bos_token")) or bos_text or next((t for t in _BOS_GUESSES if t in by_content), None)
-    eos_text = _token_text(config.get("eos_token")) or next((t for t in _EOS_GUESSES if t in by_content), None)
+    bos_text = (
+        _token_text(config.get("bos_token"))
+        or bos_text
+        or next((t for t in _BOS_GUESSES if t in by_content), None)
+    )
+    eos_text = _token_text(config.get("eos_token")) or next(
+        (t for t in _EOS_GUESSES if t in by_content), None
+    )
     bos_id, eos_id = by_content.get(bos_text), by_content.get(eos_text)
     return Tokenizer(
         pieces=pieces,
-        encoder=BytePairEncoder(vocab, _merge_ranks(model.get("merges") or [], path), bool(model.get("ignore_merges"))),
+        encoder=BytePairEncoder(
+            vocab,
+            _merge_ranks(model.get("merges") or [], path),
+            bool(model.get("ignore_merges")),
+        ),
         pre_tokenizer=PreTokenizer(patterns, add_prefix_space),
         added_tokens=added,
         bos_token_id=bos_id,
@@ -170,11 +219,15 @@ def load_hf_directory(directory: str | Path) -> Tokenizer:
     directory = Path(directory)
     tokenizer_json = directory / "tokenizer.json"
     if not tokenizer_json.is_file():
-        raise FileNotFoundError(f"{directory} has no tokenizer.json (only byte-level BPE tokenizer.json is supported)")
+        raise FileNotFoundError(
+            f"{directory} has no tokenizer.json (only byte-level BPE tokenizer.json is supported)"
+        )
     config = _read_json(directory / "tokenizer_config.json")
     template = config.get("chat_template")
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        template = next(
+            (t["template"] for t in template if t.get("name") == "default"), None
+        )
     if (directory / "chat_template.jinja").is_file():
         template = (directory / "chat_template.jinja").read_text(encoding="utf-8")
     eos = _read_json(directory / "generation_config.json").get("eos_token_id")

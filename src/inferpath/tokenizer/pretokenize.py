@@ -13,7 +13,9 @@ from __future__ import annotations
 import regex
 
 # GPT-2's pattern; also what Hugging Face ``ByteLevel(use_regex=True)`` applies.
-GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+GPT2_PATTERN = (
+    r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+)
 
 # Llama-3 (tiktoken's cl100k shape): case-insensitive contractions, numbers in runs of <= 3.
 LLAMA3_PATTERN = (
@@ -33,9 +35,7 @@ DIGITS_PATTERN = r"\p{N}"
 # NOTE: digits-then-GPT-2 as one regex, for speed (one pass instead of two). It equals the
 # two-pass split (tested): digits are alternatives of their own, and a whitespace run now
 # ends before a digit exactly as it ended at the end of a digit-free segment.
-DIGITS_THEN_GPT2_PATTERN = (
-    r"""\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"""
-)
+DIGITS_THEN_GPT2_PATTERN = r"""\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"""
 _FUSED = {(DIGITS_PATTERN, GPT2_PATTERN): DIGITS_THEN_GPT2_PATTERN}
 # Patterns that match at every position (they end in \s+ and cover letters, numbers, other
 # characters and whitespace), so plain findall keeps every character.
@@ -61,7 +61,9 @@ def patterns_for(name: str) -> tuple[str, ...]:
         return PRETOKENIZER_PATTERNS[name]
     except KeyError:
         supported = ", ".join(sorted(PRETOKENIZER_PATTERNS))
-        raise ValueError(f"unsupported pre-tokenizer {name!r}; supported: {supported}") from None
+        raise ValueError(
+            f"unsupported pre-tokenizer {name!r}; supported: {supported}"
+        ) from None
 
 
 def _splitter(pattern: str):
@@ -78,7 +80,9 @@ def _splitter(pattern: str):
         gaps = regex.compile(f"(?:{pattern})|(?:(?!(?:{pattern}))[\\s\\S])+")
         return lambda text: [m.group() for m in gaps.finditer(text)]
     except regex.error as exc:
-        raise ValueError(f"pre-tokenizer regex {pattern!r} does not compile: {exc}") from None
+        raise ValueError(
+            f"pre-tokenizer regex {pattern!r} does not compile: {exc}"
+        ) from None
 
 
 class PreTokenizer:
@@ -87,7 +91,12 @@ class PreTokenizer:
     Invariant: ``"".join(self.split(text)) == text`` (after the optional prefix space).
     """
 
-    def __init__(self, patterns: tuple[str, ...] | list[str], add_prefix_space: bool = False, fuse: bool = True):
+    def __init__(
+        self,
+        patterns: tuple[str, ...] | list[str],
+        add_prefix_space: bool = False,
+        fuse: bool = True,
+    ):
         self.patterns = tuple(patterns)
         self.add_prefix_space = add_prefix_space
         fused = _FUSED.get(self.patterns) if fuse else None

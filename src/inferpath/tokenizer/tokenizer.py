@@ -67,7 +67,9 @@ class Tokenizer:
         self.pre_tokenizer = pre_tokenizer
         self.added_tokens = list(added_tokens)
         self.bos_token_id = bos_token_id
-        self.eos_token_id = eos_token_id  # the primary EOS (what templates call eos_token)
+        self.eos_token_id = (
+            eos_token_id  # the primary EOS (what templates call eos_token)
+        )
         self.eos_token_ids = frozenset(eos_token_ids)
         self.add_bos_token = add_bos_token
         self.chat_template = chat_template
@@ -108,10 +110,14 @@ class Tokenizer:
 
     def _check_id(self, token_id: int) -> None:
         if not 0 <= token_id < self.vocab_size:
-            raise ValueError(f"token id {token_id} is outside the vocabulary (0..{self.vocab_size - 1})")
+            raise ValueError(
+                f"token id {token_id} is outside the vocabulary (0..{self.vocab_size - 1})"
+            )
 
     # ---- encode / decode -----------------------------------------------------------------
-    def encode(self, text: str, *, allow_special: bool = False, add_bos: bool | None = None) -> list[int]:
+    def encode(
+        self, text: str, *, allow_special: bool = False, add_bos: bool | None = None
+    ) -> list[int]:
         """Token ids of ``text``.
 
         ``allow_special``: recognise control tokens written in the text (``"<|im_end|>"``);
@@ -119,10 +125,14 @@ class Tokenizer:
         tokenizer's own setting.
         """
         ids = self._bos_prefix(add_bos)
-        ids += self._encode_segments(text, self._all_added_re if allow_special else self._always_re)
+        ids += self._encode_segments(
+            text, self._all_added_re if allow_special else self._always_re
+        )
         return ids
 
-    def encode_protected(self, text: str, protected: list[tuple[int, int]]) -> list[int]:
+    def encode_protected(
+        self, text: str, protected: list[tuple[int, int]]
+    ) -> list[int]:
         """Encode with special tokens recognised, except where they overlap a protected span.
 
         ``protected`` is a sorted list of ``(start, end)`` character spans of ``text`` (message
@@ -171,8 +181,12 @@ class Tokenizer:
         try:
             data = b"".join(self._bytes[i] for i in ids if i not in skip)
         except (IndexError, TypeError):
-            bad = next(i for i in ids if not isinstance(i, int) or not 0 <= i < self.vocab_size)
-            raise ValueError(f"token id {bad!r} is outside the vocabulary (0..{self.vocab_size - 1})") from None
+            bad = next(
+                i for i in ids if not isinstance(i, int) or not 0 <= i < self.vocab_size
+            )
+            raise ValueError(
+                f"token id {bad!r} is outside the vocabulary (0..{self.vocab_size - 1})"
+            ) from None
         return data.decode("utf-8", errors="replace")
 
     def detokenizer(self, skip_special_tokens: bool = True):
@@ -202,17 +216,22 @@ class Tokenizer:
             tokens["eos_token"] = self.decode([self.eos_token_id])
         return tokens
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True
+    ) -> str:
         """The prompt text the model's chat template renders for ``messages``."""
         return self._chat_renderer().render(messages, add_generation_prompt)
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict], add_generation_prompt: bool = True
+    ) -> list[int]:
         """Ids of the rendered chat: the template's control tokens become special ids; text that
         came from the messages never does (a user writing ``<|im_end|>`` gets plain text)."""
         renderer = self._chat_renderer()
-        text, protected = renderer.render_with_spans(messages, add_generation_prompt, self._all_added_re)
+        text, protected = renderer.render_with_spans(
+            messages, add_generation_prompt, self._all_added_re
+        )
         return self.encode_protected(text, protected)
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size})"
-

@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import json
 from collections import Counter, defaultdict
+from itertools import pairwise
 from pathlib import Path
 
 from inferpath.tokenizer.bpe import BytePairEncoder, bytes_to_piece
@@ -25,7 +26,7 @@ NUM_BYTES = 256
 
 
 def _pairs(word: list[int]) -> Counter:
-    return Counter(zip(word, word[1:]))
+    return Counter(pairwise(word))
 
 
 def _merge_word(word: list[int], left: int, right: int, new_id: int) -> list[int]:
@@ -40,7 +41,9 @@ def _merge_word(word: list[int], left: int, right: int, new_id: int) -> list[int
     return merged
 
 
-def learn_merges(word_counts: dict[str, int], num_merges: int) -> tuple[list[bytes], list[tuple[int, int]]]:
+def learn_merges(
+    word_counts: dict[str, int], num_merges: int
+) -> tuple[list[bytes], list[tuple[int, int]]]:
     """(token bytes by id, merges as id pairs) after up to ``num_merges`` merges.
 
     Stops early when no pair occurs twice. A merge whose bytes already form a token (the
@@ -119,7 +122,10 @@ def train_bpe(
     merge_ranks = {}
     for rank, (left, right) in enumerate(merges):
         merge_ranks.setdefault((pieces[left], pieces[right]), rank)
-    added = [AddedToken(content, len(pieces) + i, special=True) for i, content in enumerate(special_tokens)]
+    added = [
+        AddedToken(content, len(pieces) + i, special=True)
+        for i, content in enumerate(special_tokens)
+    ]
     return Tokenizer(
         pieces=pieces + list(special_tokens),
         encoder=BytePairEncoder(vocab, merge_ranks),
@@ -137,33 +143,62 @@ def to_tokenizer_json(tokenizer: Tokenizer) -> dict:
     """The Hugging Face tokenizer.json form of a Tokenizer made by ``train_bpe``."""
     encoder = tokenizer.encoder
     if encoder.merge_ranks is None or tokenizer.normalizer is not None:
-        raise ValueError("only merge-list tokenizers without a normalizer can be written as tokenizer.json")
+        raise ValueError(
+            "only merge-list tokenizers without a normalizer can be written as tokenizer.json"
+        )
     splits = [
-        {"type": "Split", "pattern": {"Regex": p}, "behavior": "Isolated", "invert": False}
+        {
+            "type": "Split",
+            "pattern": {"Regex": p},
+            "behavior": "Isolated",
+            "invert": False,
+        }
         for p in tokenizer.pre_tokenizer.patterns
     ]
-    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+    byte_level = {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": True,
+        "use_regex": False,
+    }
     merges = sorted(encoder.merge_ranks.items(), key=lambda item: item[1])
     return {
         "version": "1.0",
         "truncation": None,
         "padding": None,
         "added_tokens": [
-            {"id": t.id, "content": t.content, "single_word": False, "lstrip": False, "rstrip": False,
-             "normalized": False, "special": t.special}  # fmt: skip
+            {
+                "id": t.id,
+                "content": t.content,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": t.special,
+            }
             for t in tokenizer.added_tokens
         ],
         "normalizer": None,
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": splits + [byte_level]},
         "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": True,
+            "trim_offsets": True,
+            "use_regex": True,
+        },
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
             "ignore_merges": encoder.ignore_merges,
             "vocab": dict(encoder.vocab),
             "merges": [f"{left} {right}" for (left, right), _ in merges],
-        },  # fmt: skip
+        },
     }
 
 
@@ -172,5 +207,8 @@ def save_tokenizer_json(tokenizer: Tokenizer, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "tokenizer.json"
-    path.write_text(json.dumps(to_tokenizer_json(tokenizer), ensure_ascii=False, indent=1), encoding="utf-8")
+    path.write_text(
+        json.dumps(to_tokenizer_json(tokenizer), ensure_ascii=False, indent=1),
+        encoding="utf-8",
+    )
     return path
