@@ -143,15 +143,13 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
+            if self._outgrew_cache(request):
+                out.finished.append(request)
+                continue
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             num_slots = request.num_computed_tokens + num_new
             while not self.block_manager.can_append_slots(request.seq_id, num_slots):
                 victim = self.running[-1]
-                if victim is request and len(self.running) == 1:
-                    # alone and still out of blocks: it can never grow; end it here
-                    self._finish(request, RequestStatus.FINISHED_LENGTH)
-                    out.finished.append(request)
-                    break
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim.seq_id in scheduled:
@@ -164,14 +162,18 @@ class Scheduler:
                 budget -= num_new
 
         if not out.preempted:
-            budget = self._admit_waiting(scheduled, budget)
+            budget = self._admit_waiting(scheduled, budget, out.finished)
         out.chunks = list(scheduled.values())
         return out
 
-    def _admit_waiting(self, scheduled: dict[object, ScheduledChunk], budget: int) -> int:
+    def _admit_waiting(self, scheduled: dict[object, ScheduledChunk], budget: int,
+                       scheduled_finished: list[Request]) -> int:
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if self._outgrew_cache(request):
+                scheduled_finished.append(request)
+                continue
             cached = bm.find_cached_prefix(request.all_token_ids)
             num_computed = len(cached) * bm.block_size
             num_new = min(request.num_tokens - num_computed, budget)
@@ -221,6 +223,18 @@ class Scheduler:
         return changed
 
     # ------------------------------------------------------------------ helpers
+    def _outgrew_cache(self, request: Request) -> bool:
+        """Finish a request whose context no longer fits in the whole cache ("length").
+
+        Only a request that grew while running can get there (prompts are checked on
+        arrival); it could never be given blocks for its next token, even alone.
+        """
+        bm = self.block_manager
+        if request.num_tokens <= bm.num_blocks * bm.block_size:
+            return False
+        self._finish(request, RequestStatus.FINISHED_LENGTH)
+        return True
+
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
         self.block_manager.free(request.seq_id)
