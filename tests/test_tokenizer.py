@@ -101,6 +101,7 @@ def test_gguf_attributes(vocab_dir, smollm2):
     # SmolLM2: <|im_start|> (1) is BOS and is not added; <|im_end|> (2) ends a turn
     assert smollm2.vocab_size == 49_152
     assert smollm2.bos_token_id == 1 and not smollm2.add_bos_token
+    assert smollm2.pad_token_id == 2 and not smollm2.add_eos_token
     assert 2 in smollm2.eos_token_ids and smollm2.id_to_piece(2) == "<|im_end|>"
     assert smollm2.chat_template and "<|im_start|>" in smollm2.chat_template
     assert smollm2.id_to_piece(smollm2.encode(" is")[0]) == "Ġis"

@@ -157,6 +157,8 @@ def load_gguf(path: str | Path) -> Tokenizer:
         eos_token_id=eos_id,
         eos_token_ids=end_of_turn_ids(added, eos_id) | frozenset(extra_eos),
         add_bos_token=bool(metadata.get("tokenizer.ggml.add_bos_token", is_llama3)),
+        add_eos_token=bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
+        pad_token_id=metadata.get("tokenizer.ggml.padding_token_id"),
         chat_template=metadata.get("tokenizer.chat_template"),
         name=str(metadata.get("general.name", path.stem)),
     )
@@ -205,5 +207,6 @@ def load_tiktoken(path: str | Path) -> Tokenizer:
         eos_token_id=eos_id,
         eos_token_ids=end_of_turn_ids(added, eos_id),
         add_bos_token="<|begin_of_text|>" in by_content,
+        pad_token_id=by_content.get("<|finetune_right_pad_id|>"),
         name=path.stem,
     )

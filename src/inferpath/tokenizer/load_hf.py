@@ -207,6 +207,8 @@ def load_tokenizer_json(
         eos_token_id=eos_id,
         eos_token_ids=end_of_turn_ids(added, eos_id) | frozenset(extra_eos_ids),
         add_bos_token=bool(config.get("add_bos_token", adds_bos)),
+        add_eos_token=bool(config.get("add_eos_token", False)),
+        pad_token_id=by_content.get(_token_text(config.get("pad_token"))),
         chat_template=chat_template,
         normalizer=_normalizer(spec.get("normalizer"), path),
         name=path.parent.name,

@@ -58,6 +58,8 @@ class Tokenizer:
         eos_token_ids: frozenset[int],
         add_bos_token: bool,
         chat_template: str | None = None,
+        pad_token_id: int | None = None,
+        add_eos_token: bool = False,
         normalizer: str | None = None,
         name: str = "",
     ):
@@ -72,6 +74,9 @@ class Tokenizer:
         )
         self.eos_token_ids = frozenset(eos_token_ids)
         self.add_bos_token = add_bos_token
+        # NOTE: recorded from the file, never applied: a prompt to continue must not end in EOS
+        self.add_eos_token = add_eos_token
+        self.pad_token_id = pad_token_id
         self.chat_template = chat_template
         self.normalizer = normalizer
         self.name = name
