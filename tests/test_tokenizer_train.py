@@ -3,6 +3,7 @@ loads with the same ids as ours on held-out text; the ``tokenize`` / ``tokenizer
 
 from __future__ import annotations
 
+import argparse
 import os
 
 import pytest
@@ -11,11 +12,20 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")
 
 from tokenizer_fixtures import read_corpus
 
-from inferpath.cli import main
+from inferpath.cli import tokenize as tokenize_cli
 from inferpath.tokenizer import load_tokenizer
 from inferpath.tokenizer.train import learn_merges, save_tokenizer_json, train_bpe
 
 A, B, C, D = (ord(c) for c in "abcd")
+
+
+def main(argv: list[str]) -> int:
+    """``inferpath ARGV`` with only our subcommands registered (the other modules of the
+    CLI are not this test's business)."""
+    parser = argparse.ArgumentParser(prog="inferpath")
+    tokenize_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return args.func(args)
 
 
 def test_worked_example_merges_most_frequent_pair_first():

@@ -12,15 +12,14 @@ so the tests do not depend on what this machine has installed. Sources:
   mixed-case contractions: generated below with a fixed seed.
 """
 
+import heapq
 import inspect
+import json.decoder
+import pydoc_data.topics
 import random
 import re
 import textwrap
 from pathlib import Path
-
-import heapq
-import json.decoder
-import pydoc_data.topics
 
 OUT = Path(__file__).with_name("corpus.txt")
 rng = random.Random(20261129)
