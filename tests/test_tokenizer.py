@@ -132,6 +132,10 @@ def test_llama3_tiktoken_equals_tokenizer_json(llama3, llama3_json, corpus):
     assert tiktoken.vocab_size == 128_256 and tiktoken.bos_token_id == 128_000
     assert tiktoken.encode("<|eot_id|>", allow_special=True, add_bos=False) == [128_009]
     assert {128_001, 128_008, 128_009} <= tiktoken.eos_token_ids
+    # the seed's example: "What is a quadratic equation?" becomes seven integers (with BOS)
+    seed_ids = tiktoken.encode("What is a quadratic equation?")
+    assert len(seed_ids) == 7 and seed_ids[0] == 128_000
+    assert tiktoken.token_bytes(seed_ids[2]) == b" is"  # the leading space is in the token
     assert tiktoken.encode(corpus, add_bos=False) == llama3_json.encode(
         corpus, add_bos=False
     )

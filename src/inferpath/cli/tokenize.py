@@ -52,7 +52,7 @@ def _run_tokenize(args: argparse.Namespace) -> int:
 
     tokenizer = load_tokenizer(resolve_tokenizer_path(args.model))
     if args.text is not None:
-        ids = tokenizer.encode(args.text, allow_special=args.special, add_bos=False)
+        ids = tokenizer.encode(args.text, allow_special=args.special)  # BOS as the model adds it
         width = len(str(tokenizer.vocab_size))
         for token_id in ids:
             print(
