@@ -331,5 +331,7 @@ def test_malformed_files_name_the_problem(tmp_path):
 def test_out_of_range_ids_raise(smollm2):
     with pytest.raises(ValueError, match="49152"):
         smollm2.decode([1, 49_152])
+    with pytest.raises(ValueError, match="-1"):
+        smollm2.decode([5, -1])
     with pytest.raises(ValueError, match="outside the vocabulary"):
         smollm2.token_bytes(-1)

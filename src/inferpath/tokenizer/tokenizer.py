@@ -184,6 +184,8 @@ class Tokenizer:
         """Text of ``ids``; invalid UTF-8 (a character cut off) becomes U+FFFD."""
         skip = self.special_token_ids if skip_special_tokens else ()
         try:
+            if ids and min(ids) < 0:  # NOTE: a negative index would silently wrap around
+                raise IndexError
             data = b"".join(self._bytes[i] for i in ids if i not in skip)
         except (IndexError, TypeError):
             bad = next(
