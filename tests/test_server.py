@@ -209,3 +209,18 @@ def test_too_long_prompt_is_400_with_both_numbers(server, oai):
     assert info.value.body["param"] == "prompt"
     # the engine loop survived: the next request is served
     assert oai.completions.create(model=MODEL, prompt="Hi", max_tokens=1).usage.completion_tokens == 1
+
+
+def test_serve_flags_reach_the_engine_config():
+    from inferpath.cli import build_parser
+    from inferpath.cli.serve import engine_config_from_args, run_serve, served_name
+
+    args = build_parser().parse_args([
+        "serve", MODEL, "--max-model-len", "512", "--max-num-seqs", "8", "--num-kv-blocks", "40",
+        "--max-waiting", "3", "--max-num-batched-tokens", "256", "--api-key", "k"])
+    config = engine_config_from_args(args)
+    assert (config.max_model_len, config.max_num_seqs, config.num_kv_blocks,
+            config.max_waiting_requests, config.max_num_batched_tokens) == (512, 8, 40, 3, 256)
+    assert (args.func, args.api_key, args.host, args.port) == (run_serve, "k", "127.0.0.1", 8000)
+    assert served_name(MODEL, "SmolLM2 135M") == MODEL
+    assert served_name("/models/x.gguf", "SmolLM2 135M") == "SmolLM2 135M"

@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--api-key", default=None,
                         help="require 'Authorization: Bearer KEY' on the /v1 routes")
     parser.add_argument("--served-model-name", default=None,
-                        help="the model id clients send (default: the model's name)")
+                        help="the model id clients send (default: the alias as typed; "
+                             "for a path, the model's own name)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="longest prompt + output in tokens (default: the model's limit)")

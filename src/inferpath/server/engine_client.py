@@ -134,17 +134,11 @@ class Submission:
 def submit(context: ServingContext, prefix: str, prompts: list[str | list[int]],
            params: SamplingParams, prompt_param: str) -> Submission:
     """Add one engine request per prompt; all or none (earlier ones are aborted if a later
-    one is refused). Engine refusals become 400 (naming ``prompt_param``) or 429."""
+    one is refused). Engine refusals become 400 (naming ``prompt_param``: too long, token
+    ids out of range) or 429 (queue full); a stopped engine 503."""
     base_id = new_request_id(prefix)
     submission = Submission(context, base_id, [], [], params.n)
-    vocab_size = context.tokenizer.vocab_size
     for i, prompt in enumerate(prompts):
-        if isinstance(prompt, list):
-            bad = [t for t in prompt if not 0 <= t < vocab_size]
-            if bad:
-                submission.abort_unfinished()
-                raise APIError(400, f"token id {bad[0]} is out of range [0, {vocab_size})",
-                               param=prompt_param)
         request_id = base_id if len(prompts) == 1 else f"{base_id}-{i}"
         try:
             stream = context.async_engine.add_request(request_id, prompt, params)
@@ -154,6 +148,9 @@ def submit(context: ServingContext, prefix: str, prompts: list[str | list[int]],
         except RequestError as exc:
             submission.abort_unfinished()
             raise APIError(400, str(exc), param=prompt_param, code="invalid_prompt") from None
+        except RuntimeError as exc:  # EngineDeadError: the loop is not running
+            submission.abort_unfinished()
+            raise APIError(503, f"the engine is not running: {exc}", code="engine_unavailable") from None
         submission.request_ids.append(request_id)
         submission.streams.append(stream)
     return submission
