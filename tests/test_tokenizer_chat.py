@@ -204,3 +204,12 @@ def test_template_errors_are_value_errors(tmp_path, smollm2_pair):
     with pytest.raises(ValueError, match="does not compile"):
         ChatRenderer("{% for %}", {})
     assert ChatRenderer("{{ strftime_now('%Y') | length }}", {}).render([]) == "4"
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    template = (
+        "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}"
+        "{% endgeneration %}{% else %}{{ m | tojson(indent=1) }}{% endif %}\n{% endfor %}"
+    )
+    messages = [{"role": "user", "content": "<b>é</b>"}, {"role": "assistant", "content": "ok"}]
+    (expected,), _ = render_jinja_template([messages], chat_template=template)
+    assert ChatRenderer(template, {}).render(messages, add_generation_prompt=False) == expected
