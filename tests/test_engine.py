@@ -197,3 +197,15 @@ def test_rejects_prompts_that_cannot_run(parts):
     with pytest.raises(RequestError, match="not in"):
         engine.add_request("bad", [10**9], GREEDY)
     assert not engine.has_unfinished_requests()
+
+
+def test_logprobs_follow_each_token_and_the_stream(parts, alone):
+    engine = make_engine(parts)
+    (output,), every = run(engine, [PROMPTS[0]], SamplingParams(max_tokens=3, temperature=0, logprobs=2))
+    completion = output.outputs[0]
+    assert completion.token_ids == alone[0][:3]
+    assert [lp.token_id for lp in completion.logprobs] == completion.token_ids
+    for lp in completion.logprobs:  # greedy: the chosen token is the top one
+        assert len(lp.top) == 2 and lp.top[0][0] == lp.token_id and lp.logprob <= 0
+    streamed = [lp for o in every for lp in o.outputs[0].delta_logprobs]
+    assert streamed == completion.logprobs
