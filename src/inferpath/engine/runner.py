@@ -11,9 +11,9 @@ flat batch (design.md):
 
 runs ``model.forward``, the LM head on ``logits_indices`` only, and the sampler.
 
-NOTE: host overhead is per step, not per token where it can be helped: one
-``torch.tensor`` call for the token-indexed fields and one for the sequence-indexed ones;
-slot mappings are built per block, not per token.
+NOTE: host overhead is per step, not per token where it can be helped: three
+``torch.tensor`` calls per step (the token-indexed fields, the sequence-indexed ones, the
+block tables) and views into them; slot mappings are built one range per block.
 """
 
 from __future__ import annotations
