@@ -5,10 +5,13 @@ the same token ids, in the same process, fp32 and bf16:
 
 - prefill: one forward over a 512-token prompt (inferpath: one engine step that
   computes the prompt and samples the first token; transformers: one forward with
-  ``use_cache=True``), median of ``--repeats`` runs, as tokens/s;
+  ``use_cache=True`` and the argmax), median of ``--repeats`` runs, as tokens/s;
 - decode: one new token per step on top of a short prompt (inferpath: ``engine.step``
   with one running request, greedy; transformers: a forward of one token with its
   ``DynamicCache``, then argmax), median step time over ``--decode-tokens`` steps.
+
+The two run alternately (a prefill each, a decode step each, ...), so that whatever
+else the machine is doing slows both alike.
 
 Prints a table with the ratios and writes benchmarks/results/decode.json. No
 assertions: the machine is shared and noisy; the ratio measured in one run is the figure.
@@ -45,29 +48,28 @@ def long_prompt_ids(engine: LLMEngine, num_tokens: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- inferpath
-def inferpath_prefill(engine: LLMEngine, prompt_ids: list[int], repeats: int) -> list[float]:
+def inferpath_prefill(engine: LLMEngine, prompt_ids: list[int]) -> float:
     """Seconds for the one step that prefills the whole prompt (prefix caching is off)."""
-    times = []
-    for i in range(repeats):
-        engine.add_request(f"prefill-{i}", prompt_ids, SamplingParams(max_tokens=1, temperature=0))
-        start = time.perf_counter()
-        outputs = engine.step()
-        times.append(time.perf_counter() - start)
-        assert outputs and outputs[0].finished
-    return times
+    engine.add_request("prefill", prompt_ids, SamplingParams(max_tokens=1, temperature=0))
+    start = time.perf_counter()
+    outputs = engine.step()
+    elapsed = time.perf_counter() - start
+    assert outputs and outputs[0].finished
+    return elapsed
 
 
-def inferpath_decode(engine: LLMEngine, prompt_ids: list[int], num_tokens: int) -> list[float]:
-    """Seconds of each decode step of one greedy request."""
+def inferpath_decoder(engine: LLMEngine, prompt_ids: list[int], num_tokens: int):
+    """A function that runs one decode step of one greedy request and returns its seconds."""
     params = SamplingParams(max_tokens=num_tokens + 1, temperature=0, ignore_eos=True)
     engine.add_request("decode", prompt_ids, params)
     engine.step()  # prefill
-    times = []
-    while engine.has_unfinished_requests():
+
+    def step() -> float:
         start = time.perf_counter()
         engine.step()
-        times.append(time.perf_counter() - start)
-    return times
+        return time.perf_counter() - start
+
+    return step
 
 
 # ---------------------------------------------------------------------------- transformers
@@ -79,52 +81,54 @@ def load_transformers(dtype: torch.dtype):
 
 
 @torch.inference_mode()
-def transformers_prefill(model, prompt_ids: list[int], repeats: int) -> list[float]:
+def transformers_prefill(model, prompt_ids: list[int]) -> float:
     ids = torch.tensor([prompt_ids])
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        logits = model(ids, use_cache=True).logits[:, -1]
-        logits.argmax(-1).item()
-        times.append(time.perf_counter() - start)
-    return times
+    start = time.perf_counter()
+    model(ids, use_cache=True).logits[:, -1].argmax(-1).item()
+    return time.perf_counter() - start
 
 
-@torch.inference_mode()
-def transformers_decode(model, prompt_ids: list[int], num_tokens: int) -> list[float]:
+def transformers_decoder(model, prompt_ids: list[int]):
+    """A function that runs one decode step (one token, DynamicCache, argmax); seconds."""
     from transformers import DynamicCache
 
-    cache = DynamicCache()
-    out = model(torch.tensor([prompt_ids]), past_key_values=cache, use_cache=True)
-    token = out.logits[:, -1].argmax(-1, keepdim=True)  # (1, 1)
-    times = []
-    for _ in range(num_tokens):
+    with torch.inference_mode():
+        state = {"out": model(torch.tensor([prompt_ids]), past_key_values=DynamicCache(), use_cache=True)}
+
+    @torch.inference_mode()
+    def step() -> float:
         start = time.perf_counter()
-        out = model(token, past_key_values=out.past_key_values, use_cache=True)
-        token = out.logits[:, -1].argmax(-1, keepdim=True)
-        token.item()
-        times.append(time.perf_counter() - start)
-    return times
+        token = state["out"].logits[:, -1].argmax(-1, keepdim=True)  # (1, 1)
+        state["out"] = model(token, past_key_values=state["out"].past_key_values, use_cache=True)
+        state["out"].logits[:, -1].argmax(-1).item()
+        return time.perf_counter() - start
+
+    return step
 
 
 # ---------------------------------------------------------------------------- main
 def measure(dtype_name: str, args: argparse.Namespace) -> dict:
+    """Both engines loaded side by side; their runs alternate, so load on the machine
+    falls on both alike."""
     dtype = getattr(torch, dtype_name)
     config = EngineConfig(dtype=dtype_name, num_kv_blocks=64, enable_prefix_caching=False,
                           max_num_batched_tokens=PROMPT_LEN)
     engine = LLMEngine.from_model(MODEL, config)
+    model = load_transformers(dtype)
     prompt_ids = long_prompt_ids(engine, PROMPT_LEN)
     short_ids = engine.tokenizer.encode(SHORT_PROMPT)
-    inferpath_decode(engine, short_ids, 4)  # warm-up
-    ours_prefill = inferpath_prefill(engine, prompt_ids, args.repeats)
-    ours_decode = inferpath_decode(engine, short_ids, args.decode_tokens)
-    del engine
 
-    model = load_transformers(dtype)
-    transformers_decode(model, short_ids, 4)  # warm-up
-    ref_prefill = transformers_prefill(model, prompt_ids, args.repeats)
-    ref_decode = transformers_decode(model, short_ids, args.decode_tokens)
-    del model
+    times = {"ours_prefill": [], "ref_prefill": [], "ours_decode": [], "ref_decode": []}
+    inferpath_prefill(engine, short_ids)  # warm-up
+    transformers_prefill(model, short_ids)
+    for _ in range(args.repeats):
+        times["ours_prefill"].append(inferpath_prefill(engine, prompt_ids))
+        times["ref_prefill"].append(transformers_prefill(model, prompt_ids))
+    ours_step = inferpath_decoder(engine, short_ids, args.decode_tokens)
+    ref_step = transformers_decoder(model, short_ids)
+    for i in range(args.decode_tokens):
+        times["ours_decode"].append(ours_step())
+        times["ref_decode"].append(ref_step())
 
     def rates(prefill: list[float], decode: list[float]) -> dict:
         return {"prefill_tok_per_s": PROMPT_LEN / statistics.median(prefill),
@@ -132,7 +136,8 @@ def measure(dtype_name: str, args: argparse.Namespace) -> dict:
                 "decode_step_ms_median": 1000 * statistics.median(decode),
                 "prefill_seconds": prefill, "decode_step_ms": [1000 * t for t in decode]}
 
-    ours, ref = rates(ours_prefill, ours_decode), rates(ref_prefill, ref_decode)
+    ours = rates(times["ours_prefill"], times["ours_decode"])
+    ref = rates(times["ref_prefill"], times["ref_decode"])
     return {"dtype": dtype_name, "inferpath": ours, "transformers": ref,
             "decode_ratio": ours["decode_tok_per_s"] / ref["decode_tok_per_s"],
             "prefill_ratio": ours["prefill_tok_per_s"] / ref["prefill_tok_per_s"]}
