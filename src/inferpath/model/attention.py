@@ -171,11 +171,14 @@ class PagedAttention(nn.Module):
             blocks = cache.index_select(0, group.block_ids)  # (num_seqs * blocks_per_seq, block_size, kvh, hd)
             return blocks.view(num_seqs, context, num_kv_heads, head_dim)[:, group.key_start:group.key_end].transpose(1, 2)
 
+        # NOTE: a single query per sequence lets grouped-query attention run as plain
+        # multi-head attention: the num_heads / num_kv_heads query heads sharing a KV head
+        # become that KV head's query rows, so K/V are read once and never expanded.
+        grouped_q = q.reshape(num_seqs, num_kv_heads, -1, head_dim)  # (num_seqs, kvh, group, hd)
         out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), gather(k_cache), gather(v_cache),  # q: (num_seqs, num_heads, 1, head_dim)
-            attn_mask=group.mask, scale=scale, enable_gqa=True,
+            grouped_q, gather(k_cache), gather(v_cache), attn_mask=group.mask, scale=scale,
         )
-        return out.squeeze(2)  # (num_seqs, num_heads, head_dim)
+        return out.reshape(q.shape)  # (num_seqs, num_heads, head_dim)
 
     @staticmethod
     def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, scale: float) -> torch.Tensor:

@@ -78,6 +78,7 @@ class RopeTable:
         self.num_positions = 0
         self._tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
         self._initial = min(initial_positions, config.max_position_embeddings)
+        self._step: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
     def ensure(self, num_positions: int) -> None:
         """Make positions ``0 .. num_positions - 1`` available (no-op when they are)."""
@@ -92,8 +93,22 @@ class RopeTable:
         self._tables = {(torch.device("cpu"), torch.float32): (emb.cos(), emb.sin())}
         self.num_positions = size
 
+    def begin_step(self, positions: torch.Tensor, dtype: torch.dtype, num_positions: int) -> None:
+        """Look up this step's rows once for all layers (``cos_sin`` then reuses them).
+
+        Called by the model at the start of every forward, so a caller that refills one
+        persistent positions buffer between steps still gets fresh rows.
+        """
+        self.ensure(num_positions)
+        self._step = None
+        cos, sin = self.cos_sin(positions, dtype)
+        self._step = (positions, dtype, cos, sin)
+
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin rows for ``positions`` (num_tokens,) -> each (num_tokens, head_dim)."""
+        step = self._step
+        if step is not None and step[0] is positions and step[1] == dtype:
+            return step[2], step[3]
         key = (positions.device, dtype)
         table = self._tables.get(key)
         if table is None:

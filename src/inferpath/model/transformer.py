@@ -102,7 +102,7 @@ class Transformer(nn.Module):
         Writes this step's K/V into ``kv_cache`` at ``meta.slot_mapping``. No host syncs:
         lengths come from the host lists in ``meta``.
         """
-        self.rope_table.ensure(meta.max_seq_len)
+        self.rope_table.begin_step(positions, self.dtype, meta.max_seq_len)
         plan = build_attention_plan(meta, self.config.head_dim, self.config.sliding_window)
         return self.model(input_ids, positions, kv_cache, plan)
 
