@@ -209,3 +209,28 @@ def test_logprobs_follow_each_token_and_the_stream(parts, alone):
         assert len(lp.top) == 2 and lp.top[0][0] == lp.token_id and lp.logprob <= 0
     streamed = [lp for o in every for lp in o.outputs[0].delta_logprobs]
     assert streamed == completion.logprobs
+
+
+def test_request_joining_mid_decode_shares_a_mixed_step_and_equals_alone(parts, alone):
+    engine = make_engine(parts)
+    engine.add_request("first", PROMPTS[0], GREEDY)
+    for _ in range(3):
+        engine.step()
+    engine.add_request("late", PROMPTS[2], GREEDY)
+    scheduled = engine.scheduler.schedule  # observe the next step's batch
+    seen = []
+
+    def spy():
+        out = scheduled()
+        seen.append([(c.request.request_id, c.num_new_tokens) for c in out.chunks])
+        return out
+
+    engine.scheduler.schedule = spy
+    finals = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                finals[output.request_id] = output.outputs[0].token_ids
+    n_late = len(engine.tokenizer.encode(PROMPTS[2]))
+    assert seen[0] == [("first", 1), ("late", n_late)]  # one decode and one prefill together
+    assert finals == {"first": alone[0], "late": alone[2]}
