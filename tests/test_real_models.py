@@ -148,8 +148,7 @@ def test_greedy_continuation_matches_transformers(real: RealModel) -> None:
     out = real.reference(torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
     reference = [int(out.logits[0, -1].argmax())]
     while len(reference) < NUM_GREEDY_TOKENS:
-        out = real.reference(torch.tensor([[reference[-1]]]), past_key_values=out.past_key_values,
-                             use_cache=True)
+        out = real.reference(torch.tensor([[reference[-1]]]), cache=out.cache, use_cache=True)
         reference.append(int(out.logits[0, -1].argmax()))
 
     assert ours == reference, real.tokenizer.decode(ours) + "\n---\n" + real.tokenizer.decode(reference)

@@ -259,3 +259,35 @@ def test_unsupported_block_format_is_named(tmp_path: Path) -> None:
     tensors["blk.0.ffn_up.weight"] = (random_k_blocks(rng, 256, Q.Q2_K), Q.Q2_K)
     with pytest.raises(WeightsError, match=r"'blk\.0\.ffn_up\.weight' is stored as Q2_K"):
         load_checkpoint(write_gguf(tmp_path / "m.gguf", "llama", tensors))
+
+
+def llama3_divisors_from_transformers(factor: float) -> np.ndarray:
+    """What llama.cpp stores as rope_freqs: base inverse frequencies / llama3-scaled ones,
+    with the scaled ones computed by transformers (the reference)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    config = transformers.LlamaConfig(hidden_size=TINY["hidden"], num_attention_heads=TINY["heads"],
+                                      rope_theta=50000.0, rope_scaling=scaling)
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    base = 1.0 / 50000.0 ** (np.arange(0, HEAD_DIM, 2) / HEAD_DIM)
+    return (base / scaled.double().numpy()).astype(np.float32)
+
+
+def test_llama3_rope_scaling_recovered_from_rope_freqs(tmp_path: Path) -> None:
+    tensors = hf_tensors(np.random.default_rng(9)) | {"rope_freqs.weight": llama3_divisors_from_transformers(8.0)}
+    ckpt = load_checkpoint(write_gguf(tmp_path / "m.gguf", "llama", tensors))
+    assert ckpt.config.rope_scaling_dict == {
+        "rope_type": "llama3", "factor": pytest.approx(8.0), "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    assert "rope_freqs.weight" not in ckpt.tensors
+
+
+def test_unknown_rope_freqs_are_refused(tmp_path: Path) -> None:
+    divisors = llama3_divisors_from_transformers(8.0)
+    divisors[len(divisors) // 2] *= 1.5
+    tensors = hf_tensors(np.random.default_rng(9)) | {"rope_freqs.weight": divisors}
+    with pytest.raises(WeightsError, match=r"m\.gguf: tensor 'rope_freqs\.weight' .* not supported"):
+        load_checkpoint(write_gguf(tmp_path / "m.gguf", "llama", tensors))

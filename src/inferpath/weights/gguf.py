@@ -25,6 +25,7 @@ from tqdm import tqdm
 from inferpath.config import ConfigError, ModelConfig
 from inferpath.weights.errors import WeightsError
 from inferpath.weights.names import IGNORED_GGUF_TENSORS, hf_name, stacked_expert_names
+from inferpath.weights.rope_freqs import rope_scaling_from_freqs
 
 Q = GGMLQuantizationType
 SUPPORTED_TENSOR_TYPES = frozenset({
@@ -121,6 +122,12 @@ def config_from_gguf(reader: GGUFReader, path: Path) -> ModelConfig:
     if isinstance(num_kv_heads, list):  # per-layer list in some files; uniform here
         num_kv_heads = num_kv_heads[0]
     hidden = int(meta("embedding_length"))
+    head_dim = int(meta("attention.key_length") or hidden // num_heads)
+    rope_theta = float(meta("rope.freq_base", 10000.0))
+    rope_scaling = _rope_scaling(meta)
+    if rope_scaling is None and (freqs := _tensor(reader, "rope_freqs.weight")) is not None:
+        rope_scaling = rope_scaling_from_freqs(dequantize(freqs.data, freqs.tensor_type),
+                                               rope_theta, head_dim, path)
     vocab = meta("vocab_size") or tensor_shapes.get("token_embd.weight", (None,))[0]
     if vocab is None:
         vocab = len(field(reader, "tokenizer.ggml.tokens", []))
@@ -132,10 +139,10 @@ def config_from_gguf(reader: GGUFReader, path: Path) -> ModelConfig:
         "num_hidden_layers": int(meta("block_count")),
         "num_attention_heads": num_heads,
         "num_key_value_heads": int(num_kv_heads),
-        "head_dim": int(meta("attention.key_length") or hidden // num_heads),
+        "head_dim": head_dim,
         "rms_norm_eps": float(meta("attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": float(meta("rope.freq_base", 10000.0)),
-        "rope_scaling": _rope_scaling(meta),
+        "rope_theta": rope_theta,
+        "rope_scaling": rope_scaling,
         "max_position_embeddings": int(meta("context_length", 2048)),
         "tie_word_embeddings": "output.weight" not in tensor_shapes,
         "attention_bias": arch == "qwen2" or "blk.0.attn_q.bias" in tensor_shapes,
@@ -148,6 +155,10 @@ def config_from_gguf(reader: GGUFReader, path: Path) -> ModelConfig:
         return ModelConfig.from_hf_config(hf, name=str(field(reader, "general.name", path.stem)))
     except ConfigError as exc:
         raise WeightsError(f"{path}: GGUF metadata gives an invalid config: {exc}") from None
+
+
+def _tensor(reader: GGUFReader, name: str) -> Any:
+    return next((t for t in reader.tensors if t.name == name), None)
 
 
 def _rope_scaling(meta: Any) -> dict[str, Any] | None:
