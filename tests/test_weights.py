@@ -291,3 +291,15 @@ def test_unknown_rope_freqs_are_refused(tmp_path: Path) -> None:
     tensors = hf_tensors(np.random.default_rng(9)) | {"rope_freqs.weight": divisors}
     with pytest.raises(WeightsError, match=r"m\.gguf: tensor 'rope_freqs\.weight' .* not supported"):
         load_checkpoint(write_gguf(tmp_path / "m.gguf", "llama", tensors))
+
+
+def test_missing_metadata_is_named(tmp_path: Path) -> None:
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    w.add_embedding_length(TINY["hidden"])
+    w.add_tensor("token_embd.weight", np.zeros((TINY["vocab"], TINY["hidden"]), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(WeightsError, match=r"m\.gguf: GGUF metadata lacks 'llama\.attention\.head_count'"):
+        load_checkpoint(tmp_path / "m.gguf")

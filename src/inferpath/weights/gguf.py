@@ -116,12 +116,17 @@ def config_from_gguf(reader: GGUFReader, path: Path) -> ModelConfig:
     def meta(key: str, default: Any = None) -> Any:
         return field(reader, f"{arch}.{key}", default)
 
+    def required(key: str) -> int:
+        if (value := meta(key)) is None:
+            raise WeightsError(f"{path}: GGUF metadata lacks '{arch}.{key}', which the config needs")
+        return int(value)
+
     num_experts = int(meta("expert_count", 0) or 0)
-    num_heads = int(meta("attention.head_count"))
+    num_heads = required("attention.head_count")
     num_kv_heads = meta("attention.head_count_kv", num_heads)
     if isinstance(num_kv_heads, list):  # per-layer list in some files; uniform here
         num_kv_heads = num_kv_heads[0]
-    hidden = int(meta("embedding_length"))
+    hidden = required("embedding_length")
     head_dim = int(meta("attention.key_length") or hidden // num_heads)
     rope_theta = float(meta("rope.freq_base", 10000.0))
     rope_scaling = _rope_scaling(meta)
@@ -135,8 +140,8 @@ def config_from_gguf(reader: GGUFReader, path: Path) -> ModelConfig:
         "model_type": "mixtral" if num_experts else _ARCHITECTURES[arch],
         "vocab_size": int(vocab),
         "hidden_size": hidden,
-        "intermediate_size": int(meta("expert_feed_forward_length") or meta("feed_forward_length")),
-        "num_hidden_layers": int(meta("block_count")),
+        "intermediate_size": int(meta("expert_feed_forward_length") or required("feed_forward_length")),
+        "num_hidden_layers": required("block_count"),
         "num_attention_heads": num_heads,
         "num_key_value_heads": int(num_kv_heads),
         "head_dim": head_dim,
