@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -156,7 +157,10 @@ def main() -> None:
 
     engine = LLMEngine.from_model(MODEL, EngineConfig(max_num_seqs=max(BATCH_SIZES)))
     run_engine(engine, prompts[:2], 4, "warmup")
-    rows = [run_engine(engine, prompts[:n], args.new_tokens, f"b{n}") for n in BATCH_SIZES]
+    rows = []
+    for n in BATCH_SIZES:
+        rows.append(run_engine(engine, prompts[:n], args.new_tokens, f"b{n}"))
+        print(f"batch {n}: {rows[-1]['step_ms_median']:.1f} ms/step", file=sys.stderr, flush=True)
     hf = {} if args.skip_transformers else run_transformers(prompts, args.new_tokens)
 
     print(f"{'batch':>5} {'step ms':>8} {'decode tok/s':>13} {'end-to-end tok/s':>17}")
