@@ -5,7 +5,8 @@ and /metrics):
 - a shared prefix: the second request computes only its unshared tokens, same output;
 - a tiny KV budget forces preemption; every request completes with its output unchanged;
 - a full waiting queue answers 429;
-- clients that disconnect mid-stream leave zero KV blocks in use.
+- clients that disconnect (mid-stream, or while waiting for a whole reply) are aborted
+  and leave zero KV blocks in use.
 
 Two servers share one copy of the SmolLM2 weights: ``server`` (a roomy cache) and
 ``tiny`` (6 blocks of 16 tokens, 4 sequences, 4 waiting at most).
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import httpx
 import openai
 import pytest
 from server_harness import MODEL, async_client, client, read_metrics, start_server, tokenize
@@ -151,8 +153,11 @@ def test_disconnected_streams_are_aborted_and_free_their_blocks(server):
     assert read_metrics(server)["inferpath_kv_blocks_used"] > 0
     for stream in streams:
         stream.close()
+    with pytest.raises(httpx.ReadTimeout):  # a non-streaming client that gives up
+        httpx.post(server.url + "/v1/completions", timeout=1.0, json={
+            "model": MODEL, "prompt": PROMPTS[3], "max_tokens": 480, "ignore_eos": True})
     after = _wait_until_idle(server)
     assert after["inferpath_kv_blocks_used"] == 0
     aborted = 'inferpath_request_success_total{finish_reason="abort"}'
-    assert after.get(aborted, 0) - before.get(aborted, 0) == 3
-    assert after["inferpath_generation_tokens_total"] - before["inferpath_generation_tokens_total"] < 3 * 300
+    assert after.get(aborted, 0) - before.get(aborted, 0) == 4
+    assert after["inferpath_generation_tokens_total"] - before["inferpath_generation_tokens_total"] < 3 * 300 + 480

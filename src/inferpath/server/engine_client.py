@@ -107,8 +107,8 @@ class Submission:
             self.abort_unfinished()
 
     async def final_outputs(self, request: Request) -> list[Any]:
-        """The finished RequestOutput of each prompt. Aborts everything (and raises
-        CancelledError) if the client disconnects first."""
+        """The finished RequestOutput of each prompt. Aborts everything (and raises a 499
+        APIError) if the client disconnects first."""
         finals: list[Any] = [None] * len(self.streams)
 
         async def drain() -> None:
@@ -122,7 +122,9 @@ class Submission:
                 if not task.done() and await request.is_disconnected():
                     task.cancel()
                     self.abort_unfinished()
-                    raise asyncio.CancelledError("client disconnected")
+                    # nobody reads this response; the status shows in the error counts
+                    raise APIError(499, "client closed the connection; request aborted",
+                                   code="client_disconnected")
             task.result()
         finally:
             if not task.done():
