@@ -217,3 +217,24 @@ def test_unknown_rope_scaling_is_rejected():
     bad = replace(config, rope_scaling=(("factor", 2.0), ("rope_type", "yarn")))
     with pytest.raises(RopeScalingError, match="yarn"):
         Transformer(bad)
+
+
+@torch.inference_mode()
+def test_rope_scores_depend_only_on_the_gap():
+    """The seed: rotate q by position m and k by n, and only n - m survives in q . k."""
+    from inferpath.model.rope import RopeTable, RotaryEmbedding
+
+    config = ModelConfig.from_hf_config(CASES["llama3-128k-vocab-untied"]().to_dict())
+    rotary = RotaryEmbedding(RopeTable(config))
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 1, config.head_dim, generator=gen)
+    k = torch.randn(1, 1, config.head_dim, generator=gen)
+
+    def score(m, n):
+        q_m, _ = rotary(torch.tensor([m]), q, k)
+        _, k_n = rotary(torch.tensor([n]), q, k)
+        return (q_m * k_n).sum()
+
+    torch.testing.assert_close(score(3, 10), score(103, 110), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(rotary(torch.tensor([57]), q, k)[0].norm(), q.norm())  # a rotation
+    assert not torch.allclose(score(3, 10), score(3, 11), atol=1e-3)

@@ -133,8 +133,10 @@ class KVWrite(nn.Module):
                 slot_mapping: torch.Tensor) -> None:
         # k, v: (num_tokens, num_kv_heads, head_dim)
         num_kv_heads, head_dim = k_cache.shape[-2:]
-        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+        if k.dtype != k_cache.dtype:
+            k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
 
 
 class PagedAttention(nn.Module):

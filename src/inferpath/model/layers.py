@@ -39,11 +39,16 @@ class RMSNorm(nn.Module):
 
 
 class SiluAndMul(nn.Module):
-    """The SwiGLU gate: ``silu(gate) * up``, elementwise. Its own module so it can be timed."""
+    """The SwiGLU gate: ``silu(gate) * up``, elementwise. Its own module so it can be timed.
+
+    NOTE: computed in place in ``gate`` (the gate projection's fresh output, used nowhere
+    else): a prefill's (num_tokens, intermediate_size) temporaries are the largest
+    activations of a layer, and not allocating two more of them is measurably faster.
+    """
 
     def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         # gate, up: (num_tokens, intermediate_size)
-        return F.silu(gate) * up
+        return F.silu(gate, inplace=True).mul_(up)
 
 
 class SwiGLUMLP(nn.Module):

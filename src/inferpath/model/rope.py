@@ -65,12 +65,14 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict, max_positions: int) 
 
 
 class RopeTable:
-    """cos/sin of every position up to a length, shared by all layers of one model.
+    """cos and signed sin of every position up to a length, shared by all layers of a model.
 
-    Invariant: ``cos.shape == sin.shape == (num_positions, head_dim)`` with the two halves
-    equal (rotate-half layout). The table grows (doubling) when a step needs a longer
-    context; the caller passes that length from host-side metadata, so growing never
-    reads a device tensor. Built in float32 and cast once per dtype.
+    Invariant: both tables are (num_positions, head_dim) in the rotate-half layout: cos is
+    ``[cos(p f), cos(p f)]`` and the signed sin ``[-sin(p f), sin(p f)]``, so that
+    ``rotate_half(x) * sin == roll(x, head_dim / 2) * signed_sin`` (one op fewer per use).
+    The table grows (doubling) when a step needs a longer context; the caller passes that
+    length from host-side metadata, so growing never reads a device tensor. Built in
+    float32 and cast once per (device, dtype).
     """
 
     def __init__(self, config: ModelConfig, initial_positions: int = 4096) -> None:
@@ -84,13 +86,14 @@ class RopeTable:
         """Make positions ``0 .. num_positions - 1`` available (no-op when they are)."""
         if num_positions <= self.num_positions:
             return
-        size = max(self._initial, self.num_positions)
+        size = max(self._initial, self.num_positions, 1)
         while size < num_positions:
             size *= 2
         positions = torch.arange(size, dtype=torch.float32)
         freqs = torch.outer(positions, self.inv_freq)  # (size, head_dim / 2)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (size, head_dim)
-        self._tables = {(torch.device("cpu"), torch.float32): (emb.cos(), emb.sin())}
+        cos = torch.cat((freqs.cos(), freqs.cos()), dim=-1)  # (size, head_dim)
+        signed_sin = torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
+        self._tables = {(torch.device("cpu"), torch.float32): (cos, signed_sin)}
         self.num_positions = size
 
     def begin_step(self, positions: torch.Tensor, dtype: torch.dtype, num_positions: int) -> None:
@@ -101,33 +104,31 @@ class RopeTable:
         """
         self.ensure(num_positions)
         self._step = None
-        cos, sin = self.cos_sin(positions, dtype)
-        self._step = (positions, dtype, cos, sin)
+        cos, signed_sin = self.cos_sin(positions, dtype)
+        self._step = (positions, dtype, cos, signed_sin)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin rows for ``positions`` (num_tokens,) -> each (num_tokens, head_dim)."""
+        """cos, signed sin rows for ``positions`` (num_tokens,) -> each (num_tokens, 1, head_dim)."""
         step = self._step
         if step is not None and step[0] is positions and step[1] == dtype:
             return step[2], step[3]
+        self.ensure(1)
         key = (positions.device, dtype)
         table = self._tables.get(key)
         if table is None:
             cos32, sin32 = self._tables[(torch.device("cpu"), torch.float32)]
             table = (cos32.to(positions.device, dtype), sin32.to(positions.device, dtype))
             self._tables[key] = table
-        cos, sin = table
-        return cos.index_select(0, positions), sin.index_select(0, positions)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        cos, signed_sin = table
+        # (num_tokens, 1, head_dim): broadcast over heads
+        return cos.index_select(0, positions).unsqueeze(1), signed_sin.index_select(0, positions).unsqueeze(1)
 
 
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to Q and K of one layer: ``rotary_emb(positions, q, k) -> (q, k)``.
 
     q: (num_tokens, num_heads, head_dim), k: (num_tokens, num_kv_heads, head_dim).
+    x -> x cos + rotate_half(x) sin, with rotate_half(x) = [-x2, x1] for the halves x1, x2.
     Each layer has its own instance (so a forward hook on ``layers[i].self_attn.rotary_emb``
     fires once per layer) but all share one ``RopeTable``.
     """
@@ -137,11 +138,8 @@ class RotaryEmbedding(nn.Module):
         self.table = table
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.table.num_positions == 0:
-            self.table.ensure(1)
-        cos, sin = self.table.cos_sin(positions, q.dtype)
-        cos = cos.unsqueeze(1)  # (num_tokens, 1, head_dim), broadcast over heads
-        sin = sin.unsqueeze(1)
-        q_rot = q * cos + _rotate_half(q) * sin
-        k_rot = k * cos + _rotate_half(k) * sin
+        cos, signed_sin = self.table.cos_sin(positions, q.dtype)
+        half = q.shape[-1] // 2
+        q_rot = (q * cos).addcmul_(q.roll(half, dims=-1), signed_sin)
+        k_rot = (k * cos).addcmul_(k.roll(half, dims=-1), signed_sin)
         return q_rot, k_rot
