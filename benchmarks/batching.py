@@ -73,31 +73,35 @@ def run_engine(engine: LLMEngine, prompts: list[str], new_tokens: int, tag: str)
     }
 
 
-def run_transformers(prompts: list[str], new_tokens: int) -> dict:
-    """transformers' static batched greedy generate on the same GGUF file, fp32."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # test/benchmark-only reference
+class TransformersBaseline:
+    """transformers' static batched greedy generate on the same GGUF file, fp32, left
+    padding, exactly ``new_tokens`` new tokens per sequence (min = max)."""
 
-    from inferpath.models import resolve_model
+    def __init__(self) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # benchmark-only reference
 
-    path = resolve_model(MODEL)
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                 dtype=torch.float32).eval()
-    results = {}
-    for batch_size in TRANSFORMERS_BATCH_SIZES:
-        batch = tokenizer(prompts[:batch_size], return_tensors="pt", padding=True)
+        from inferpath.models import resolve_model
+
+        path = resolve_model(MODEL)
+        self.tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                          dtype=torch.float32).eval()
+
+    def generate(self, prompts: list[str], new_tokens: int) -> dict:
+        batch = self.tokenizer(prompts, return_tensors="pt", padding=True)
         with torch.inference_mode():
-            model.generate(**batch, max_new_tokens=2, do_sample=False)  # warm-up
+            self.model.generate(**batch, max_new_tokens=2, do_sample=False,
+                                pad_token_id=self.tokenizer.pad_token_id)  # warm-up
             start = time.perf_counter()
-            out = model.generate(**batch, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                 do_sample=False, pad_token_id=tokenizer.pad_token_id)
+            out = self.model.generate(**batch, max_new_tokens=new_tokens,
+                                      min_new_tokens=new_tokens, do_sample=False,
+                                      pad_token_id=self.tokenizer.pad_token_id)
             elapsed = time.perf_counter() - start
-        num_new = (out.shape[1] - batch["input_ids"].shape[1]) * batch_size
-        results[batch_size] = {"seconds": elapsed, "tok_per_s": num_new / elapsed}
-    return results
+        num_new = (out.shape[1] - batch["input_ids"].shape[1]) * len(prompts)
+        return {"seconds": elapsed, "tok_per_s": num_new / elapsed}
 
 
 def holds_sentence(rows: list[dict]) -> str:
@@ -156,12 +160,17 @@ def main() -> None:
     prompts = make_prompts(max(BATCH_SIZES))
 
     engine = LLMEngine.from_model(MODEL, EngineConfig(max_num_seqs=max(BATCH_SIZES)))
+    baseline = None if args.skip_transformers else TransformersBaseline()
     run_engine(engine, prompts[:2], 4, "warmup")
-    rows = []
+    rows, hf = [], {}
     for n in BATCH_SIZES:
         rows.append(run_engine(engine, prompts[:n], args.new_tokens, f"b{n}"))
         print(f"batch {n}: {rows[-1]['step_ms_median']:.1f} ms/step", file=sys.stderr, flush=True)
-    hf = {} if args.skip_transformers else run_transformers(prompts, args.new_tokens)
+        if baseline is not None and n in TRANSFORMERS_BATCH_SIZES:
+            # right after our run of the same batch: this machine's load drifts
+            hf[n] = baseline.generate(prompts[:n], args.new_tokens)
+            print(f"batch {n}: transformers {hf[n]['tok_per_s']:.1f} tok/s", file=sys.stderr,
+                  flush=True)
 
     print(f"{'batch':>5} {'step ms':>8} {'decode tok/s':>13} {'end-to-end tok/s':>17}")
     for r in rows:
