@@ -12,7 +12,13 @@ import random
 import pytest
 import torch
 
-from inferpath.model.attention import KVWrite, PagedAttention, build_attention_plan, causal_mask, reference_attention
+from inferpath.model.attention import (
+    KVWrite,
+    PagedAttention,
+    build_attention_plan,
+    causal_mask,
+    reference_attention,
+)
 from inferpath.model.metadata import AttentionMetadata
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 6, 2, 8, 4, 48

@@ -10,6 +10,7 @@ tokens as transformers' own KV-cache decode.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ import torch
 from inferpath.cache.kv import KVCache
 from inferpath.config import ModelConfig
 from inferpath.model import AttentionMetadata, Transformer, WeightLoadError
+from inferpath.model.rope import RopeScalingError, RopeTable, RotaryEmbedding
 
 transformers = pytest.importorskip("transformers")
 
@@ -67,9 +69,9 @@ class PagedRunner:
 
 
 def _tiny(config_cls, **overrides):
-    base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                initializer_range=0.1, attn_implementation="eager")
+    base = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+            "initializer_range": 0.1, "attn_implementation": "eager"}
     base.update(overrides)
     return config_cls(**base)
 
@@ -209,11 +211,7 @@ def test_tied_head_shares_the_embedding():
 
 
 def test_unknown_rope_scaling_is_rejected():
-    from inferpath.model.rope import RopeScalingError
-
     config = ModelConfig.from_hf_config(CASES["qwen2-bias"]().to_dict())
-    from dataclasses import replace
-
     bad = replace(config, rope_scaling=(("factor", 2.0), ("rope_type", "yarn")))
     with pytest.raises(RopeScalingError, match="yarn"):
         Transformer(bad)
@@ -222,8 +220,6 @@ def test_unknown_rope_scaling_is_rejected():
 @torch.inference_mode()
 def test_rope_scores_depend_only_on_the_gap():
     """The seed: rotate q by position m and k by n, and only n - m survives in q . k."""
-    from inferpath.model.rope import RopeTable, RotaryEmbedding
-
     config = ModelConfig.from_hf_config(CASES["llama3-128k-vocab-untied"]().to_dict())
     rotary = RotaryEmbedding(RopeTable(config))
     gen = torch.Generator().manual_seed(0)

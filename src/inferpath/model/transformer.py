@@ -75,7 +75,9 @@ class Transformer(nn.Module):
 
     Parameters are allocated uninitialised; call ``load_weights`` (or
     ``init_random_weights`` for tests and benchmarks) before ``forward``. With
-    ``tie_word_embeddings`` the LM head shares ``model.embed_tokens.weight``.
+    ``tie_word_embeddings`` the LM head shares ``model.embed_tokens.weight``. Parameters
+    never require grad. Per step: ``forward`` over the flat batch of new tokens, then
+    ``compute_logits`` on the rows that sample (the last token of each sequence).
     """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
@@ -90,6 +92,7 @@ class Transformer(nn.Module):
         self.to_empty(device=device)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.requires_grad_(False)  # inference only: no autograd graph even outside inference_mode
 
     @property
     def dtype(self) -> torch.dtype:
