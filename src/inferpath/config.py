@@ -178,7 +178,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     num_kv_blocks: int | None = None
-    kv_cache_memory_bytes: int = 2 * 1024**3
+    kv_cache_memory_bytes: int = 512 * 1024**2  # CPU-sized: ~11k tokens of SmolLM2 in fp32
     enable_prefix_caching: bool = True
     max_waiting_requests: int = 1024
     seed: int = 0
