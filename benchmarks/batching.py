@@ -149,7 +149,8 @@ def plot(rows: list[dict], hf: dict, path: Path, dtype: str) -> None:
     ax_tps.set_xticks(sizes, [str(s) for s in sizes])
     ax_tps.legend(loc="upper left")
     ax_step.plot(sizes, [r["step_ms_median"] for r in rows], "o-")
-    ax_step.axhline(rows[0]["step_ms_median"] * 1.5, color="grey", ls=":", label="1.5x batch-1 step")
+    ax_step.axhline(rows[0]["step_ms_median"] * 1.5, color="grey", ls=":",
+                    label="1.5x batch-1 step")
     ax_step.set(xscale="log", xlabel="concurrent sequences", ylabel="median decode step (ms)",
                 title="Step time")
     ax_step.set_xticks(sizes, [str(s) for s in sizes])
@@ -165,7 +166,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                        help="inferpath's dtype (transformers stays fp32, as measured in the issue)")
+                        help="inferpath's dtype (transformers stays fp32, as in the issue)")
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -215,7 +216,8 @@ def main() -> None:
     (RESULTS / f"{stem}.json").write_text(json.dumps({
         "model": MODEL, "dtype": args.dtype, "transformers_dtype": "float32",
         "threads": args.threads,
-        "new_tokens": args.new_tokens, "load_average": load, "rows": rows, "transformers": comparison,
+        "new_tokens": args.new_tokens, "load_average": load, "rows": rows,
+        "transformers": comparison,
         "summary": sentence}, indent=2))
     plot(rows, hf, RESULTS / f"{stem}.png", args.dtype)
     print(f"wrote {RESULTS / stem}.json and .png")

@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="KV-cache blocks (default: sized from --kv-cache-memory)")
     parser.add_argument("--kv-cache-memory", type=float, default=2.0,
                         help="KV-cache budget in GiB (default: 2)")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    parser.add_argument("--block-size", type=int, default=16,
+                        help="tokens per KV block (default: 16)")
     parser.add_argument("--max-waiting", type=int, default=1024,
                         help="waiting requests before new ones get 429 (default: 1024)")
     parser.add_argument("--no-prefix-caching", action="store_true",

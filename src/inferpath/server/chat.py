@@ -75,7 +75,8 @@ async def _stream_chunks(body: ChatCompletionRequest, context: ServingContext,
     base = {"id": submission.id, "object": "chat.completion.chunk",
             "created": submission.created, "model": context.model_name}
     for index in range(body.n):
-        yield {**base, "choices": [_choice(index, {"role": "assistant", "content": ""}, None, None)]}
+        opening = {"role": "assistant", "content": ""}
+        yield {**base, "choices": [_choice(index, opening, None, None)]}
     num_tokens_sent: dict[int, int] = {}  # choice index -> tokens whose logprobs were sent
     done: set[int] = set()  # choice indices whose finish chunk was sent
     final = None

@@ -152,7 +152,8 @@ def submit(context: ServingContext, prefix: str, prompts: list[str | list[int]],
             raise APIError(400, str(exc), param=prompt_param, code="invalid_prompt") from None
         except RuntimeError as exc:  # EngineDeadError: the loop is not running
             submission.abort_unfinished()
-            raise APIError(503, f"the engine is not running: {exc}", code="engine_unavailable") from None
+            raise APIError(503, f"the engine is not running: {exc}",
+                           code="engine_unavailable") from None
         submission.request_ids.append(request_id)
         submission.streams.append(stream)
     return submission

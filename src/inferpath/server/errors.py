@@ -64,7 +64,8 @@ def _validation_error_response(exc: RequestValidationError) -> JSONResponse:
         return error_response(400, f"malformed JSON body{where}: {detail}", None, "invalid_json")
     # Union types add the member type to the location (prompt.str, prompt.list[int]...);
     # the client named the field, so keep the path up to the first type name.
-    fields = [part for part in loc if "[" not in part and part not in ("str", "int", "float", "bool")]
+    type_names = ("str", "int", "float", "bool")
+    fields = [part for part in loc if "[" not in part and part not in type_names]
     param = ".".join(fields) or None
     message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
     if first.get("type") == "missing":

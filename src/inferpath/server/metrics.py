@@ -36,7 +36,8 @@ class EngineStatsCollector(Collector):
         stats = self._stats_fn()
         yield _gauge("num_requests_running", "Requests in the running batch.", stats.num_running)
         yield _gauge("num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting)
-        yield _gauge("kv_blocks_used", "KV-cache blocks held by requests.", stats.num_kv_blocks_used)
+        yield _gauge("kv_blocks_used", "KV-cache blocks held by requests.",
+                     stats.num_kv_blocks_used)
         yield _gauge("kv_blocks_total", "KV-cache blocks in the pool.", stats.num_kv_blocks_total)
         total = max(stats.num_kv_blocks_total, 1)
         yield _gauge("kv_cache_usage_perc", "KV-cache blocks used, percent of the pool.",
@@ -45,12 +46,14 @@ class EngineStatsCollector(Collector):
         yield _gauge("prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / "
                      "prompt tokens looked up (0 before any lookup).",
                      hits / queries if queries else 0.0)
-        yield _counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", queries)
+        yield _counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                       queries)
         yield _counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", hits)
         yield _counter("num_preemptions", "Requests preempted (blocks freed, recomputed later).",
                        stats.num_preemptions)
         yield _counter("prompt_tokens_computed", "Prompt tokens run through the model "
-                       "(recomputation after preemption included).", stats.num_prompt_tokens_computed)
+                       "(recomputation after preemption included).",
+                       stats.num_prompt_tokens_computed)
         yield _counter("prompt_tokens_cached", "Prompt tokens served from the prefix cache "
                        "instead of being computed.", hits)
         yield _counter("generation_tokens", "Tokens generated.", stats.num_generation_tokens)
