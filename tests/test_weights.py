@@ -264,7 +264,7 @@ def test_unsupported_block_format_is_named(tmp_path: Path) -> None:
 def llama3_divisors_from_transformers(factor: float) -> np.ndarray:
     """What llama.cpp stores as rope_freqs: base inverse frequencies / llama3-scaled ones,
     with the scaled ones computed by transformers (the reference)."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
