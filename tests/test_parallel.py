@@ -95,3 +95,18 @@ def test_sharded_shapes_and_kv_cache_are_split():
 def test_unshardable_size_names_the_dimension():
     with pytest.raises(ValueError, match="num_kv_heads"):
         check_shardable(CONFIGS["llama-tied"], 4)
+
+
+def test_engine_with_three_ranks_gives_the_same_tokens_on_smollm2():
+    """LLM(tensor_parallel_size=3): SmolLM2's 9/3 heads, FFN 1,536 and vocab 49,152 split three
+    ways; each rank caches one KV head; greedy tokens equal the single-process engine's."""
+    from inferpath import LLM, SamplingParams
+
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    prompts = ["What is a quadratic equation?", "The capital of France is"]
+    sharded = LLM("smollm2-135m-instruct", tensor_parallel_size=3, kv_cache_memory_bytes=32 * 1024**2)
+    single = LLM("smollm2-135m-instruct", kv_cache_memory_bytes=32 * 1024**2)
+    assert sharded.engine.kv_cache.bytes_per_token * 3 == single.engine.kv_cache.bytes_per_token
+    expected = [out.outputs[0].token_ids for out in single.generate(prompts, params)]
+    assert [out.outputs[0].token_ids for out in sharded.generate(prompts, params)] == expected
+    sharded.engine.runner.model.close()

@@ -182,11 +182,13 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_waiting_requests: int = 1024
     seed: int = 0
+    tensor_parallel_size: int = 1  # local ranks the model is sharded over (parallel/)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_waiting_requests"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_waiting_requests",
+                     "tensor_parallel_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

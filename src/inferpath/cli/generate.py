@@ -34,6 +34,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                         help=f"alias, .gguf file or model directory (default {DEFAULT_MODEL})")
     parser.add_argument("--system", default=None, help="a system message to start with")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, metavar="N",
+                        help="shard the model over N local processes (torch.distributed)")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="context limit in tokens (default: the model's)")
     parser.add_argument("--kv-cache-mb", type=int, default=256,
@@ -69,7 +71,8 @@ def _load_engine(args: argparse.Namespace):
     from inferpath.engine.llm_engine import LLMEngine
 
     config = EngineConfig(dtype=args.dtype, max_model_len=args.max_model_len,
-                          kv_cache_memory_bytes=args.kv_cache_mb * 1024 * 1024)
+                          kv_cache_memory_bytes=args.kv_cache_mb * 1024 * 1024,
+                          tensor_parallel_size=args.tensor_parallel_size)
     print(f"loading {args.model} ...", file=sys.stderr, flush=True)
     return LLMEngine.from_model(args.model, config, progress=True)
 

@@ -30,6 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the model id clients send (default: the alias as typed; "
                              "for a path, the model's own name)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, metavar="N",
+                        help="shard the model over N local processes (torch.distributed)")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="longest prompt + output in tokens (default: the model's limit)")
     parser.add_argument("--max-num-seqs", type=int, default=64,
@@ -55,6 +57,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """The EngineConfig the flags describe (validated by EngineConfig itself)."""
     return EngineConfig(
         dtype=args.dtype,
+        tensor_parallel_size=args.tensor_parallel_size,
         block_size=args.block_size,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,

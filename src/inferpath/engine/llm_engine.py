@@ -26,6 +26,7 @@ from inferpath.engine.outputs import EngineStats, RequestOutput
 from inferpath.engine.request import Request, RequestStatus
 from inferpath.engine.runner import ModelRunner
 from inferpath.engine.scheduler import Scheduler
+from inferpath.parallel.tp import shard_config
 from inferpath.sampling.params import SamplingParams
 from inferpath.sampling.sampler import Sampler
 
@@ -48,9 +49,11 @@ class LLMEngine:
         self.eos_token_ids = frozenset(eos_token_ids) | frozenset(tokenizer.eos_token_ids)
         dtype = getattr(torch, engine_config.dtype)
         bs = engine_config.block_size
+        # with tensor parallelism each rank caches num_kv_heads / N heads of every token
+        cache_config = shard_config(model_config, engine_config.tensor_parallel_size)
         num_blocks = engine_config.num_kv_blocks or KVCache.num_blocks_for_budget(
-            model_config, bs, dtype, engine_config.kv_cache_memory_bytes)
-        self.kv_cache = KVCache(model_config, num_blocks, bs, dtype)
+            cache_config, bs, dtype, engine_config.kv_cache_memory_bytes)
+        self.kv_cache = KVCache(cache_config, num_blocks, bs, dtype)
         self.block_manager = BlockManager(num_blocks, bs, engine_config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=engine_config.max_num_seqs,
                                    max_num_batched_tokens=engine_config.max_num_batched_tokens,
@@ -78,7 +81,12 @@ class LLMEngine:
         dtype = getattr(torch, engine_config.dtype)
         checkpoint = load_checkpoint(resolve_model(model), dtype=dtype, progress=progress)
         tokenizer = load_tokenizer(checkpoint.tokenizer_path)
-        transformer = build_model(checkpoint, dtype)
+        if engine_config.tensor_parallel_size > 1:
+            from inferpath.parallel.tp_model import TensorParallelModel
+
+            transformer = TensorParallelModel(checkpoint, dtype, engine_config.tensor_parallel_size)
+        else:
+            transformer = build_model(checkpoint, dtype)
         return cls(transformer, tokenizer, checkpoint.config, engine_config,
                    eos_token_ids=checkpoint.eos_token_ids,
                    model_name=checkpoint.config.name or str(model))

@@ -1,0 +1,122 @@
+"""A model sharded over N local processes that the engine drives like any other model.
+
+Rank 0 is the engine's own process; ranks 1..N-1 are spawned workers. Each rank loads the
+checkpoint, keeps its shard (``apply_tensor_parallel``) and its own slice of the KV cache
+(``num_kv_heads / N`` heads, same block ids). Every ``forward`` / ``compute_logits`` call
+on rank 0 is first broadcast to the workers, which make the same call on their shard, so
+the collectives inside the layers (all-reduce after o_proj and down_proj, all-gather of the
+logits) line up. The engine, scheduler and runner do not know the model is sharded: only
+the KV cache's per-rank shape (``shard_config``) changes.
+
+    rank 0 (engine):  broadcast(step inputs) -> forward(shard) ─┐ all-reduce x 2 per layer
+    rank r (worker):  receive(step inputs)   -> forward(shard) ─┘
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from inferpath.cache.kv import KVCache
+from inferpath.parallel.launch import free_port
+from inferpath.parallel.tp import apply_tensor_parallel, check_shardable, shard_config
+
+_FORWARD, _LOGITS, _STOP = "forward", "logits", "stop"
+
+
+def _build_shard(checkpoint, dtype: torch.dtype, rank: int, world_size: int):
+    from inferpath.model import build_model
+
+    return apply_tensor_parallel(build_model(checkpoint, dtype), rank, world_size)
+
+
+def _init_group(rank: int, world_size: int, port: int) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+def _worker_main(rank: int, world_size: int, port: int, path: str, dtype_name: str, num_threads: int) -> None:
+    """Rank r > 0: mirror rank 0's calls until it says stop."""
+    torch.set_num_threads(num_threads)
+    _init_group(rank, world_size, port)
+    from inferpath.weights import load_checkpoint
+
+    dtype = getattr(torch, dtype_name)
+    model = _build_shard(load_checkpoint(Path(path), dtype=dtype), dtype, rank, world_size)
+    cache: KVCache | None = None
+    with torch.inference_mode():
+        while True:
+            message = [None]
+            dist.broadcast_object_list(message, src=0)
+            command, payload = message[0]
+            if command == _STOP:
+                break
+            if command == _FORWARD:
+                input_ids, positions, meta, num_blocks, block_size = payload
+                if cache is None or cache.num_blocks != num_blocks or cache.block_size != block_size:
+                    cache = KVCache(shard_config(model.config, world_size), num_blocks, block_size, dtype)
+                model(input_ids, positions, cache, meta)
+            elif command == _LOGITS:
+                model.compute_logits(payload)
+    dist.destroy_process_group()
+
+
+class TensorParallelModel(nn.Module):
+    """Rank 0's handle on a model sharded over ``world_size`` local processes (gloo).
+
+    Exposes the model interface the runner uses: ``config``, ``dtype``, ``forward`` and
+    ``compute_logits``. ``close()`` stops the workers (also at interpreter exit).
+    """
+
+    def __init__(self, checkpoint, dtype: torch.dtype, world_size: int) -> None:
+        """``checkpoint``: rank 0 builds its shard from it; the workers load ``checkpoint.path``."""
+        super().__init__()
+        config = checkpoint.config
+        check_shardable(config, world_size)
+        self.world_size = world_size
+        port = free_port()
+        ctx = multiprocessing.get_context("spawn")
+        threads = max(1, torch.get_num_threads() // world_size)
+        self._workers = [
+            ctx.Process(target=_worker_main, daemon=True,
+                        args=(rank, world_size, port, str(checkpoint.path), str(dtype).removeprefix("torch."), threads))
+            for rank in range(1, world_size)
+        ]
+        for worker in self._workers:
+            worker.start()
+        torch.set_num_threads(threads)
+        _init_group(0, world_size, port)
+        self.shard = _build_shard(checkpoint, dtype, 0, world_size)
+        self.config = config
+        self._closed = False
+        atexit.register(self.close)  # before multiprocessing reaps the daemon workers
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.shard.dtype
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache, meta) -> torch.Tensor:
+        payload = (input_ids, positions, meta, kv_cache.num_blocks, kv_cache.block_size)
+        dist.broadcast_object_list([(_FORWARD, payload)], src=0)
+        return self.shard(input_ids, positions, kv_cache, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden is replicated on every rank after the all-reduces; send rank 0's rows
+        dist.broadcast_object_list([(_LOGITS, hidden)], src=0)
+        return self.shard.compute_logits(hidden)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        dist.broadcast_object_list([(_STOP, None)], src=0)
+        for worker in self._workers:
+            worker.join(timeout=30)
+        dist.destroy_process_group()
