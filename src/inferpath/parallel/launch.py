@@ -23,11 +23,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, backend: str, fn: Callable, args: tuple, results) -> None:
+def init_local_group(rank: int, world_size: int, port: int, backend: str = "gloo") -> None:
+    """Join the default process group whose rendezvous is 127.0.0.1:``port``."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
     dist.init_process_group(backend, rank=rank, world_size=world_size)
+
+
+def _worker(rank: int, world_size: int, port: int, backend: str, fn: Callable, args: tuple, results) -> None:
+    torch.set_num_threads(1)
+    init_local_group(rank, world_size, port, backend)
     try:
         result = fn(rank, world_size, *args)
         if rank == 0:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing
-import os
 from pathlib import Path
 
 import torch
@@ -24,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from inferpath.cache.kv import KVCache
-from inferpath.parallel.launch import free_port
+from inferpath.parallel.launch import free_port, init_local_group
 from inferpath.parallel.tp import apply_tensor_parallel, check_shardable, shard_config
 
 _FORWARD, _LOGITS, _STOP = "forward", "logits", "stop"
@@ -36,16 +35,10 @@ def _build_shard(checkpoint, dtype: torch.dtype, rank: int, world_size: int):
     return apply_tensor_parallel(build_model(checkpoint, dtype), rank, world_size)
 
 
-def _init_group(rank: int, world_size: int, port: int) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-
-
 def _worker_main(rank: int, world_size: int, port: int, path: str, dtype_name: str, num_threads: int) -> None:
     """Rank r > 0: mirror rank 0's calls until it says stop."""
     torch.set_num_threads(num_threads)
-    _init_group(rank, world_size, port)
+    init_local_group(rank, world_size, port)
     from inferpath.weights import load_checkpoint
 
     dtype = getattr(torch, dtype_name)
@@ -92,7 +85,7 @@ class TensorParallelModel(nn.Module):
         for worker in self._workers:
             worker.start()
         torch.set_num_threads(threads)
-        _init_group(0, world_size, port)
+        init_local_group(0, world_size, port)
         self.shard = _build_shard(checkpoint, dtype, 0, world_size)
         self.config = config
         self._closed = False
