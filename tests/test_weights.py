@@ -9,8 +9,6 @@ test_real_models.py.
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import gguf
@@ -20,8 +18,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
-from inferpath.config import ModelConfig
-from inferpath.weights import WeightsError, expected_shapes, load_checkpoint
+from inferpath.weights import WeightsError, load_checkpoint
 
 # A tiny model whose rows are 256 wide, so that every block format (K-quants: 256) fits.
 TINY = dict(vocab=32, hidden=256, inter=256, heads=4, kv_heads=2, layers=1)
