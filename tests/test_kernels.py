@@ -1,0 +1,165 @@
+"""The native GEMV kernels (inferpath.kernels) against PyTorch's linear.
+
+float32 must agree with ``F.linear`` to float rounding; bfloat16 is checked against the
+float32 product of the same bf16 inputs, within one bf16 rounding of the result. A
+machine without AVX512 runs PyTorch's path (tested here too, by forcing it).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inferpath.kernels import CPULinear, accelerate_linears, gemv, gemv_available, kernel_status
+from inferpath.kernels import build as kernel_build
+
+SHAPES = [  # (rows of x, out_features, in_features): multiples of the 4-row block and of
+    (1, 576, 576),  # the 16/32-wide vectors, and every kind of remainder
+    (2, 197, 100),
+    (3, 5, 33),
+    (4, 1536, 576),
+    (1, 1, 1),
+    (4, 7, 47),
+]
+
+native = pytest.mark.skipif(not gemv_available(torch.float32),
+                            reason=f"no native kernel here: {kernel_status()}")
+
+
+@native
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_float32_gemv_equals_linear(m, n, k, with_bias):
+    gen = torch.Generator().manual_seed(n * k + m)
+    x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
+    bias = torch.randn(n, generator=gen) if with_bias else None
+    out = gemv(x, w, bias)
+    assert out.shape == (m, n) and out.dtype == torch.float32
+    torch.testing.assert_close(out, F.linear(x, w, bias), rtol=1e-5, atol=1e-5 * k ** 0.5)
+
+
+@pytest.mark.skipif(not gemv_available(torch.bfloat16), reason=f"no native bf16 kernel here: {kernel_status()}")
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_bfloat16_gemv_is_the_float32_product_rounded_once(m, n, k, with_bias):
+    gen = torch.Generator().manual_seed(n * k + m)
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    w = torch.randn(n, k, generator=gen).bfloat16()
+    bias = torch.randn(n, generator=gen).bfloat16() if with_bias else None
+    out = gemv(x, w, bias)
+    assert out.shape == (m, n) and out.dtype == torch.bfloat16
+    exact = x.float() @ w.float().T + (bias.float() if with_bias else 0)
+    # one rounding to bf16 (8 bits of mantissa) plus float32 summation-order noise
+    assert ((out.float() - exact).abs() <= exact.abs() * 2**-8 + 1e-4 * k).all()
+    # and nearly always the very value PyTorch's bf16 linear gives
+    assert (out == F.linear(x, w, bias)).float().mean() >= 0.99
+
+
+def test_fallback_without_the_native_kernel(monkeypatch):
+    monkeypatch.setattr(kernel_build, "native_gemv", lambda dtype: None)
+    x, w, b = torch.randn(2, 40), torch.randn(9, 40), torch.randn(9)
+    assert torch.equal(gemv(x, w, b), F.linear(x, w, b))
+    layer = nn.Linear(40, 9)
+    accelerate_linears(layer)
+    assert isinstance(layer, CPULinear) and layer._gemv is None
+    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_rows_beyond_the_kernel_and_other_dtypes_use_torch():
+    x, w = torch.randn(9, 24), torch.randn(5, 24)  # 9 rows: more than the kernel takes
+    assert torch.equal(gemv(x, w), F.linear(x, w))
+    xh, wh = x.half()[:1], w.half()  # float16: no native kernel
+    assert torch.equal(gemv(xh, wh), F.linear(xh, wh))
+
+
+def test_disabled_by_environment(monkeypatch):
+    monkeypatch.setenv("INFERPATH_KERNELS", "0")
+    monkeypatch.setattr(kernel_build, "_loaded", {})
+    assert not gemv_available(torch.float32)
+    assert "INFERPATH_KERNELS=0" in kernel_status()
+    monkeypatch.setattr(kernel_build, "_loaded", {})  # undo the cached verdict
+    monkeypatch.delenv("INFERPATH_KERNELS")
+
+
+def test_status_names_each_dtype():
+    status = kernel_status()
+    assert "gemv float32:" in status and "gemv bfloat16:" in status
+
+
+@native
+def test_accelerated_linear_keeps_names_hooks_and_state_dict():
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 8, bias=False))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(1, 64)
+    expected = model(x)
+    seen = []
+    model[0].register_forward_hook(lambda mod, args, out: seen.append(out.shape))
+    assert accelerate_linears(model) == 2
+    assert accelerate_linears(model) == 2  # idempotent
+    assert all(isinstance(model[i], CPULinear) for i in (0, 2)) and model[0]._gemv is not None
+    torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-6)
+    assert seen == [(1, 32)]  # the hook still fires on the decode path
+    assert model.state_dict().keys() == before.keys()
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+@native
+def test_real_model_greedy_tokens_unchanged_by_the_kernels():
+    """SmolLM2 fp32, a batch of 3 decoding together (the kernel's 3-row path): the same
+    greedy tokens with and without the native kernels."""
+    from inferpath.config import EngineConfig
+    from inferpath.engine import LLMEngine
+    from inferpath.sampling.params import SamplingParams
+
+    prompts = ["What is a quadratic equation?", "Name three rivers in Europe.", "def fib(n):"]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    outputs = {}
+    for cpu_kernels in (False, True):
+        engine = LLMEngine.from_model("smollm2-135m-instruct", EngineConfig(cpu_kernels=cpu_kernels))
+        model = engine.runner.model
+        assert any(isinstance(m, CPULinear) for m in model.modules()) == cpu_kernels
+        for i, prompt in enumerate(prompts):
+            engine.add_request(str(i), prompt, params)
+        done = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out.outputs[0].token_ids
+        outputs[cpu_kernels] = [done[str(i)] for i in range(len(prompts))]
+    assert outputs[True] == outputs[False]
+    assert all(len(ids) == 24 for ids in outputs[True])
+
+
+@pytest.mark.skipif(not gemv_available(torch.bfloat16), reason=f"no native bf16 kernel here: {kernel_status()}")
+@torch.inference_mode()
+def test_real_model_bf16_decode_logits_close_with_the_kernels():
+    from inferpath.cache.kv import KVCache
+    from inferpath.model import AttentionMetadata, build_model
+    from inferpath.models import resolve_model
+    from inferpath.weights import load_checkpoint
+
+    checkpoint = load_checkpoint(resolve_model("smollm2-135m-instruct"), dtype=torch.bfloat16)
+    plain = build_model(checkpoint, torch.bfloat16)
+    fast = build_model(checkpoint, torch.bfloat16)
+    accelerate_linears(fast)
+
+    def run(model, tokens):  # prefill then 8 teacher-forced decode steps, one sequence
+        cache = KVCache(model.config, 8, 16, torch.bfloat16)
+        logits = []
+        for start, chunk in [(0, tokens[:9])] + [(9 + i, [t]) for i, t in enumerate(tokens[9:])]:
+            end = start + len(chunk)
+            meta = AttentionMetadata(slot_mapping=torch.arange(start, end), query_start_loc=torch.tensor([0, len(chunk)]),
+                                     seq_lens=torch.tensor([end]), block_tables=torch.arange(8)[None, :],
+                                     query_lens=[len(chunk)], seq_lens_list=[end], block_size=16)
+            hidden = model(torch.tensor(chunk), torch.arange(start, end), cache, meta)
+            logits.append(model.compute_logits(hidden[-1:]).float()[0])
+        return torch.stack(logits)
+
+    tokens = list(range(1000, 1017))
+    a, b = run(plain, tokens), run(fast, tokens)
+    scale = a.abs().max()
+    assert scale > 5
+    assert (a - b).abs().max() <= 0.05 * scale  # bf16 rounding through 30 layers
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.75
