@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inferpath.kernels import CPULinear, accelerate_linears, gemv, gemv_available, kernel_status
+from inferpath.kernels import CPULinear, CPURMSNorm, accelerate, gemv, gemv_available, kernel_status
 from inferpath.kernels import build as kernel_build
+from inferpath.model.layers import RMSNorm
 
 SHAPES = [  # (rows of x, out_features, in_features): multiples of the 4-row block and of
     (1, 576, 576),  # the 16/32-wide vectors, and every kind of remainder
@@ -62,7 +63,7 @@ def test_fallback_without_the_native_kernel(monkeypatch):
     x, w, b = torch.randn(2, 40), torch.randn(9, 40), torch.randn(9)
     assert torch.equal(gemv(x, w, b), F.linear(x, w, b))
     layer = nn.Linear(40, 9)
-    accelerate_linears(layer)
+    accelerate(layer)
     assert isinstance(layer, CPULinear) and layer._gemv is None
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
 
@@ -83,9 +84,34 @@ def test_disabled_by_environment(monkeypatch):
     monkeypatch.delenv("INFERPATH_KERNELS")
 
 
+@native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,n", [(1, 576), (4, 896), (2, 33), (3, 7)])
+def test_rms_norm_kernel_equals_the_module(dtype, m, n):
+    if not gemv_available(dtype):
+        pytest.skip(kernel_status())
+    gen = torch.Generator().manual_seed(m * n)
+    reference = RMSNorm(n, 1e-5).to(dtype)
+    with torch.no_grad():
+        reference.weight.copy_(1 + 0.3 * torch.randn(n, generator=gen))
+    x = (3 * torch.randn(m, n, generator=gen)).to(dtype)
+    fast = RMSNorm(n, 1e-5).to(dtype)
+    fast.load_state_dict(reference.state_dict())
+    assert accelerate(fast) == 1 and isinstance(fast, CPURMSNorm) and fast._kernel is not None
+    expected, out = reference(x), fast(x)
+    assert out.dtype == dtype and out.shape == (m, n)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    else:  # same rounding order as transformers: equal but for rare 1-ulp ties
+        assert (out == expected).float().mean() >= 0.98
+        assert ((out.float() - expected.float()).abs() <= expected.float().abs() * 2**-7 + 1e-6).all()
+    many = x.repeat(5, 1)  # more rows than the kernel path takes: the module's own forward
+    torch.testing.assert_close(fast(many), reference(many), rtol=0, atol=0)
+
+
 def test_status_names_each_dtype():
     status = kernel_status()
-    assert "gemv float32:" in status and "gemv bfloat16:" in status
+    assert "float32: native" in status and "bfloat16: native" in status, status
 
 
 @native
@@ -96,8 +122,8 @@ def test_accelerated_linear_keeps_names_hooks_and_state_dict():
     expected = model(x)
     seen = []
     model[0].register_forward_hook(lambda mod, args, out: seen.append(out.shape))
-    assert accelerate_linears(model) == 2
-    assert accelerate_linears(model) == 2  # idempotent
+    assert accelerate(model) == 2
+    assert accelerate(model) == 2  # idempotent
     assert all(isinstance(model[i], CPULinear) for i in (0, 2)) and model[0]._gemv is not None
     torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-6)
     assert seen == [(1, 32)]  # the hook still fires on the decode path
@@ -143,7 +169,7 @@ def test_real_model_bf16_decode_logits_close_with_the_kernels():
     checkpoint = load_checkpoint(resolve_model("smollm2-135m-instruct"), dtype=torch.bfloat16)
     plain = build_model(checkpoint, torch.bfloat16)
     fast = build_model(checkpoint, torch.bfloat16)
-    accelerate_linears(fast)
+    accelerate(fast)
 
     def run(model, tokens):  # prefill then 8 teacher-forced decode steps, one sequence
         cache = KVCache(model.config, 8, 16, torch.bfloat16)

@@ -17,6 +17,7 @@ import torch
 
 from inferpath.cache.kv import KVCache
 from inferpath.config import ModelConfig
+from inferpath.kernels import accelerate
 from inferpath.model import AttentionMetadata, Transformer, WeightLoadError
 from inferpath.model.rope import RopeScalingError, RopeTable, RotaryEmbedding
 
@@ -113,8 +114,9 @@ def hf_to_checkpoint_names(state: dict[str, torch.Tensor], config: ModelConfig) 
     return out
 
 
-def build_pair(case: str):
-    """(transformers model, our model) with the same random weights (norms and biases too)."""
+def build_pair(case: str, cpu_kernels: bool = False):
+    """(transformers model, our model) with the same random weights (norms and biases too);
+    with ``cpu_kernels`` our linears dispatch to the native GEMV for decode rows."""
     hf_config = CASES[case]()
     torch.manual_seed(0)
     hf = getattr(transformers, type(hf_config).__name__.replace("Config", "ForCausalLM"))(hf_config).eval()
@@ -127,6 +129,8 @@ def build_pair(case: str):
     config = ModelConfig.from_hf_config(hf_config.to_dict())
     ours = Transformer(config)
     ours.load_weights(hf_to_checkpoint_names(hf.state_dict(), config))
+    if cpu_kernels:
+        accelerate(ours)
     return hf, ours.eval()
 
 
@@ -143,10 +147,11 @@ def test_config_parser_reads_transformers_configs():
     assert ModelConfig.from_hf_config(CASES["mixtral"]().to_dict()).num_experts == 4
 
 
+@pytest.mark.parametrize("cpu_kernels", [False, True], ids=["torch-linear", "cpu-kernels"])
 @pytest.mark.parametrize("case", list(CASES))
 @torch.inference_mode()
-def test_logits_match_transformers_prefill_and_decode(case):
-    hf, ours = build_pair(case)
+def test_logits_match_transformers_prefill_and_decode(case, cpu_kernels):
+    hf, ours = build_pair(case, cpu_kernels)
     prompt = torch.randint(0, hf.config.vocab_size, (12,), generator=torch.Generator().manual_seed(1)).tolist()
     ref = hf(torch.tensor([prompt]), use_cache=True)
     runner = PagedRunner(ours)

@@ -183,6 +183,7 @@ class EngineConfig:
     max_waiting_requests: int = 1024
     seed: int = 0
     tensor_parallel_size: int = 1  # local ranks the model is sharded over (parallel/)
+    cpu_kernels: bool = True  # CPULinear dispatch (kernels/): native bf16 GEMV, packed oneDNN
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):

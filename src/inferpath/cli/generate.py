@@ -38,6 +38,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                         help="shard the model over N local processes (torch.distributed)")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="context limit in tokens (default: the model's)")
+    parser.add_argument("--no-cpu-kernels", action="store_true",
+                        help="use PyTorch's linear everywhere, not inferpath's native GEMV")
     parser.add_argument("--kv-cache-mb", type=int, default=256,
                         help="memory for the KV cache in MiB (default 256)")
     sampling = parser.add_argument_group("sampling")
@@ -72,7 +74,8 @@ def _load_engine(args: argparse.Namespace):
 
     config = EngineConfig(dtype=args.dtype, max_model_len=args.max_model_len,
                           kv_cache_memory_bytes=args.kv_cache_mb * 1024 * 1024,
-                          tensor_parallel_size=args.tensor_parallel_size)
+                          tensor_parallel_size=args.tensor_parallel_size,
+                          cpu_kernels=not args.no_cpu_kernels)
     print(f"loading {args.model} ...", file=sys.stderr, flush=True)
     return LLMEngine.from_model(args.model, config, progress=True)
 

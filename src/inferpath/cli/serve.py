@@ -48,6 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="waiting requests before new ones get 429 (default: 1024)")
     parser.add_argument("--no-prefix-caching", action="store_true",
                         help="disable automatic prefix caching")
+    parser.add_argument("--no-cpu-kernels", action="store_true",
+                        help="use PyTorch's linear everywhere, not inferpath's native GEMV")
     parser.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug"))
     parser.set_defaults(func=run_serve)
@@ -66,6 +68,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         kv_cache_memory_bytes=int(args.kv_cache_memory * 1024**3),
         enable_prefix_caching=not args.no_prefix_caching,
         max_waiting_requests=args.max_waiting,
+        cpu_kernels=not args.no_cpu_kernels,
     )
 
 

@@ -72,6 +72,7 @@ class LLMEngine:
     def from_model(cls, model: str, engine_config: EngineConfig | None = None,
                    progress: bool = False) -> "LLMEngine":
         """Load an alias (pulled on first use), a .gguf file or a Hugging Face directory."""
+        from inferpath.kernels import accelerate
         from inferpath.model import build_model
         from inferpath.models import resolve_model
         from inferpath.tokenizer import load_tokenizer
@@ -84,9 +85,12 @@ class LLMEngine:
         if engine_config.tensor_parallel_size > 1:
             from inferpath.parallel.tp_model import TensorParallelModel
 
-            transformer = TensorParallelModel(checkpoint, dtype, engine_config.tensor_parallel_size)
+            transformer = TensorParallelModel(checkpoint, dtype, engine_config.tensor_parallel_size,
+                                              cpu_kernels=engine_config.cpu_kernels)
         else:
             transformer = build_model(checkpoint, dtype)
+            if engine_config.cpu_kernels:
+                accelerate(transformer)
         return cls(transformer, tokenizer, checkpoint.config, engine_config,
                    eos_token_ids=checkpoint.eos_token_ids,
                    model_name=checkpoint.config.name or str(model))

@@ -1,4 +1,4 @@
-"""Build and load the C kernels (ctypes), or say why they are unavailable."""
+"""Build and load the C kernels (cpu_kernels.c, through ctypes), or say why they cannot run."""
 
 from __future__ import annotations
 
@@ -16,15 +16,16 @@ import torch
 
 from inferpath.models import cache_dir
 
-SOURCE = Path(__file__).with_name("gemv.c")
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
 CFLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma",
-          "-fopenmp", "-shared", "-fPIC"]
+          "-fopenmp", "-shared", "-fPIC", "-lm"]
 # CPU flags each kernel needs at run time.
 REQUIRED_FLAGS = {
     torch.float32: {"avx512f"},
     torch.bfloat16: {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"},
 }
 _SYMBOLS = {torch.float32: "inferpath_gemv_f32", torch.bfloat16: "inferpath_gemv_bf16"}
+_NORM_SYMBOLS = {torch.float32: "inferpath_rms_norm_f32", torch.bfloat16: "inferpath_rms_norm_bf16"}
 # Rows of x the C kernel accepts, and the dispatcher's cutoff. Measured on the 2-core
 # AVX512 VM over one decode step's SmolLM2 matrices (bf16, 211 calls, weights not in
 # cache): 1 row 15.7 ms vs ATen 37.5 ms, 2 rows 17.1 vs 36.2, 4 rows 21.9 vs 36.5.
@@ -71,7 +72,7 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
         return None, "no C compiler (gcc) found"
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + " ".join(CFLAGS).encode() + compiler.encode()).hexdigest()[:16]
-    target = cache_dir().parent / "kernels" / f"gemv-{key}.so"
+    target = cache_dir().parent / "kernels" / f"cpu_kernels-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
@@ -86,6 +87,10 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
         fn = getattr(lib, symbol)
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         fn.restype = ctypes.c_int
+    for symbol in _NORM_SYMBOLS.values():
+        fn = getattr(lib, symbol)
+        fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+        fn.restype = ctypes.c_int
     return lib, ""
 
 
@@ -95,6 +100,22 @@ def native_gemv(dtype: torch.dtype):
         return None
     lib = _library()[0]
     return None if lib is None else getattr(lib, _SYMBOLS[dtype])
+
+
+def native_rms_norm(dtype: torch.dtype):
+    """The ctypes function of the native RMSNorm for ``dtype``, or None where it cannot run."""
+    if dtype not in _NORM_SYMBOLS or not REQUIRED_FLAGS[dtype] <= _cpu_flags():
+        return None
+    lib = _library()[0]
+    return None if lib is None else getattr(lib, _NORM_SYMBOLS[dtype])
+
+
+def run_rms_norm(fn, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Call a ``native_rms_norm`` function: x (m, n) contiguous, weight (n,), one dtype."""
+    out = torch.empty_like(x)
+    if fn(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps) != 0:
+        raise RuntimeError(f"rms_norm rejected shape x={tuple(x.shape)}")
+    return out
 
 
 def gemv_available(dtype: torch.dtype) -> bool:
@@ -114,18 +135,18 @@ def run_gemv(fn, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 def kernel_status() -> str:
-    """One line per dtype: which GEMV runs here, and why when it is PyTorch's."""
+    """One line per dtype: whether the native kernels run here, and why not when not."""
     lib, reason = _library()
     lines = []
-    for dtype, symbol in _SYMBOLS.items():
+    for dtype in _SYMBOLS:
         name = str(dtype).removeprefix("torch.")
         missing = REQUIRED_FLAGS[dtype] - _cpu_flags()
         if lib is None:
-            lines.append(f"gemv {name}: PyTorch ({reason})")
+            lines.append(f"gemv, rms_norm {name}: PyTorch ({reason})")
         elif missing:
-            lines.append(f"gemv {name}: PyTorch (this CPU lacks {', '.join(sorted(missing))})")
+            lines.append(f"gemv, rms_norm {name}: PyTorch (this CPU lacks {', '.join(sorted(missing))})")
         else:
-            lines.append(f"gemv {name}: native {symbol} ({lib._name})")
+            lines.append(f"gemv, rms_norm {name}: native ({lib._name})")
     return "\n".join(lines)
 
 

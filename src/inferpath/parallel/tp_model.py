@@ -29,20 +29,25 @@ from inferpath.parallel.tp import apply_tensor_parallel, check_shardable, shard_
 _FORWARD, _LOGITS, _STOP = "forward", "logits", "stop"
 
 
-def _build_shard(checkpoint, dtype: torch.dtype, rank: int, world_size: int):
+def _build_shard(checkpoint, dtype: torch.dtype, rank: int, world_size: int, cpu_kernels: bool):
+    from inferpath.kernels import accelerate
     from inferpath.model import build_model
 
-    return apply_tensor_parallel(build_model(checkpoint, dtype), rank, world_size)
+    shard = apply_tensor_parallel(build_model(checkpoint, dtype), rank, world_size)
+    if cpu_kernels:
+        accelerate(shard)  # after sharding: the kernels see each rank's slice
+    return shard
 
 
-def _worker_main(rank: int, world_size: int, port: int, path: str, dtype_name: str, num_threads: int) -> None:
+def _worker_main(rank: int, world_size: int, port: int, path: str, dtype_name: str, num_threads: int,
+                 cpu_kernels: bool) -> None:
     """Rank r > 0: mirror rank 0's calls until it says stop."""
     torch.set_num_threads(num_threads)
     init_local_group(rank, world_size, port)
     from inferpath.weights import load_checkpoint
 
     dtype = getattr(torch, dtype_name)
-    model = _build_shard(load_checkpoint(Path(path), dtype=dtype), dtype, rank, world_size)
+    model = _build_shard(load_checkpoint(Path(path), dtype=dtype), dtype, rank, world_size, cpu_kernels)
     cache: KVCache | None = None
     with torch.inference_mode():
         while True:
@@ -68,7 +73,7 @@ class TensorParallelModel(nn.Module):
     ``compute_logits``. ``close()`` stops the workers (also at interpreter exit).
     """
 
-    def __init__(self, checkpoint, dtype: torch.dtype, world_size: int) -> None:
+    def __init__(self, checkpoint, dtype: torch.dtype, world_size: int, cpu_kernels: bool = True) -> None:
         """``checkpoint``: rank 0 builds its shard from it; the workers load ``checkpoint.path``."""
         super().__init__()
         config = checkpoint.config
@@ -79,14 +84,15 @@ class TensorParallelModel(nn.Module):
         threads = max(1, torch.get_num_threads() // world_size)
         self._workers = [
             ctx.Process(target=_worker_main, daemon=True,
-                        args=(rank, world_size, port, str(checkpoint.path), str(dtype).removeprefix("torch."), threads))
+                        args=(rank, world_size, port, str(checkpoint.path), str(dtype).removeprefix("torch."), threads,
+                              cpu_kernels))
             for rank in range(1, world_size)
         ]
         for worker in self._workers:
             worker.start()
         torch.set_num_threads(threads)
         init_local_group(0, world_size, port)
-        self.shard = _build_shard(checkpoint, dtype, 0, world_size)
+        self.shard = _build_shard(checkpoint, dtype, 0, world_size, cpu_kernels)
         self.config = config
         self._closed = False
         atexit.register(self.close)  # before multiprocessing reaps the daemon workers
