@@ -5,8 +5,10 @@ serving 32 users costs almost the same wall-clock time as serving one." This dri
 ``LLMEngine`` directly with N = 1, 2, 4, ... 64 requests (greedy, ``ignore_eos``, a fixed
 number of new tokens), times the engine steps that compute no prompt tokens (pure
 decode), and reports the aggregate decode tokens/s and the step time for each N. Beside
-it, transformers' static batched ``generate`` (the same GGUF, fp32, left padding, the same
-number of new tokens) at 8 and 32, against our engine end to end on the same workload.
+it, transformers' static batched ``generate`` (the same GGUF, left padding, the same
+number of new tokens) at 8 and 32, against our engine end to end on the same workload:
+in fp32 (the issue's reference) and, when ours runs in another dtype, in that dtype too
+(the like-for-like ratio).
 
 Prints a table, writes benchmarks/results/batching.json and batching.png. No assertions:
 this machine is shared and noisy; compare the ratios, not the absolute numbers.
@@ -78,10 +80,10 @@ def run_engine(engine: LLMEngine, prompts: list[str], new_tokens: int, tag: str)
 
 
 class TransformersBaseline:
-    """transformers' static batched greedy generate on the same GGUF file, fp32, left
-    padding, exactly ``new_tokens`` new tokens per sequence (min = max)."""
+    """transformers' static batched greedy generate on the same GGUF file in ``dtype``,
+    left padding, exactly ``new_tokens`` new tokens per sequence (min = max)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: str = "float32") -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer  # benchmark-only reference
 
         from inferpath.models import resolve_model
@@ -91,8 +93,9 @@ class TransformersBaseline:
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.dtype = dtype
         self.model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                          dtype=torch.float32).eval()
+                                                          dtype=getattr(torch, dtype)).eval()
 
     def generate(self, prompts: list[str], new_tokens: int) -> dict:
         batch = self.tokenizer(prompts, return_tensors="pt", padding=True)
@@ -130,7 +133,7 @@ def holds_sentence(rows: list[dict]) -> str:
                    "its context), no longer by reading the weights once.")
 
 
-def plot(rows: list[dict], hf: dict, path: Path, dtype: str) -> None:
+def plot(rows: list[dict], hf: dict[str, dict], path: Path, dtype: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -141,9 +144,9 @@ def plot(rows: list[dict], hf: dict, path: Path, dtype: str) -> None:
     ax_tps.plot(sizes, [r["decode_tok_per_s"] for r in rows], "o-", label="inferpath decode")
     ax_tps.plot(sizes, [r["end_to_end_tok_per_s"] for r in rows], "s--", alpha=0.6,
                 label="inferpath end to end")
-    if hf:
-        ax_tps.plot(list(hf), [v["tok_per_s"] for v in hf.values()], "x", markersize=10,
-                    label="transformers generate (static batch)")
+    for (hf_dtype, points), marker in zip(hf.items(), "x+"):
+        ax_tps.plot(list(points), [v["tok_per_s"] for v in points.values()], marker, markersize=10,
+                    label=f"transformers generate {hf_dtype} (static batch)")
     ax_tps.set(xscale="log", xlabel="concurrent sequences", ylabel="aggregate tokens/s",
                title="Throughput")
     ax_tps.set_xticks(sizes, [str(s) for s in sizes])
@@ -155,7 +158,7 @@ def plot(rows: list[dict], hf: dict, path: Path, dtype: str) -> None:
                 title="Step time")
     ax_step.set_xticks(sizes, [str(s) for s in sizes])
     ax_step.legend()
-    fig.suptitle(f"{MODEL}, inferpath {dtype} vs transformers fp32, "
+    fig.suptitle(f"{MODEL}, inferpath {dtype} vs transformers {' and '.join(hf) or '(skipped)'}, "
                  f"{torch.get_num_threads()} threads")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -166,7 +169,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                        help="inferpath's dtype (transformers stays fp32, as in the issue)")
+                        help="inferpath's dtype (transformers runs in fp32, as in the issue, "
+                             "and in this dtype too)")
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -175,34 +179,37 @@ def main() -> None:
 
     engine = LLMEngine.from_model(MODEL, EngineConfig(max_num_seqs=max(BATCH_SIZES),
                                                       dtype=args.dtype))
-    baseline = None if args.skip_transformers else TransformersBaseline()
+    hf_dtypes = [] if args.skip_transformers else list(dict.fromkeys(["float32", args.dtype]))
+    baselines = [TransformersBaseline(d) for d in hf_dtypes]
     run_engine(engine, prompts[:2], 4, "warmup")
-    rows, hf = [], {}
+    rows, hf = [], {d: {} for d in hf_dtypes}
     for n in BATCH_SIZES:
         rows.append(run_engine(engine, prompts[:n], args.new_tokens, f"b{n}"))
         print(f"batch {n}: {rows[-1]['step_ms_median']:.1f} ms/step", file=sys.stderr, flush=True)
-        if baseline is not None and n in TRANSFORMERS_BATCH_SIZES:
-            # right after our run of the same batch: this machine's load drifts
-            hf[n] = baseline.generate(prompts[:n], args.new_tokens)
-            print(f"batch {n}: transformers {hf[n]['tok_per_s']:.1f} tok/s", file=sys.stderr,
-                  flush=True)
+        if n in TRANSFORMERS_BATCH_SIZES:
+            for baseline in baselines:  # right after our run of the same batch: load drifts
+                hf[baseline.dtype][n] = ref = baseline.generate(prompts[:n], args.new_tokens)
+                print(f"batch {n}: transformers {baseline.dtype} {ref['tok_per_s']:.1f} tok/s",
+                      file=sys.stderr, flush=True)
 
     print(f"{'batch':>5} {'step ms':>8} {'decode tok/s':>13} {'end-to-end tok/s':>17}")
     for r in rows:
         print(f"{r['batch_size']:>5} {r['step_ms_median']:>8.1f} {r['decode_tok_per_s']:>13.1f} "
               f"{r['end_to_end_tok_per_s']:>17.1f}")
-    comparison = {}
-    for n, ref in hf.items():
-        ours = next(r for r in rows if r["batch_size"] == n)
-        comparison[n] = {"transformers_tok_per_s": ref["tok_per_s"],
-                         "inferpath_end_to_end_tok_per_s": ours["end_to_end_tok_per_s"],
-                         "inferpath_decode_tok_per_s": ours["decode_tok_per_s"],
-                         "ratio_end_to_end": ours["end_to_end_tok_per_s"] / ref["tok_per_s"],
-                         "ratio_decode": ours["decode_tok_per_s"] / ref["tok_per_s"]}
-        print(f"batch {n}: transformers {ref['tok_per_s']:.1f} tok/s; inferpath "
-              f"{ours['end_to_end_tok_per_s']:.1f} end to end "
-              f"({comparison[n]['ratio_end_to_end']:.2f}x), {ours['decode_tok_per_s']:.1f} "
-              f"decode ({comparison[n]['ratio_decode']:.2f}x)")
+    comparison: dict[str, dict] = {}
+    for hf_dtype, points in hf.items():
+        for n, ref in points.items():
+            ours = next(r for r in rows if r["batch_size"] == n)
+            entry = {"transformers_tok_per_s": ref["tok_per_s"],
+                     "inferpath_end_to_end_tok_per_s": ours["end_to_end_tok_per_s"],
+                     "inferpath_decode_tok_per_s": ours["decode_tok_per_s"],
+                     "ratio_end_to_end": ours["end_to_end_tok_per_s"] / ref["tok_per_s"],
+                     "ratio_decode": ours["decode_tok_per_s"] / ref["tok_per_s"]}
+            comparison.setdefault(hf_dtype, {})[n] = entry
+            print(f"batch {n}: transformers {hf_dtype} {ref['tok_per_s']:.1f} tok/s; inferpath "
+                  f"{args.dtype} {ours['end_to_end_tok_per_s']:.1f} end to end "
+                  f"({entry['ratio_end_to_end']:.2f}x), {ours['decode_tok_per_s']:.1f} "
+                  f"decode ({entry['ratio_decode']:.2f}x)")
     sentence = holds_sentence(rows)
     print(sentence)
     load = (load_before, os.getloadavg()[0])
@@ -214,7 +221,7 @@ def main() -> None:
     stem = "batching" + ("" if args.threads == 2 else f"_threads{args.threads}") + (
         "" if args.dtype == "float32" else f"_{args.dtype}")
     (RESULTS / f"{stem}.json").write_text(json.dumps({
-        "model": MODEL, "dtype": args.dtype, "transformers_dtype": "float32",
+        "model": MODEL, "dtype": args.dtype, "transformers_dtypes": hf_dtypes,
         "threads": args.threads,
         "new_tokens": args.new_tokens, "load_average": load, "rows": rows,
         "transformers": comparison,

@@ -19,6 +19,8 @@ from inferpath.model.attention import (
     causal_mask,
     reference_attention,
 )
+from inferpath.kernels import gemv_available, kernel_status
+from inferpath.kernels.modules import CPUPagedAttention
 from inferpath.model.metadata import AttentionMetadata
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 6, 2, 8, 4, 48
@@ -33,8 +35,9 @@ BATCHES = {
 }
 
 
-def run_batch(batch, sliding_window, seed=0):
-    """(paged output, reference output), both (num_tokens, num_heads, head_dim)."""
+def run_batch(batch, sliding_window, seed=0, attention_cls=PagedAttention, dtype=torch.float32):
+    """(paged output, reference output), both (num_tokens, num_heads, head_dim); the inputs
+    rounded to ``dtype`` first, the reference computed on the rounded values."""
     gen = torch.Generator().manual_seed(seed)
     free = list(range(NUM_BLOCKS))
     random.Random(seed).shuffle(free)
@@ -45,9 +48,9 @@ def run_batch(batch, sliding_window, seed=0):
         seq_len = context_len + query_len
         blocks = [free.pop() for _ in range(-(-seq_len // BLOCK_SIZE))]
         tables.append(blocks)
-        keys = torch.randn(seq_len, NUM_KV_HEADS, HEAD_DIM, generator=gen)
-        values = torch.randn(seq_len, NUM_KV_HEADS, HEAD_DIM, generator=gen)
-        queries = torch.randn(query_len, NUM_HEADS, HEAD_DIM, generator=gen) * 2
+        keys = torch.randn(seq_len, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(dtype).float()
+        values = torch.randn(seq_len, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(dtype).float()
+        queries = (torch.randn(query_len, NUM_HEADS, HEAD_DIM, generator=gen) * 2).to(dtype).float()
         seq_slots = [blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(seq_len)]
         flat_k, flat_v = k_cache.view(-1, NUM_KV_HEADS, HEAD_DIM), v_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)
         flat_k[seq_slots[:context_len]] = keys[:context_len]  # earlier steps' K/V
@@ -68,10 +71,11 @@ def run_batch(batch, sliding_window, seed=0):
         seq_lens=torch.tensor(seq_lens), block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables]),
         query_lens=query_lens, seq_lens_list=seq_lens, block_size=BLOCK_SIZE,
     )
-    q, k, v = torch.cat(new_q), torch.cat(new_k), torch.cat(new_v)
+    q, k, v = (torch.cat(t).to(dtype) for t in (new_q, new_k, new_v))
+    k_cache, v_cache = k_cache.to(dtype), v_cache.to(dtype)
     plan = build_attention_plan(meta, HEAD_DIM, sliding_window)
     KVWrite()(k, v, k_cache, v_cache, plan.slot_mapping)
-    out = PagedAttention()(q, k, v, k_cache, v_cache, plan)
+    out = attention_cls()(q, k, v, k_cache, v_cache, plan)
     return out, torch.cat(expected)
 
 
@@ -82,6 +86,24 @@ def test_paged_attention_equals_contiguous_reference(name, sliding_window):
     out, expected = run_batch(BATCHES[name], sliding_window)
     assert out.shape == expected.shape
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not gemv_available(torch.float32), reason=f"no native kernels here: {kernel_status()}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("sliding_window", [None, 5])
+@pytest.mark.parametrize("name", list(BATCHES))
+@torch.inference_mode()
+def test_native_paged_decode_attention_equals_contiguous_reference(name, sliding_window, dtype):
+    """The decode group through the C kernel (keys read in place through the block
+    tables), the prefill chunks through SDPA: the same outputs as the reference."""
+    if not gemv_available(dtype):
+        pytest.skip(kernel_status())
+    out, expected = run_batch(BATCHES[name], sliding_window, attention_cls=CPUPagedAttention, dtype=dtype)
+    assert out.shape == expected.shape and out.dtype == dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    else:  # one bf16 rounding of the output (and SDPA's own, for the prefill rows)
+        torch.testing.assert_close(out.float(), expected, rtol=2**-7, atol=2e-2)
 
 
 def test_causal_mask_offsets_and_window():

@@ -1,9 +1,9 @@
 """Hand-written CPU kernels, compiled on first use, each with a PyTorch fallback.
 
-Only what PyTorch leaves slow on the decode path lives here (``cpu_kernels.c``): the
-matrix-vector product of a decode step and RMSNorm over its few rows, float32 and
-bfloat16. ``accelerate`` swaps a model's ``nn.Linear`` and ``RMSNorm`` modules, from
-outside, for subclasses that call them (modules.py).
+Only what PyTorch leaves slow on the decode path lives here (``cpu_kernels.c``), in
+float32 and bfloat16: the matrix-vector product and RMSNorm of a decode step's few rows,
+and paged decode attention. ``accelerate`` swaps a model's ``nn.Linear``, ``RMSNorm``
+and ``PagedAttention`` modules, from outside, for subclasses that call them (modules.py).
 
 The C source ships with the package and is built with the system C compiler into the
 cache directory the first time it is needed (about a second). A machine without gcc,
@@ -13,6 +13,7 @@ says which and why.
 """
 
 from inferpath.kernels.build import gemv, gemv_available, kernel_status
-from inferpath.kernels.modules import CPULinear, CPURMSNorm, accelerate
+from inferpath.kernels.modules import CPULinear, CPUPagedAttention, CPURMSNorm, accelerate
 
-__all__ = ["CPULinear", "CPURMSNorm", "accelerate", "gemv", "gemv_available", "kernel_status"]
+__all__ = ["CPULinear", "CPUPagedAttention", "CPURMSNorm", "accelerate", "gemv", "gemv_available",
+           "kernel_status"]

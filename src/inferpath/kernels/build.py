@@ -24,8 +24,10 @@ REQUIRED_FLAGS = {
     torch.float32: {"avx512f"},
     torch.bfloat16: {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"},
 }
-_SYMBOLS = {torch.float32: "inferpath_gemv_f32", torch.bfloat16: "inferpath_gemv_bf16"}
+_GEMV_SYMBOLS = {torch.float32: "inferpath_gemv_f32", torch.bfloat16: "inferpath_gemv_bf16"}
 _NORM_SYMBOLS = {torch.float32: "inferpath_rms_norm_f32", torch.bfloat16: "inferpath_rms_norm_bf16"}
+_ATTENTION_SYMBOLS = {torch.float32: "inferpath_paged_decode_attention_f32",
+                      torch.bfloat16: "inferpath_paged_decode_attention_bf16"}
 # Rows of x the C kernel accepts, and the dispatcher's cutoff. Measured on the 2-core
 # AVX512 VM over one decode step's SmolLM2 matrices (bf16, 211 calls, weights not in
 # cache): 1 row 15.7 ms vs ATen 37.5 ms, 2 rows 17.1 vs 36.2, 4 rows 21.9 vs 36.5.
@@ -83,7 +85,7 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
                 return None, f"{compiler} failed: {result.stderr.strip()[:500]}"
             os.replace(built, target)  # atomic: concurrent builders agree on one file
     lib = ctypes.CDLL(str(target))
-    for symbol in _SYMBOLS.values():
+    for symbol in _GEMV_SYMBOLS.values():
         fn = getattr(lib, symbol)
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         fn.restype = ctypes.c_int
@@ -91,23 +93,55 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
         fn = getattr(lib, symbol)
         fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float]
         fn.restype = ctypes.c_int
+    for symbol in _ATTENTION_SYMBOLS.values():
+        fn = getattr(lib, symbol)
+        fn.argtypes = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int64,
+                                                                        ctypes.c_int])
+        fn.restype = ctypes.c_int
     return lib, ""
 
 
 def native_gemv(dtype: torch.dtype):
-    """The ctypes function of the native kernel for ``dtype``, or None where it cannot run."""
-    if dtype not in _SYMBOLS or not REQUIRED_FLAGS[dtype] <= _cpu_flags():
+    """The ctypes function of the native GEMV for ``dtype``, or None where it cannot run."""
+    return _native(_GEMV_SYMBOLS, dtype)
+
+
+def _native(symbols: dict, dtype: torch.dtype):
+    if dtype not in symbols or not REQUIRED_FLAGS[dtype] <= _cpu_flags():
         return None
     lib = _library()[0]
-    return None if lib is None else getattr(lib, _SYMBOLS[dtype])
+    return None if lib is None else getattr(lib, symbols[dtype])
+
+
+def native_paged_attention(dtype: torch.dtype):
+    """The ctypes function of the native paged decode attention for ``dtype``, or None."""
+    return _native(_ATTENTION_SYMBOLS, dtype)
+
+
+def run_paged_decode_attention(fn, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                               sliding_window: int) -> torch.Tensor:
+    """One query per sequence over the paged cache, read in place (no gather).
+
+    q: (num_seqs, num_heads, head_dim) contiguous; caches (num_blocks, block_size,
+    num_kv_heads, head_dim) contiguous; block_tables (num_seqs, blocks) int64 and seq_lens
+    (num_seqs,) int64, contiguous. Returns (num_seqs, num_heads, head_dim).
+    """
+    num_seqs, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    out = torch.empty_like(q)
+    status = fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+                seq_lens.data_ptr(), out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim,
+                block_size, block_tables.shape[1], scale, sliding_window, torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"paged decode attention failed ({status}): q={tuple(q.shape)}, "
+                           f"cache={tuple(k_cache.shape)}, tables={tuple(block_tables.shape)}")
+    return out
 
 
 def native_rms_norm(dtype: torch.dtype):
     """The ctypes function of the native RMSNorm for ``dtype``, or None where it cannot run."""
-    if dtype not in _NORM_SYMBOLS or not REQUIRED_FLAGS[dtype] <= _cpu_flags():
-        return None
-    lib = _library()[0]
-    return None if lib is None else getattr(lib, _NORM_SYMBOLS[dtype])
+    return _native(_NORM_SYMBOLS, dtype)
 
 
 def run_rms_norm(fn, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -138,15 +172,15 @@ def kernel_status() -> str:
     """One line per dtype: whether the native kernels run here, and why not when not."""
     lib, reason = _library()
     lines = []
-    for dtype in _SYMBOLS:
+    for dtype in _GEMV_SYMBOLS:
         name = str(dtype).removeprefix("torch.")
         missing = REQUIRED_FLAGS[dtype] - _cpu_flags()
         if lib is None:
-            lines.append(f"gemv, rms_norm {name}: PyTorch ({reason})")
+            lines.append(f"gemv, rms_norm, paged attention {name}: PyTorch ({reason})")
         elif missing:
-            lines.append(f"gemv, rms_norm {name}: PyTorch (this CPU lacks {', '.join(sorted(missing))})")
+            lines.append(f"gemv, rms_norm, paged attention {name}: PyTorch (this CPU lacks {', '.join(sorted(missing))})")
         else:
-            lines.append(f"gemv, rms_norm {name}: native ({lib._name})")
+            lines.append(f"gemv, rms_norm, paged attention {name}: native ({lib._name})")
     return "\n".join(lines)
 
 

@@ -1,14 +1,18 @@
 """Modules that pick the faster CPU kernel for the shape at hand, applied from outside.
 
-``accelerate(model)`` turns every ``nn.Linear`` of a built model into a ``CPULinear`` and
-every ``RMSNorm`` into a ``CPURMSNorm``. Both are subclasses, so module names,
-``state_dict`` keys, forward hooks and ``isinstance`` checks stay as they were, and the
-model file knows nothing of them. Their forwards dispatch on dtype and rows:
+``accelerate(model)`` turns every ``nn.Linear`` of a built model into a ``CPULinear``,
+every ``RMSNorm`` into a ``CPURMSNorm`` and every ``PagedAttention`` into a
+``CPUPagedAttention``. All are subclasses, so module names, ``state_dict`` keys, forward
+hooks and ``isinstance`` checks stay as they were, and the model file knows nothing of
+them. They dispatch on dtype, device and rows:
 
-- float32 or bf16 on CPU with 1 to 4 rows (a decode step of up to four sequences): the
-  native kernels, a GEMV that reads each weight once at close to memory bandwidth and a
-  one-pass RMSNorm;
-- anything else (more rows, other dtypes or devices): the parent's forward, as before.
+- float32 or bf16 on CPU with 1 to 4 rows (a decode step of up to four sequences): a
+  GEMV that reads each weight once at close to memory bandwidth, and a one-pass RMSNorm;
+- the decode group of any step (one query per sequence, any batch size): attention that
+  reads each sequence's keys and values in place through its block table, with no
+  gathered copy and no mask tensor;
+- anything else (more rows, prefill attention, other dtypes or devices): the parent's
+  forward, as before.
 
 NOTE: tried and left out: reordering bf16 weights once into oneDNN's blocked layout
 (``torch.ops.mkldnn._reorder_linear_weight``) for batched steps. It doubles the weights'
@@ -23,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferpath.kernels import build
-from inferpath.kernels.build import MAX_ROWS, run_gemv, run_rms_norm
+from inferpath.kernels.build import MAX_ROWS, run_gemv, run_paged_decode_attention, run_rms_norm
+from inferpath.model.attention import DecodeGroup, PagedAttention
 from inferpath.model.layers import RMSNorm
 
 
@@ -65,6 +70,21 @@ class CPURMSNorm(RMSNorm):
         return super().forward(x)
 
 
+class CPUPagedAttention(PagedAttention):
+    """``PagedAttention`` whose decode group runs the native kernel: each sequence's keys
+    and values are read in place through its block table, with no gathered copy and no
+    mask tensor. Prefill chunks keep PyTorch's SDPA."""
+
+    def _decode(self, q, k_cache, v_cache, group: DecodeGroup, scale: float) -> torch.Tensor:
+        fn = build.native_paged_attention(q.dtype)
+        if (fn is None or q.device.type != "cpu" or k_cache.dtype != q.dtype
+                or not k_cache.is_contiguous() or not v_cache.is_contiguous()):
+            return PagedAttention._decode(q, k_cache, v_cache, group, scale)
+        tables = group.block_ids.view(group.seq_lens.shape[0], group.blocks_per_seq)
+        return run_paged_decode_attention(fn, q.contiguous(), k_cache, v_cache, tables,
+                                          group.seq_lens.contiguous(), scale, group.sliding_window)
+
+
 def accelerate(model: nn.Module) -> int:
     """Make every ``nn.Linear`` a ``CPULinear`` and every ``RMSNorm`` a ``CPURMSNorm``,
     prepared for their current weights; returns how many modules.
@@ -77,6 +97,10 @@ def accelerate(model: nn.Module) -> int:
             module.__class__ = CPULinear
         elif type(module) in (RMSNorm, CPURMSNorm):
             module.__class__ = CPURMSNorm
+        elif type(module) in (PagedAttention, CPUPagedAttention):
+            module.__class__ = CPUPagedAttention
+            count += 1
+            continue
         else:
             continue
         module.prepare()

@@ -34,6 +34,8 @@ class DecodeGroup:
     key_start: int  # keys [key_start, key_end) of the gathered context are read
     key_end: int
     mask: torch.Tensor | None  # (num_decodes, 1, 1, key_end - key_start) bool; None = all
+    seq_lens: torch.Tensor  # (num_decodes,) context length of each, this step's token included
+    sliding_window: int  # 0 = none; else each sequence reads its last sliding_window keys
 
 
 @dataclass
@@ -92,7 +94,8 @@ def build_attention_plan(meta: AttentionMetadata, head_dim: int, sliding_window:
             if window:
                 mask &= keys >= lens - window
             mask = mask.view(len(decode_seqs), 1, 1, max_len)
-        decode = DecodeGroup(token_rows, block_ids, blocks_per_seq, key_start, max_len, mask)
+        decode = DecodeGroup(token_rows, block_ids, blocks_per_seq, key_start, max_len, mask,
+                             seq_lens, window)
 
     prefills = []
     for i, query_len in enumerate(meta.query_lens):
