@@ -1,9 +1,10 @@
 """Hand-written CPU kernels, compiled on first use, each with a PyTorch fallback.
 
 Only what PyTorch leaves slow on the decode path lives here (``cpu_kernels.c``), in
-float32 and bfloat16: the matrix-vector product and RMSNorm of a decode step's few rows,
-and paged decode attention. ``accelerate`` swaps a model's ``nn.Linear``, ``RMSNorm``
-and ``PagedAttention`` modules, from outside, for subclasses that call them (modules.py).
+float32 and bfloat16: the matrix-vector product of a decode step's few rows, RMSNorm,
+the SwiGLU gate and paged decode attention. ``accelerate`` swaps a model's
+``nn.Linear``, ``RMSNorm``, ``SiluAndMul`` and ``PagedAttention`` modules, from outside,
+for subclasses that call them (modules.py).
 
 The C source ships with the package and is built with the system C compiler into the
 cache directory the first time it is needed (about a second). A machine without gcc,
@@ -13,7 +14,7 @@ says which and why.
 """
 
 from inferpath.kernels.build import gemv, gemv_available, kernel_status
-from inferpath.kernels.modules import CPULinear, CPUPagedAttention, CPURMSNorm, accelerate
+from inferpath.kernels.modules import CPULinear, CPUPagedAttention, CPURMSNorm, CPUSiluAndMul, accelerate
 
-__all__ = ["CPULinear", "CPUPagedAttention", "CPURMSNorm", "accelerate", "gemv", "gemv_available",
-           "kernel_status"]
+__all__ = ["CPULinear", "CPUPagedAttention", "CPURMSNorm", "CPUSiluAndMul", "accelerate", "gemv",
+           "gemv_available", "kernel_status"]

@@ -1,13 +1,14 @@
 """Modules that pick the faster CPU kernel for the shape at hand, applied from outside.
 
 ``accelerate(model)`` turns every ``nn.Linear`` of a built model into a ``CPULinear``,
-every ``RMSNorm`` into a ``CPURMSNorm`` and every ``PagedAttention`` into a
-``CPUPagedAttention``. All are subclasses, so module names, ``state_dict`` keys, forward
+every ``RMSNorm`` into a ``CPURMSNorm``, every ``SiluAndMul`` into a ``CPUSiluAndMul``
+and every ``PagedAttention`` into a ``CPUPagedAttention``. All are subclasses, so module names, ``state_dict`` keys, forward
 hooks and ``isinstance`` checks stay as they were, and the model file knows nothing of
 them. They dispatch on dtype, device and rows:
 
 - float32 or bf16 on CPU with 1 to 4 rows (a decode step of up to four sequences): a
-  GEMV that reads each weight once at close to memory bandwidth, and a one-pass RMSNorm;
+  GEMV that reads each weight once at close to memory bandwidth;
+- RMSNorm and the SwiGLU gate (``SiluAndMul``), any number of rows: one pass each;
 - the decode group of any step (one query per sequence, any batch size): attention that
   reads each sequence's keys and values in place through its block table, with no
   gathered copy and no mask tensor;
@@ -27,9 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferpath.kernels import build
-from inferpath.kernels.build import MAX_ROWS, run_gemv, run_paged_decode_attention, run_rms_norm
+from inferpath.kernels.build import MAX_ROWS, run_gemv, run_paged_decode_attention, run_rms_norm, run_silu_mul
 from inferpath.model.attention import DecodeGroup, PagedAttention
-from inferpath.model.layers import RMSNorm
+from inferpath.model.layers import RMSNorm, SiluAndMul
 
 
 def _fits(tensor: torch.Tensor | None, dtype: torch.dtype) -> bool:
@@ -55,7 +56,7 @@ class CPULinear(nn.Linear):
 
 
 class CPURMSNorm(RMSNorm):
-    """An ``RMSNorm`` whose forward uses the native kernel for a few rows (module doc)."""
+    """An ``RMSNorm`` whose forward is the native one-pass kernel (module doc)."""
 
     def prepare(self) -> "CPURMSNorm":
         dtype = self.weight.dtype
@@ -64,10 +65,20 @@ class CPURMSNorm(RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, hidden_size)
-        if (self._kernel is not None and x.dim() == 2 and x.shape[0] <= MAX_ROWS
-                and x.dtype == self.weight.dtype):
+        if self._kernel is not None and x.dim() == 2 and x.dtype == self.weight.dtype and x.device.type == "cpu":
             return run_rms_norm(self._kernel, x.contiguous(), self.weight, self.eps)
         return super().forward(x)
+
+
+class CPUSiluAndMul(SiluAndMul):
+    """The SwiGLU gate in one native pass, in place in ``gate`` like its parent."""
+
+    def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        fn = build.native_silu_mul(gate.dtype)
+        if (fn is not None and gate.device.type == "cpu" and up.dtype == gate.dtype
+                and gate.shape == up.shape and gate.is_contiguous() and up.is_contiguous()):
+            return run_silu_mul(fn, gate, up)
+        return super().forward(gate, up)
 
 
 class CPUPagedAttention(PagedAttention):
@@ -99,6 +110,10 @@ def accelerate(model: nn.Module) -> int:
             module.__class__ = CPURMSNorm
         elif type(module) in (PagedAttention, CPUPagedAttention):
             module.__class__ = CPUPagedAttention
+            count += 1
+            continue
+        elif type(module) in (SiluAndMul, CPUSiluAndMul):
+            module.__class__ = CPUSiluAndMul
             count += 1
             continue
         else:
