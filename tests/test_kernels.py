@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inferpath.kernels import CPULinear, CPURMSNorm, CPUSiluAndMul, accelerate, gemv, gemv_available, kernel_status
+from inferpath.kernels import CPULinear, argmax_rows, CPURMSNorm, CPUSiluAndMul, accelerate, gemv, gemv_available, kernel_status
 from inferpath.kernels import build as kernel_build
 from inferpath.model.layers import RMSNorm, SiluAndMul
 
@@ -132,6 +132,21 @@ def test_silu_mul_kernel_equals_the_module(dtype, shape):
     else:
         assert (out == expected).float().mean() >= 0.98
         torch.testing.assert_close(out.float(), expected.float(), rtol=2**-7, atol=1e-5)
+
+
+@native
+@pytest.mark.parametrize("shape", [(1, 49152), (32, 49152), (3, 17), (2, 1)])
+def test_argmax_equals_torch_with_ties_and_nan(shape):
+    gen = torch.Generator().manual_seed(shape[1])
+    logits = torch.randn(shape, generator=gen)
+    assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
+    tied = logits.clone()
+    tied[:, -1] = tied[:, 0] = tied.max() + 1  # ties: the first index wins
+    assert torch.equal(argmax_rows(tied), tied.argmax(dim=-1))
+    if shape[1] > 5:
+        tied[0, 5] = float("nan")  # a NaN row: the first NaN, as torch answers
+        tied[-1] = float("-inf")
+        assert torch.equal(argmax_rows(tied), tied.argmax(dim=-1))
 
 
 def test_status_names_each_dtype():

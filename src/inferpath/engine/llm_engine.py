@@ -26,6 +26,7 @@ from inferpath.engine.outputs import EngineStats, RequestOutput
 from inferpath.engine.request import Request, RequestStatus
 from inferpath.engine.runner import ModelRunner
 from inferpath.engine.scheduler import Scheduler
+from inferpath.kernels import argmax_rows as argmax
 from inferpath.parallel.tp import shard_config
 from inferpath.sampling.params import SamplingParams
 from inferpath.sampling.sampler import Sampler
@@ -59,7 +60,8 @@ class LLMEngine:
                                    max_num_batched_tokens=engine_config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len)
         self.runner = ModelRunner(model, self.kv_cache, self.block_manager,
-                                  Sampler(engine_config.seed), self.eos_token_ids)
+                                  Sampler(engine_config.seed, argmax=argmax if engine_config.cpu_kernels else None),
+                                  self.eos_token_ids)
         self._rng = random.Random(engine_config.seed)  # seeds of requests without one
         self._groups: dict[str, RequestGroup] = {}
         self._partial: dict[str, RequestGroup] = {}  # n > 1 groups with samples not added

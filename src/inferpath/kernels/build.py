@@ -1,4 +1,4 @@
-"""Build and load the C kernels (cpu_kernels.c, through ctypes), or say why they cannot run."""
+"""Build and load the C kernels (csrc/, through ctypes), or say why they cannot run."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 
 from inferpath.models import cache_dir
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
+SOURCE_DIR = Path(__file__).with_name("csrc")
 CFLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma",
           "-fopenmp", "-shared", "-fPIC", "-lm"]
 # CPU flags each kernel needs at run time.
@@ -27,6 +27,7 @@ REQUIRED_FLAGS = {
 _GEMV_SYMBOLS = {torch.float32: "inferpath_gemv_f32", torch.bfloat16: "inferpath_gemv_bf16"}
 _NORM_SYMBOLS = {torch.float32: "inferpath_rms_norm_f32", torch.bfloat16: "inferpath_rms_norm_bf16"}
 _SILU_SYMBOLS = {torch.float32: "inferpath_silu_mul_f32", torch.bfloat16: "inferpath_silu_mul_bf16"}
+_ARGMAX_SYMBOLS = {torch.float32: "inferpath_argmax_f32"}
 _ATTENTION_SYMBOLS = {torch.float32: "inferpath_paged_decode_attention_f32",
                       torch.bfloat16: "inferpath_paged_decode_attention_bf16"}
 # Rows of x the C kernel accepts, and the dispatcher's cutoff. Measured on the 2-core
@@ -35,7 +36,7 @@ _ATTENTION_SYMBOLS = {torch.float32: "inferpath_paged_decode_attention_f32",
 KERNEL_ROWS = 4
 MAX_ROWS = 4
 
-KERNEL_NAMES = "gemv, rms_norm, silu_mul, paged decode attention"
+KERNEL_NAMES = "gemv, rms_norm, silu_mul, paged decode attention, argmax"
 
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}
@@ -75,14 +76,17 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     compiler = shutil.which(os.environ.get("CC", "gcc"))
     if compiler is None:
         return None, "no C compiler (gcc) found"
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(CFLAGS).encode() + compiler.encode()).hexdigest()[:16]
+    sources = sorted(SOURCE_DIR.glob("*.c"))
+    digest = hashlib.sha256(" ".join(CFLAGS).encode() + compiler.encode())
+    for path in sorted(SOURCE_DIR.iterdir()):
+        digest.update(path.name.encode() + path.read_bytes())
+    key = digest.hexdigest()[:16]
     target = cache_dir().parent / "kernels" / f"cpu_kernels-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            result = subprocess.run([compiler, *CFLAGS, str(SOURCE), "-o", str(built)],
+            result = subprocess.run([compiler, *CFLAGS, *map(str, sources), "-o", str(built)],
                                     capture_output=True, text=True)
             if result.returncode != 0:
                 return None, f"{compiler} failed: {result.stderr.strip()[:500]}"
@@ -96,6 +100,8 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
         fn = getattr(lib, symbol)
         fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
         fn.restype = ctypes.c_int
+    lib.inferpath_argmax_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
+    lib.inferpath_argmax_f32.restype = ctypes.c_int
     for symbol in _SILU_SYMBOLS.values():
         fn = getattr(lib, symbol)
         fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_int]
@@ -143,6 +149,18 @@ def run_paged_decode_attention(fn, q: torch.Tensor, k_cache: torch.Tensor, v_cac
     if status != 0:
         raise RuntimeError(f"paged decode attention failed ({status}): q={tuple(q.shape)}, "
                            f"cache={tuple(k_cache.shape)}, tables={tuple(block_tables.shape)}")
+    return out
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(dim=-1)`` for (rows, vocab) float32 CPU logits, natively where the
+    kernel runs (the same indices: first maximum, first NaN), else PyTorch's."""
+    fn = _native(_ARGMAX_SYMBOLS, logits.dtype)
+    if fn is None or logits.dim() != 2 or logits.device.type != "cpu" or not logits.is_contiguous():
+        return logits.argmax(dim=-1)
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    if fn(logits.data_ptr(), out.data_ptr(), logits.shape[0], logits.shape[1], torch.get_num_threads()) != 0:
+        return logits.argmax(dim=-1)
     return out
 
 

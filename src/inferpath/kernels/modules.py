@@ -2,9 +2,9 @@
 
 ``accelerate(model)`` turns every ``nn.Linear`` of a built model into a ``CPULinear``,
 every ``RMSNorm`` into a ``CPURMSNorm``, every ``SiluAndMul`` into a ``CPUSiluAndMul``
-and every ``PagedAttention`` into a ``CPUPagedAttention``. All are subclasses, so module names, ``state_dict`` keys, forward
-hooks and ``isinstance`` checks stay as they were, and the model file knows nothing of
-them. They dispatch on dtype, device and rows:
+and every ``PagedAttention`` into a ``CPUPagedAttention``. All are subclasses, so module
+names, ``state_dict`` keys, forward hooks and ``isinstance`` checks stay as they were,
+and the model file knows nothing of them. They dispatch on dtype, device and rows:
 
 - float32 or bf16 on CPU with 1 to 4 rows (a decode step of up to four sequences): a
   GEMV that reads each weight once at close to memory bandwidth;
@@ -34,7 +34,9 @@ from inferpath.model.layers import RMSNorm, SiluAndMul
 
 
 def _fits(tensor: torch.Tensor | None, dtype: torch.dtype) -> bool:
-    return tensor is None or (tensor.device.type == "cpu" and tensor.dtype == dtype and tensor.is_contiguous())
+    if tensor is None:
+        return True
+    return tensor.device.type == "cpu" and tensor.dtype == dtype and tensor.is_contiguous()
 
 
 class CPULinear(nn.Linear):
@@ -65,7 +67,8 @@ class CPURMSNorm(RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, hidden_size)
-        if self._kernel is not None and x.dim() == 2 and x.dtype == self.weight.dtype and x.device.type == "cpu":
+        if (self._kernel is not None and x.dim() == 2 and x.dtype == self.weight.dtype
+                and x.device.type == "cpu"):
             return run_rms_norm(self._kernel, x.contiguous(), self.weight, self.eps)
         return super().forward(x)
 

@@ -17,7 +17,7 @@ share the sampler's generator.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -61,10 +61,13 @@ class Sampler:
     """Turns (num_rows, vocab) logits into one token per row; see the module docstring.
 
     ``seed`` seeds the (CPU) generator shared by rows without their own (None = random).
-    The caller's logits tensor is never modified.
+    ``argmax`` picks greedy rows' tokens, ``(rows, vocab) -> (rows,)`` (the engine passes
+    ``inferpath.kernels.argmax_rows``). The caller's logits tensor is never modified.
     """
 
-    def __init__(self, seed: int | None = None) -> None:
+    def __init__(self, seed: int | None = None,
+                 argmax: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        self.argmax = argmax or (lambda logits: logits.argmax(dim=-1))
         self.shared_generator = torch.Generator()  # CPU: one number per row per step
         if seed is None:
             self.shared_generator.seed()
@@ -94,7 +97,7 @@ class Sampler:
         if len(sampled) == len(rows):
             token_ids = self._draw(logits, rows)
         else:
-            token_ids = logits.argmax(dim=-1)  # (num_rows,)
+            token_ids = self.argmax(logits)  # (num_rows,)
             if sampled:
                 token_ids[sampled] = self._draw(logits[sampled], [rows[i] for i in sampled])
 
