@@ -229,3 +229,43 @@ def test_real_model_bf16_decode_logits_close_with_the_kernels():
     assert scale > 5
     assert (a - b).abs().max() <= 0.05 * scale  # bf16 rounding through 30 layers
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.75
+
+
+@native
+@torch.inference_mode()
+def test_fused_projections_share_storage_and_step_aside_for_hooks():
+    """Q/K/V and gate/up become one matrix each whose row slices are the original
+    parameters (state_dict unchanged, no copy); a hook on q_proj gets the unfused path."""
+    from inferpath.config import ModelConfig
+    from inferpath.kernels.fused import CPUSelfAttention, CPUSwiGLUMLP
+    from inferpath.model import Transformer
+
+    config = ModelConfig(architecture="qwen2", vocab_size=64, hidden_size=32, intermediate_size=48,
+                         num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8, attention_bias=True)
+    model = Transformer(config)
+    model.init_random_weights(seed=3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    accelerate(model)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert isinstance(attn, CPUSelfAttention) and isinstance(mlp, CPUSwiGLUMLP)
+    fused = attn._qkv_weight
+    assert fused.shape == (32 + 16 + 16, 32) and attn._qkv_bias.shape == (64,)
+    assert attn.k_proj.weight.data_ptr() == fused[32:].data_ptr()  # a view, not a copy
+    assert mlp.gate_proj.weight.data_ptr() == mlp._gate_up_weight.data_ptr()
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], v) for k, v in before.items())
+
+    x = torch.randn(3, 32)
+    fused_q, fused_k, fused_v = attn.project(x)
+    seen = []
+    handle = attn.q_proj.register_forward_hook(lambda *args: seen.append(1))
+    q, k, v = attn.project(x)
+    handle.remove()
+    assert seen == [1]
+    for a, b in ((fused_q, q), (fused_k, k), (fused_v, v)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    handle = mlp.up_proj.register_forward_hook(lambda *args: seen.append(2))
+    unfused = mlp(x)
+    handle.remove()
+    assert seen == [1, 2]
+    torch.testing.assert_close(mlp(x), unfused, rtol=1e-5, atol=1e-6)

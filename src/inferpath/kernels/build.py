@@ -104,7 +104,7 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     lib.inferpath_argmax_f32.restype = ctypes.c_int
     for symbol in _SILU_SYMBOLS.values():
         fn = getattr(lib, symbol)
-        fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_int]
+        fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_int])
         fn.restype = ctypes.c_int
     for symbol in _ATTENTION_SYMBOLS.values():
         fn = getattr(lib, symbol)
@@ -169,10 +169,16 @@ def native_silu_mul(dtype: torch.dtype):
     return _native(_SILU_SYMBOLS, dtype)
 
 
-def run_silu_mul(fn, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """gate = silu(gate) * up in place; both contiguous, same shape and dtype. Returns gate."""
-    fn(gate.data_ptr(), up.data_ptr(), gate.numel(), torch.get_num_threads())
-    return gate
+def run_silu_mul(fn, gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """out = silu(gate) * up for (rows, n) tensors of one dtype whose last dimension is
+    contiguous (rows may be strided, e.g. the halves of a fused gate/up output); ``out``
+    defaults to ``gate`` itself (in place). Returns out."""
+    out = gate if out is None else out
+    status = fn(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), out.data_ptr(), out.stride(0),
+                gate.shape[0], gate.shape[1], torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"silu_mul rejected shapes gate={tuple(gate.shape)} up={tuple(up.shape)}")
+    return out
 
 
 def native_rms_norm(dtype: torch.dtype):

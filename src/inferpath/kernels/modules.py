@@ -1,10 +1,11 @@
 """Modules that pick the faster CPU kernel for the shape at hand, applied from outside.
 
 ``accelerate(model)`` turns every ``nn.Linear`` of a built model into a ``CPULinear``,
-every ``RMSNorm`` into a ``CPURMSNorm``, every ``SiluAndMul`` into a ``CPUSiluAndMul``
-and every ``PagedAttention`` into a ``CPUPagedAttention``. All are subclasses, so module
-names, ``state_dict`` keys, forward hooks and ``isinstance`` checks stay as they were,
-and the model file knows nothing of them. They dispatch on dtype, device and rows:
+every ``RMSNorm`` into a ``CPURMSNorm``, every ``SiluAndMul`` into a ``CPUSiluAndMul``,
+every ``PagedAttention`` into a ``CPUPagedAttention``, and fuses the Q/K/V and gate/up
+projections (fused.py). All are subclasses, so module names, ``state_dict`` keys,
+forward hooks and ``isinstance`` checks stay as they were, and the model file knows
+nothing of them. They dispatch on dtype, device and rows:
 
 - float32 or bf16 on CPU with 1 to 4 rows (a decode step of up to four sequences): a
   GEMV that reads each weight once at close to memory bandwidth;
@@ -29,8 +30,10 @@ from torch import nn
 
 from inferpath.kernels import build
 from inferpath.kernels.build import MAX_ROWS, run_gemv, run_paged_decode_attention, run_rms_norm, run_silu_mul
+from inferpath.kernels.fused import CPUSelfAttention, CPUSwiGLUMLP
 from inferpath.model.attention import DecodeGroup, PagedAttention
-from inferpath.model.layers import RMSNorm, SiluAndMul
+from inferpath.model.layers import RMSNorm, SiluAndMul, SwiGLUMLP
+from inferpath.model.self_attention import SelfAttention
 
 
 def _fits(tensor: torch.Tensor | None, dtype: torch.dtype) -> bool:
@@ -78,8 +81,8 @@ class CPUSiluAndMul(SiluAndMul):
 
     def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         fn = build.native_silu_mul(gate.dtype)
-        if (fn is not None and gate.device.type == "cpu" and up.dtype == gate.dtype
-                and gate.shape == up.shape and gate.is_contiguous() and up.is_contiguous()):
+        if (fn is not None and gate.device.type == "cpu" and up.dtype == gate.dtype and gate.dim() == 2
+                and gate.shape == up.shape and gate.stride(1) == 1 and up.stride(1) == 1):
             return run_silu_mul(fn, gate, up)
         return super().forward(gate, up)
 
@@ -106,8 +109,12 @@ def accelerate(model: nn.Module) -> int:
     Idempotent. Call after the weights are loaded (and after tensor-parallel sharding).
     """
     count = 0
-    for module in model.modules():
-        if type(module) in (nn.Linear, CPULinear):
+    for module in model.modules():  # parents first: fusing re-points children's weights
+        if type(module) in (SelfAttention, CPUSelfAttention):
+            module.__class__ = CPUSelfAttention
+        elif type(module) in (SwiGLUMLP, CPUSwiGLUMLP):
+            module.__class__ = CPUSwiGLUMLP
+        elif type(module) in (nn.Linear, CPULinear):
             module.__class__ = CPULinear
         elif type(module) in (RMSNorm, CPURMSNorm):
             module.__class__ = CPURMSNorm

@@ -40,12 +40,18 @@ class SelfAttention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache, plan: AttentionPlan) -> torch.Tensor:
         # x: (num_tokens, hidden_size)
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.project(x)
         q, k = self.rotary_emb(positions, q, k)
         k_cache = kv_cache.k_caches[self.layer_idx]  # (num_blocks, block_size, num_kv_heads, head_dim)
         v_cache = kv_cache.v_caches[self.layer_idx]
         self.kv_write(k, v, k_cache, v_cache, plan.slot_mapping)
         out = self.attn(q, k, v, k_cache, v_cache, plan)  # (num_tokens, num_heads, head_dim)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The Q, K and V projections of x: (num_heads | num_kv_heads, head_dim) per token."""
+        num_tokens = x.shape[0]
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        return q, k, v
