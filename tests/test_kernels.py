@@ -12,7 +12,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inferpath.kernels import CPULinear, argmax_rows, CPURMSNorm, CPUSiluAndMul, accelerate, gemv, gemv_available, kernel_status
+from inferpath.kernels import (
+    CPULinear,
+    CPURMSNorm,
+    CPUSiluAndMul,
+    accelerate,
+    argmax_rows,
+    gemv,
+    gemv_available,
+    kernel_status,
+)
 from inferpath.kernels import build as kernel_build
 from inferpath.model.layers import RMSNorm, SiluAndMul
 
@@ -216,9 +225,10 @@ def test_real_model_bf16_decode_logits_close_with_the_kernels():
         logits = []
         for start, chunk in [(0, tokens[:9])] + [(9 + i, [t]) for i, t in enumerate(tokens[9:])]:
             end = start + len(chunk)
-            meta = AttentionMetadata(slot_mapping=torch.arange(start, end), query_start_loc=torch.tensor([0, len(chunk)]),
-                                     seq_lens=torch.tensor([end]), block_tables=torch.arange(8)[None, :],
-                                     query_lens=[len(chunk)], seq_lens_list=[end], block_size=16)
+            meta = AttentionMetadata(
+                slot_mapping=torch.arange(start, end), query_start_loc=torch.tensor([0, len(chunk)]),
+                seq_lens=torch.tensor([end]), block_tables=torch.arange(8)[None, :],
+                query_lens=[len(chunk)], seq_lens_list=[end], block_size=16)
             hidden = model(torch.tensor(chunk), torch.arange(start, end), cache, meta)
             logits.append(model.compute_logits(hidden[-1:]).float()[0])
         return torch.stack(logits)

@@ -14,8 +14,7 @@ says which and why.
 """
 
 from inferpath.kernels.build import argmax_rows, gemv, gemv_available, kernel_status
-from inferpath.kernels.modules import (CPULinear, CPUPagedAttention, CPURMSNorm, CPUSiluAndMul,
-                                       accelerate)
+from inferpath.kernels.modules import CPULinear, CPUPagedAttention, CPURMSNorm, CPUSiluAndMul, accelerate
 
 __all__ = ["CPULinear", "CPUPagedAttention", "CPURMSNorm", "CPUSiluAndMul", "accelerate",
            "argmax_rows", "gemv", "gemv_available", "kernel_status"]
