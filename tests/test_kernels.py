@@ -32,6 +32,8 @@ SHAPES = [  # (rows of x, out_features, in_features): multiples of the 4-row blo
     (4, 1536, 576),
     (1, 1, 1),
     (4, 7, 47),
+    (8, 96, 64),  # two groups of 4 rows
+    (9, 13, 40),  # and a group of 1
 ]
 
 native = pytest.mark.skipif(not gemv_available(torch.float32),
@@ -77,11 +79,12 @@ def test_fallback_without_the_native_kernel(monkeypatch):
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
 
 
-def test_rows_beyond_the_kernel_and_other_dtypes_use_torch():
-    x, w = torch.randn(9, 24), torch.randn(5, 24)  # 9 rows: more than the kernel takes
-    assert torch.equal(gemv(x, w), F.linear(x, w))
-    xh, wh = x.half()[:1], w.half()  # float16: no native kernel
+def test_other_dtypes_and_layouts_use_torch():
+    x, w = torch.randn(3, 24), torch.randn(5, 24)
+    xh, wh = x.half(), w.half()  # float16: no native kernel
     assert torch.equal(gemv(xh, wh), F.linear(xh, wh))
+    w_t = torch.randn(24, 5).T  # a transposed (non-contiguous) weight
+    assert torch.equal(gemv(x, w_t), F.linear(x, w_t))
 
 
 def test_disabled_by_environment(monkeypatch):

@@ -30,11 +30,14 @@ _SILU_SYMBOLS = {torch.float32: "inferpath_silu_mul_f32", torch.bfloat16: "infer
 _ARGMAX_SYMBOLS = {torch.float32: "inferpath_argmax_f32"}
 _ATTENTION_SYMBOLS = {torch.float32: "inferpath_paged_decode_attention_f32",
                       torch.bfloat16: "inferpath_paged_decode_attention_bf16"}
-# Rows of x the C kernel accepts, and the dispatcher's cutoff. Measured on the 2-core
-# AVX512 VM over one decode step's SmolLM2 matrices (bf16, 211 calls, weights not in
-# cache): 1 row 15.7 ms vs ATen 37.5 ms, 2 rows 17.1 vs 36.2, 4 rows 21.9 vs 36.5.
-KERNEL_ROWS = 4
-MAX_ROWS = 4
+# The C GEMV takes any number of rows (in groups of 4: after the first group each block of
+# weights is re-read from L1, not memory), but past a few rows it is compute-bound and
+# PyTorch's GEMM (oneDNN's AMX for bf16, MKL for fp32) wins. The dispatcher's cutoff,
+# measured on the 2-core AVX512 VM over one decode step's SmolLM2 matrices (fused, weights
+# not in cache), kernel vs PyTorch in ms: fp32 rows 4: 34 vs 45, 8: 43 vs 58, 16: 74 vs 67;
+# bf16 rows 1: 16 vs 38, 4: 17 vs 28, 8: 26 vs 30, 16: 48 vs 32.
+KERNEL_ROWS = 1 << 30
+MAX_ROWS = 8
 
 KERNEL_NAMES = "gemv, rms_norm, silu_mul, paged decode attention, argmax"
 

@@ -7,7 +7,7 @@ projections (fused.py). All are subclasses, so module names, ``state_dict`` keys
 forward hooks and ``isinstance`` checks stay as they were, and the model file knows
 nothing of them. They dispatch on dtype, device and rows:
 
-- float32 or bf16 on CPU with 1 to 4 rows (a decode step of up to four sequences): a
+- float32 or bf16 on CPU with 1 to 8 rows (a decode step of up to eight sequences): a
   GEMV that reads each weight once at close to memory bandwidth;
 - RMSNorm and the SwiGLU gate (``SiluAndMul``), any number of rows: one pass each;
 - the decode group of any step (one query per sequence, any batch size): attention that

@@ -1,7 +1,7 @@
 /* GEMV: y = x @ w^T (+ bias) for a few rows of x, in bfloat16 (AVX512-BF16) or float32 (AVX512F).
  *
  * x: (m, k) bf16 row-major, w: (n, k) bf16 row-major (nn.Linear's layout), bias: (n,) bf16
- * or NULL, y: (m, n) bf16 row-major. 1 <= m <= 4. Products are accumulated in float32 by
+ * or NULL, y: (m, n) bf16 row-major, any m >= 1 (in groups of 4 rows). Products are accumulated in float32 by
  * vdpbf16ps (pairs of bf16 products per lane) and rounded to bf16 once, to nearest even.
  *
  * Why: a decode step multiplies one activation row by every weight matrix, so it is a
@@ -64,22 +64,27 @@ static float dot_row(const uint16_t *w, const uint16_t *x, int64_t k) {
 
 int inferpath_gemv_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y,
                         int64_t m, int64_t n, int64_t k, int num_threads) {
-    if (m < 1 || m > 4 || n < 1 || k < 1) return -1;
+    if (m < 1 || n < 1 || k < 1) return -1;
     int64_t blocks = n / 4;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
-        float out[4][4];
         const uint16_t *wb = w + b * 4 * k;
-        switch (m) {
-            case 1: block4_m1(wb, x, k, out); break;
-            case 2: block4_m2(wb, x, k, out); break;
-            case 3: block4_m3(wb, x, k, out); break;
-            default: block4_m4(wb, x, k, out); break;
-        }
-        for (int r = 0; r < 4; r++) {
-            int64_t row = b * 4 + r;
-            float add = bias ? bf16_to_float(bias[row]) : 0.0f;
-            for (int64_t j = 0; j < m; j++) y[j * n + row] = round_bf16(out[r][j] + add);
+        /* four rows of x at a time: after the first group the block's weights are in L1 */
+        for (int64_t j0 = 0; j0 < m; j0 += 4) {
+            float out[4][4];
+            int64_t rows = m - j0 < 4 ? m - j0 : 4;
+            const uint16_t *xj = x + j0 * k;
+            switch (rows) {
+                case 1: block4_m1(wb, xj, k, out); break;
+                case 2: block4_m2(wb, xj, k, out); break;
+                case 3: block4_m3(wb, xj, k, out); break;
+                default: block4_m4(wb, xj, k, out); break;
+            }
+            for (int r = 0; r < 4; r++) {
+                int64_t row = b * 4 + r;
+                float add = bias ? bf16_to_float(bias[row]) : 0.0f;
+                for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + row] = round_bf16(out[r][j] + add);
+            }
         }
     }
     for (int64_t row = blocks * 4; row < n; row++) {  /* the n % 4 rows left over */
@@ -132,22 +137,27 @@ static float dot_row_f32(const float *w, const float *x, int64_t k) {
 
 int inferpath_gemv_f32(const float *x, const float *w, const float *bias, float *y,
                        int64_t m, int64_t n, int64_t k, int num_threads) {
-    if (m < 1 || m > 4 || n < 1 || k < 1) return -1;
+    if (m < 1 || n < 1 || k < 1) return -1;
     int64_t blocks = n / 4;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
-        float out[4][4];
         const float *wb = w + b * 4 * k;
-        switch (m) {
-            case 1: block4_f32_m1(wb, x, k, out); break;
-            case 2: block4_f32_m2(wb, x, k, out); break;
-            case 3: block4_f32_m3(wb, x, k, out); break;
-            default: block4_f32_m4(wb, x, k, out); break;
-        }
-        for (int r = 0; r < 4; r++) {
-            int64_t row = b * 4 + r;
-            float add = bias ? bias[row] : 0.0f;
-            for (int64_t j = 0; j < m; j++) y[j * n + row] = out[r][j] + add;
+        /* four rows of x at a time: after the first group the block's weights are in L1 */
+        for (int64_t j0 = 0; j0 < m; j0 += 4) {
+            float out[4][4];
+            int64_t rows = m - j0 < 4 ? m - j0 : 4;
+            const float *xj = x + j0 * k;
+            switch (rows) {
+                case 1: block4_f32_m1(wb, xj, k, out); break;
+                case 2: block4_f32_m2(wb, xj, k, out); break;
+                case 3: block4_f32_m3(wb, xj, k, out); break;
+                default: block4_f32_m4(wb, xj, k, out); break;
+            }
+            for (int r = 0; r < 4; r++) {
+                int64_t row = b * 4 + r;
+                float add = bias ? bias[row] : 0.0f;
+                for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + row] = out[r][j] + add;
+            }
         }
     }
     for (int64_t row = blocks * 4; row < n; row++) {
