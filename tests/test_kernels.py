@@ -69,13 +69,34 @@ def test_bfloat16_gemv_is_the_float32_product_rounded_once(m, n, k, with_bias):
     assert (out == F.linear(x, w, bias)).float().mean() >= 0.99
 
 
+amx = pytest.mark.skipif(kernel_build.native_amx_gemm(torch.bfloat16) is None,
+                         reason=f"no AMX kernel here: {kernel_status()}")
+
+
+@amx
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("m,n,k", [(1, 576, 576), (5, 960, 576), (17, 100, 64), (32, 3072, 576),
+                                   (33, 48, 1536), (96, 35, 32)])
+def test_amx_gemm_is_the_float32_product_rounded_once(m, n, k, with_bias):
+    """Row counts around the 16-column tiles and 32-row chunks, weights with a leftover
+    n % 16 rows and an odd number of 16-row blocks."""
+    gen = torch.Generator().manual_seed(m * n + k)
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    w = torch.randn(n, k, generator=gen).bfloat16()
+    bias = torch.randn(n, generator=gen).bfloat16() if with_bias else None
+    out = kernel_build.run_gemv(kernel_build.native_amx_gemm(torch.bfloat16), x, w, bias)
+    exact = x.float() @ w.float().T + (bias.float() if with_bias else 0)
+    assert ((out.float() - exact).abs() <= exact.abs() * 2**-8 + 1e-4 * k).all()
+    assert (out == F.linear(x, w, bias)).float().mean() >= 0.99
+
+
 def test_fallback_without_the_native_kernel(monkeypatch):
     monkeypatch.setattr(kernel_build, "native_gemv", lambda dtype: None)
     x, w, b = torch.randn(2, 40), torch.randn(9, 40), torch.randn(9)
     assert torch.equal(gemv(x, w, b), F.linear(x, w, b))
     layer = nn.Linear(40, 9)
     accelerate(layer)
-    assert isinstance(layer, CPULinear) and layer._gemv is None
+    assert isinstance(layer, CPULinear) and layer._kernels[0] is None
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
 
 
@@ -176,7 +197,7 @@ def test_accelerated_linear_keeps_names_hooks_and_state_dict():
     model[0].register_forward_hook(lambda mod, args, out: seen.append(out.shape))
     assert accelerate(model) == 2
     assert accelerate(model) == 2  # idempotent
-    assert all(isinstance(model[i], CPULinear) for i in (0, 2)) and model[0]._gemv is not None
+    assert all(isinstance(model[i], CPULinear) for i in (0, 2)) and model[0]._kernels[0] is not None
     torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-6)
     assert seen == [(1, 32)]  # the hook still fires on the decode path
     assert model.state_dict().keys() == before.keys()

@@ -17,11 +17,10 @@ hook: ``inferpath trace`` still times every projection on its own.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from inferpath.kernels import build
-from inferpath.kernels.build import MAX_ROWS, run_gemv, run_silu_mul
+from inferpath.kernels.build import run_silu_mul, small_batch_linear
 from inferpath.model.layers import SwiGLUMLP
 from inferpath.model.self_attention import SelfAttention
 
@@ -44,12 +43,6 @@ def _fuse(linears: list[nn.Linear], attr: str) -> torch.Tensor | None:
     return fused
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gemv) -> torch.Tensor:
-    if gemv is not None and x.shape[0] <= MAX_ROWS and x.dtype == weight.dtype:
-        return run_gemv(gemv, x.contiguous(), weight, bias)
-    return F.linear(x, weight, bias)
-
-
 def _can_fuse(*linears: nn.Linear) -> bool:
     weights = [linear.weight for linear in linears]
     return all(w.device.type == "cpu" and w.dtype == weights[0].dtype and w.is_contiguous() for w in weights)
@@ -60,12 +53,12 @@ class CPUSelfAttention(SelfAttention):
 
     def prepare(self) -> "CPUSelfAttention":
         projections = [self.q_proj, self.k_proj, self.v_proj]
-        self._qkv_weight = self._qkv_bias = self._gemv = None
+        self._qkv_weight = self._qkv_bias = None
         if not _can_fuse(*projections):
             return self
         self._qkv_weight = _fuse(projections, "weight")
         self._qkv_bias = _fuse(projections, "bias")
-        self._gemv = build.native_gemv(self._qkv_weight.dtype)
+        self._kernels = build.linear_kernels(self._qkv_weight, self._qkv_bias)
         self._sizes = [p.weight.shape[0] for p in projections]
         return self
 
@@ -73,7 +66,7 @@ class CPUSelfAttention(SelfAttention):
         if self._qkv_weight is None or _hooked(self.q_proj, self.k_proj, self.v_proj):
             return super().project(x)
         num_tokens = x.shape[0]
-        qkv = _linear(x, self._qkv_weight, self._qkv_bias, self._gemv)  # (num_tokens, q + 2 kv)
+        qkv = small_batch_linear(x, self._qkv_weight, self._qkv_bias, self._kernels)  # (tokens, q + 2 kv)
         q, k, v = qkv.split(self._sizes, dim=-1)  # views: rows keep the fused stride
         return (q.view(num_tokens, self.num_heads, self.head_dim),
                 k.view(num_tokens, self.num_kv_heads, self.head_dim),
@@ -85,21 +78,21 @@ class CPUSwiGLUMLP(SwiGLUMLP):
     that reads both halves in place (module doc)."""
 
     def prepare(self) -> "CPUSwiGLUMLP":
-        self._gate_up_weight = self._gemv = self._silu = None
+        self._gate_up_weight = self._silu = None
         if not _can_fuse(self.gate_proj, self.up_proj) or self.gate_proj.bias is not None:
             return self
         self._silu = build.native_silu_mul(self.gate_proj.weight.dtype)
         if self._silu is None:
             return self
         self._gate_up_weight = _fuse([self.gate_proj, self.up_proj], "weight")
-        self._gemv = build.native_gemv(self._gate_up_weight.dtype)
+        self._kernels = build.linear_kernels(self._gate_up_weight, None)
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, hidden_size) -> (num_tokens, hidden_size)
         if self._gate_up_weight is None or _hooked(self.gate_proj, self.up_proj, self.act_fn):
             return super().forward(x)
-        gate_up = _linear(x, self._gate_up_weight, None, self._gemv)  # (num_tokens, 2 * inter)
+        gate_up = small_batch_linear(x, self._gate_up_weight, None, self._kernels)  # (tokens, 2 * inter)
         inter = gate_up.shape[1] // 2
         hidden = torch.empty((x.shape[0], inter), dtype=x.dtype)
         run_silu_mul(self._silu, gate_up[:, :inter], gate_up[:, inter:], hidden)

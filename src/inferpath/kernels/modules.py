@@ -7,8 +7,9 @@ projections (fused.py). All are subclasses, so module names, ``state_dict`` keys
 forward hooks and ``isinstance`` checks stay as they were, and the model file knows
 nothing of them. They dispatch on dtype, device and rows:
 
-- float32 or bf16 on CPU with 1 to 8 rows (a decode step of up to eight sequences): a
-  GEMV that reads each weight once at close to memory bandwidth;
+- a batched decode step's matmuls: for bf16 on CPUs with AMX, up to 96 rows, a small-batch
+  GEMM that streams the weights straight into AMX tiles (csrc/amx.c); otherwise, up to 8
+  rows, a GEMV that reads each weight once at close to memory bandwidth (fp32 and bf16);
 - RMSNorm and the SwiGLU gate (``SiluAndMul``), any number of rows: one pass each;
 - the decode group of any step (one query per sequence, any batch size): attention that
   reads each sequence's keys and values in place through its block table, with no
@@ -25,11 +26,10 @@ batch-32 engine step measured no faster (100 vs 103 ms, interleaved A/B on SmolL
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from inferpath.kernels import build
-from inferpath.kernels.build import MAX_ROWS, run_gemv, run_paged_decode_attention, run_rms_norm, run_silu_mul
+from inferpath.kernels.build import run_paged_decode_attention, run_rms_norm, run_silu_mul, small_batch_linear
 from inferpath.kernels.fused import CPUSelfAttention, CPUSwiGLUMLP
 from inferpath.model.attention import DecodeGroup, PagedAttention
 from inferpath.model.layers import RMSNorm, SiluAndMul, SwiGLUMLP
@@ -43,21 +43,16 @@ def _fits(tensor: torch.Tensor | None, dtype: torch.dtype) -> bool:
 
 
 class CPULinear(nn.Linear):
-    """An ``nn.Linear`` whose forward uses the native GEMV for a few rows (module doc)."""
+    """An ``nn.Linear`` whose forward uses a native kernel for a batch of few rows (module doc)."""
 
     def prepare(self) -> "CPULinear":
-        """Decide the kernel for the current weight (call again after replacing it)."""
-        dtype = self.weight.dtype
-        fits = _fits(self.weight, dtype) and _fits(self.bias, dtype)
-        self._gemv = build.native_gemv(dtype) if fits else None
+        """Decide the kernels for the current weight (call again after replacing it)."""
+        self._kernels = build.linear_kernels(self.weight, self.bias)
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, in_features) -> (num_tokens, out_features)
-        if (self._gemv is not None and x.dim() == 2 and x.shape[0] <= MAX_ROWS
-                and x.dtype == self.weight.dtype):
-            return run_gemv(self._gemv, x.contiguous(), self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        return small_batch_linear(x, self.weight, self.bias, self._kernels)
 
 
 class CPURMSNorm(RMSNorm):
