@@ -182,6 +182,36 @@ def test_argmax_equals_torch_with_ties_and_nan(shape):
         assert torch.equal(argmax_rows(tied), tied.argmax(dim=-1))
 
 
+@native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim,tokens", [(64, 1), (64, 70), (128, 3)])
+def test_rope_kernel_equals_the_module_on_fused_views(dtype, head_dim, tokens):
+    if not gemv_available(dtype):
+        pytest.skip(kernel_status())
+    from inferpath.config import ModelConfig
+    from inferpath.kernels.modules import CPURotaryEmbedding
+    from inferpath.model.rope import RopeTable, RotaryEmbedding
+
+    config = ModelConfig(architecture="llama", vocab_size=8, hidden_size=4 * head_dim, intermediate_size=8,
+                         num_layers=1, num_heads=4, num_kv_heads=2, head_dim=head_dim, rope_theta=500000.0)
+    table = RopeTable(config)
+    gen = torch.Generator().manual_seed(tokens)
+    qkv = torch.randn(tokens, 8 * head_dim, generator=gen).to(dtype)  # a fused projection's output
+    q = qkv[:, :4 * head_dim].view(tokens, 4, head_dim)  # strided rows, as CPUSelfAttention makes
+    k = qkv[:, 4 * head_dim:6 * head_dim].view(tokens, 2, head_dim)
+    positions = torch.randint(0, 3000, (tokens,), generator=gen)
+    table.begin_step(positions, dtype, 3000)
+    expected = RotaryEmbedding(table)(positions, q, k)
+    fast = RotaryEmbedding(table)
+    assert accelerate(fast) == 1 and isinstance(fast, CPURotaryEmbedding)
+    for out, ref in zip(fast(positions, q, k), expected):
+        assert out.shape == ref.shape and out.is_contiguous()
+        if dtype == torch.float32:
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        else:  # rounded once here, twice in PyTorch's multiply then addcmul
+            torch.testing.assert_close(out.float(), ref.float(), rtol=2**-7, atol=2**-7)
+
+
 def test_status_names_each_dtype():
     status = kernel_status()
     assert "float32: native" in status and "bfloat16: native" in status, status

@@ -28,6 +28,7 @@ _GEMV_SYMBOLS = {torch.float32: "inferpath_gemv_f32", torch.bfloat16: "inferpath
 _NORM_SYMBOLS = {torch.float32: "inferpath_rms_norm_f32", torch.bfloat16: "inferpath_rms_norm_bf16"}
 _SILU_SYMBOLS = {torch.float32: "inferpath_silu_mul_f32", torch.bfloat16: "inferpath_silu_mul_bf16"}
 _ARGMAX_SYMBOLS = {torch.float32: "inferpath_argmax_f32"}
+_ROPE_SYMBOLS = {torch.float32: "inferpath_rope_f32", torch.bfloat16: "inferpath_rope_bf16"}
 AMX_FLAGS = {"amx_tile", "amx_bf16"}
 # bf16 rows up to which the AMX kernel beats oneDNN (it re-reads the weights once per 32
 # rows). Measured like MAX_ROWS, AMX vs PyTorch in ms: rows 1: 14 vs 31, 8: 16 vs 33,
@@ -44,7 +45,7 @@ _ATTENTION_SYMBOLS = {torch.float32: "inferpath_paged_decode_attention_f32",
 KERNEL_ROWS = 1 << 30
 MAX_ROWS = 8
 
-KERNEL_NAMES = "gemv, rms_norm, silu_mul, paged decode attention, argmax"
+KERNEL_NAMES = "gemv, rms_norm, silu_mul, rope, paged decode attention, argmax"
 
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}
@@ -112,6 +113,11 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     lib.inferpath_amx_gemm_bf16.restype = ctypes.c_int
     lib.inferpath_amx_init.restype = ctypes.c_int
     lib.amx_ready = AMX_FLAGS <= _cpu_flags() and lib.inferpath_amx_init() == 0  # tile state granted
+    for symbol in _ROPE_SYMBOLS.values():
+        fn = getattr(lib, symbol)
+        fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] * 2 + [ctypes.c_void_p] * 4
+                       + [ctypes.c_int64] * 2 + [ctypes.c_int])
+        fn.restype = ctypes.c_int
     lib.inferpath_argmax_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
     lib.inferpath_argmax_f32.restype = ctypes.c_int
     for symbol in _SILU_SYMBOLS.values():
@@ -183,6 +189,24 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     if fn(logits.data_ptr(), out.data_ptr(), logits.shape[0], logits.shape[1], torch.get_num_threads()) != 0:
         return logits.argmax(dim=-1)
     return out
+
+
+def native_rope(dtype: torch.dtype):
+    """The ctypes function of the native RoPE for ``dtype``, or None."""
+    return _native(_ROPE_SYMBOLS, dtype)
+
+
+def run_rope(fn, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor):
+    """(q_rot, k_rot), new contiguous tensors. q (tokens, heads, d) and k (tokens,
+    kv_heads, d) with contiguous heads (rows may be strided); cos, signed_sin (tokens, d)
+    contiguous; one dtype; d % 32 == 0."""
+    tokens, heads, d = q.shape
+    q_out, k_out = torch.empty((tokens, heads, d), dtype=q.dtype), torch.empty(k.shape, dtype=k.dtype)
+    status = fn(q.data_ptr(), q.stride(0), heads, k.data_ptr(), k.stride(0), k.shape[1], cos.data_ptr(),
+                signed_sin.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), tokens, d, torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"rope rejected shapes q={tuple(q.shape)} k={tuple(k.shape)}")
+    return q_out, k_out
 
 
 def native_silu_mul(dtype: torch.dtype):

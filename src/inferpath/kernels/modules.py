@@ -2,7 +2,8 @@
 
 ``accelerate(model)`` turns every ``nn.Linear`` of a built model into a ``CPULinear``,
 every ``RMSNorm`` into a ``CPURMSNorm``, every ``SiluAndMul`` into a ``CPUSiluAndMul``,
-every ``PagedAttention`` into a ``CPUPagedAttention``, and fuses the Q/K/V and gate/up
+every ``RotaryEmbedding`` into a ``CPURotaryEmbedding``, every ``PagedAttention`` into a
+``CPUPagedAttention``, and fuses the Q/K/V and gate/up
 projections (fused.py). All are subclasses, so module names, ``state_dict`` keys,
 forward hooks and ``isinstance`` checks stay as they were, and the model file knows
 nothing of them. They dispatch on dtype, device and rows:
@@ -10,7 +11,8 @@ nothing of them. They dispatch on dtype, device and rows:
 - a batched decode step's matmuls: for bf16 on CPUs with AMX, up to 96 rows, a small-batch
   GEMM that streams the weights straight into AMX tiles (csrc/amx.c); otherwise, up to 8
   rows, a GEMV that reads each weight once at close to memory bandwidth (fp32 and bf16);
-- RMSNorm and the SwiGLU gate (``SiluAndMul``), any number of rows: one pass each;
+- RMSNorm, the SwiGLU gate (``SiluAndMul``) and RoPE on Q and K, any number of rows:
+  one pass each;
 - the decode group of any step (one query per sequence, any batch size): attention that
   reads each sequence's keys and values in place through its block table, with no
   gathered copy and no mask tensor;
@@ -29,10 +31,12 @@ import torch
 from torch import nn
 
 from inferpath.kernels import build
-from inferpath.kernels.build import run_paged_decode_attention, run_rms_norm, run_silu_mul, small_batch_linear
+from inferpath.kernels.build import (run_paged_decode_attention, run_rms_norm, run_rope, run_silu_mul,
+                                    small_batch_linear)
 from inferpath.kernels.fused import CPUSelfAttention, CPUSwiGLUMLP
 from inferpath.model.attention import DecodeGroup, PagedAttention
 from inferpath.model.layers import RMSNorm, SiluAndMul, SwiGLUMLP
+from inferpath.model.rope import RotaryEmbedding
 from inferpath.model.self_attention import SelfAttention
 
 
@@ -82,6 +86,20 @@ class CPUSiluAndMul(SiluAndMul):
         return super().forward(gate, up)
 
 
+class CPURotaryEmbedding(RotaryEmbedding):
+    """RoPE on Q and K in one native pass (rotate-half, the same cos/sin rows)."""
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        fn = build.native_rope(q.dtype)
+        head_dim = q.shape[-1]
+        if (fn is None or q.device.type != "cpu" or k.dtype != q.dtype or head_dim % 32
+                or q.stride(-1) != 1 or k.stride(-1) != 1 or q.stride(1) != head_dim or k.stride(1) != head_dim):
+            return super().forward(positions, q, k)
+        cos, signed_sin = self.table.cos_sin(positions, q.dtype)  # (tokens, 1, head_dim) each
+        return run_rope(fn, q, k, cos.reshape(-1, head_dim).contiguous(),
+                        signed_sin.reshape(-1, head_dim).contiguous())
+
+
 class CPUPagedAttention(PagedAttention):
     """``PagedAttention`` whose decode group runs the native kernel: each sequence's keys
     and values are read in place through its block table, with no gathered copy and no
@@ -119,6 +137,10 @@ def accelerate(model: nn.Module) -> int:
             continue
         elif type(module) in (SiluAndMul, CPUSiluAndMul):
             module.__class__ = CPUSiluAndMul
+            count += 1
+            continue
+        elif type(module) in (RotaryEmbedding, CPURotaryEmbedding):
+            module.__class__ = CPURotaryEmbedding
             count += 1
             continue
         else:
