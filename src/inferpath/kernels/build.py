@@ -34,6 +34,7 @@ AMX_FLAGS = {"amx_tile", "amx_bf16"}
 # rows). Measured like MAX_ROWS, AMX vs PyTorch in ms: rows 1: 14 vs 31, 8: 16 vs 33,
 # 32: 22 vs 37, 64: 39 vs 46, 96: 63 vs 69, 128: 83 vs 79.
 AMX_MAX_ROWS = 96
+AMX_MIN_ROWS = 2  # one row: the GEMV is as fast (engine A/B below)
 _ATTENTION_SYMBOLS = {torch.float32: "inferpath_paged_decode_attention_f32",
                       torch.bfloat16: "inferpath_paged_decode_attention_bf16"}
 # The C GEMV takes any number of rows (in groups of 4: after the first group each block of
@@ -276,7 +277,7 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     gemv_fn, amx_fn = kernels
     rows = x.shape[0]
     if x.dtype == weight.dtype and x.dim() == 2:
-        if amx_fn is not None and 1 < rows <= AMX_MAX_ROWS:  # one row: the GEMV is as fast
+        if amx_fn is not None and AMX_MIN_ROWS <= rows <= AMX_MAX_ROWS:
             return run_gemv(amx_fn, x.contiguous(), weight, bias)
         if gemv_fn is not None and rows <= MAX_ROWS:
             return run_gemv(gemv_fn, x.contiguous(), weight, bias)
