@@ -13,7 +13,7 @@ in fp32 (the issue's reference) and, when ours runs in another dtype, in that dt
 Prints a table, writes benchmarks/results/batching.json and batching.png. No assertions:
 this machine is shared and noisy; compare the ratios, not the absolute numbers.
 
-    python benchmarks/batching.py [--new-tokens 64] [--threads 2] [--dtype float32]
+    python benchmarks/batching.py [--new-tokens 64] [--threads 2] [--dtype float32] [--repeats 3]
                                   [--skip-transformers]
 
 transformers needs ``accelerate`` to load a GGUF file (``pip install accelerate``).
@@ -47,6 +47,11 @@ def make_prompts(num_prompts: int) -> list[str]:
     """Distinct prompts of similar length (no shared prefix beyond the first words)."""
     return [f"Write a short story number {i} about {TOPICS[i % len(TOPICS)]} and the sea."
             for i in range(num_prompts)]
+
+
+def median_run(runs: list[dict], key: str) -> dict:
+    """The run whose ``key`` is the median (the lower middle one for an even count)."""
+    return sorted(runs, key=lambda r: r[key])[(len(runs) - 1) // 2]
 
 
 def run_engine(engine: LLMEngine, prompts: list[str], new_tokens: int, tag: str) -> dict:
@@ -172,6 +177,8 @@ def main() -> None:
                         help="inferpath's dtype (transformers runs in fp32, as in the issue, "
                              "and in this dtype too)")
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="alternating runs at the batch sizes compared with transformers")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]
@@ -184,13 +191,22 @@ def main() -> None:
     run_engine(engine, prompts[:2], 4, "warmup")
     rows, hf = [], {d: {} for d in hf_dtypes}
     for n in BATCH_SIZES:
-        rows.append(run_engine(engine, prompts[:n], args.new_tokens, f"b{n}"))
-        print(f"batch {n}: {rows[-1]['step_ms_median']:.1f} ms/step", file=sys.stderr, flush=True)
-        if n in TRANSFORMERS_BATCH_SIZES:
-            for baseline in baselines:  # right after our run of the same batch: load drifts
-                hf[baseline.dtype][n] = ref = baseline.generate(prompts[:n], args.new_tokens)
-                print(f"batch {n}: transformers {baseline.dtype} {ref['tok_per_s']:.1f} tok/s",
-                      file=sys.stderr, flush=True)
+        compared = n in TRANSFORMERS_BATCH_SIZES and baselines
+        # beside transformers: alternate the runs --repeats times and keep the median of each,
+        # so that this machine's drifting load falls on both sides alike
+        ours, theirs = [], {b.dtype: [] for b in baselines}
+        for repeat in range(args.repeats if compared else 1):
+            ours.append(run_engine(engine, prompts[:n], args.new_tokens, f"b{n}-{repeat}"))
+            print(f"batch {n}: {ours[-1]['step_ms_median']:.1f} ms/step", file=sys.stderr, flush=True)
+            if compared:
+                for baseline in baselines:
+                    theirs[baseline.dtype].append(ref := baseline.generate(prompts[:n], args.new_tokens))
+                    print(f"batch {n}: transformers {baseline.dtype} {ref['tok_per_s']:.1f} tok/s",
+                          file=sys.stderr, flush=True)
+        rows.append(median_run(ours, "end_to_end_tok_per_s"))
+        for dtype, runs in theirs.items():
+            if runs:
+                hf[dtype][n] = median_run(runs, "tok_per_s")
 
     print(f"{'batch':>5} {'step ms':>8} {'decode tok/s':>13} {'end-to-end tok/s':>17}")
     for r in rows:
@@ -222,7 +238,7 @@ def main() -> None:
         "" if args.dtype == "float32" else f"_{args.dtype}")
     (RESULTS / f"{stem}.json").write_text(json.dumps({
         "model": MODEL, "dtype": args.dtype, "transformers_dtypes": hf_dtypes,
-        "threads": args.threads,
+        "threads": args.threads, "repeats": args.repeats,
         "new_tokens": args.new_tokens, "load_average": load, "rows": rows,
         "transformers": comparison,
         "summary": sentence}, indent=2))
