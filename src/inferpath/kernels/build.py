@@ -38,13 +38,15 @@ AMX_MIN_ROWS = 2  # one row: the GEMV is as fast (engine A/B below)
 _ATTENTION_SYMBOLS = {torch.float32: "inferpath_paged_decode_attention_f32",
                       torch.bfloat16: "inferpath_paged_decode_attention_bf16"}
 # The C GEMV takes any number of rows (in groups of 4: after the first group each block of
-# weights is re-read from L1, not memory), but past a few rows it is compute-bound and
-# PyTorch's GEMM (oneDNN's AMX for bf16, MKL for fp32) wins. The dispatcher's cutoff,
-# measured on the 2-core AVX512 VM over one decode step's SmolLM2 matrices (fused, weights
-# not in cache), kernel vs PyTorch in ms: fp32 rows 4: 34 vs 45, 8: 43 vs 58, 16: 74 vs 67;
-# bf16 rows 1: 16 vs 38, 4: 17 vs 28, 8: 26 vs 30, 16: 48 vs 32.
+# weights is re-read from L1, not memory), but past some rows it is compute-bound and
+# PyTorch's GEMM (MKL for fp32; for bf16 the AMX kernel below, else oneDNN) wins. The
+# dispatcher's cutoffs, measured on the 2-core AVX512 VM over one decode step's SmolLM2
+# matrices (fused, weights not in cache), kernel vs PyTorch in ms: fp32 rows 4: 21 vs 36,
+# 8: 29 vs 46, 16: 40 vs 54, 32: 66 vs 74, 64: 96 vs 79; bf16 rows 1: 16 vs 38, 4: 13 vs
+# 19, 8: 22 vs 22, 16: 36 vs 22.
 KERNEL_ROWS = 1 << 30
-MAX_ROWS = 8
+GEMV_MAX_ROWS = {torch.float32: 32, torch.bfloat16: 8}
+MAX_ROWS = max(GEMV_MAX_ROWS.values())
 
 KERNEL_NAMES = "gemv, rms_norm, silu_mul, rope, paged decode attention, argmax"
 
@@ -271,7 +273,7 @@ def linear_kernels(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernels: tuple):
     """x @ weight.T + bias through the kernel that serves x's row count best (AMX for bf16
-    from 2 to AMX_MAX_ROWS rows, else the GEMV up to MAX_ROWS), else ``F.linear``.
+    from 2 to AMX_MAX_ROWS rows, else the GEMV up to GEMV_MAX_ROWS), else ``F.linear``.
     Engine A/B on SmolLM2 bf16, step ms GEMV-or-oneDNN vs AMX: batch 1 30.5 vs 31.4,
     batch 4 35.4 vs 31.0, batch 32 59.2 vs 42.5."""
     gemv_fn, amx_fn = kernels
@@ -279,7 +281,7 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     if x.dtype == weight.dtype and x.dim() == 2:
         if amx_fn is not None and AMX_MIN_ROWS <= rows <= AMX_MAX_ROWS:
             return run_gemv(amx_fn, x.contiguous(), weight, bias)
-        if gemv_fn is not None and rows <= MAX_ROWS:
+        if gemv_fn is not None and rows <= GEMV_MAX_ROWS[x.dtype]:
             return run_gemv(gemv_fn, x.contiguous(), weight, bias)
     return torch.nn.functional.linear(x, weight, bias)
 

@@ -9,8 +9,9 @@ forward hooks and ``isinstance`` checks stay as they were, and the model file kn
 nothing of them. They dispatch on dtype, device and rows:
 
 - a batched decode step's matmuls: for bf16 on CPUs with AMX, up to 96 rows, a small-batch
-  GEMM that streams the weights straight into AMX tiles (csrc/amx.c); otherwise, up to 8
-  rows, a GEMV that reads each weight once at close to memory bandwidth (fp32 and bf16);
+  GEMM that streams the weights straight into AMX tiles (csrc/amx.c); otherwise a GEMV
+  that reads each weight once at close to memory bandwidth (fp32 up to 32 rows, bf16 up
+  to 8);
 - RMSNorm, the SwiGLU gate (``SiluAndMul``) and RoPE on Q and K, any number of rows:
   one pass each;
 - the decode group of any step (one query per sequence, any batch size): attention that

@@ -26,8 +26,8 @@
 #define DEFINE_BLOCK(M)                                                                      \
 static void block4_m##M(const uint16_t *w, const uint16_t *x, int64_t k, float out[4][4]) { \
     __m512 acc[4][M];                                                                        \
-    for (int r = 0; r < 4; r++)                                                              \
-        for (int j = 0; j < M; j++) acc[r][j] = _mm512_setzero_ps();                         \
+    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                                              \
+        _Pragma("GCC unroll 4") for (int j = 0; j < M; j++) acc[r][j] = _mm512_setzero_ps();                         \
     for (int64_t c = 0; c < k; c += 32) {                                                    \
         __mmask32 mask = (k - c >= 32) ? (__mmask32)0xffffffffu                              \
                                        : (__mmask32)((1u << (k - c)) - 1u);                 \
@@ -37,7 +37,7 @@ static void block4_m##M(const uint16_t *w, const uint16_t *x, int64_t k, float o
         _mm_prefetch((const char *)(w + (PF + 3) * k + c), _MM_HINT_T0);                     \
         __m512bh wv0 = LOAD(w + c, mask), wv1 = LOAD(w + k + c, mask);                       \
         __m512bh wv2 = LOAD(w + 2 * k + c, mask), wv3 = LOAD(w + 3 * k + c, mask);           \
-        for (int j = 0; j < M; j++) {                                                        \
+        _Pragma("GCC unroll 4") for (int j = 0; j < M; j++) {                                                        \
             __m512bh xv = LOAD(x + j * k + c, mask);                                         \
             acc[0][j] = _mm512_dpbf16_ps(acc[0][j], wv0, xv);                                \
             acc[1][j] = _mm512_dpbf16_ps(acc[1][j], wv1, xv);                                \
@@ -45,8 +45,8 @@ static void block4_m##M(const uint16_t *w, const uint16_t *x, int64_t k, float o
             acc[3][j] = _mm512_dpbf16_ps(acc[3][j], wv3, xv);                                \
         }                                                                                    \
     }                                                                                        \
-    for (int r = 0; r < 4; r++)                                                              \
-        for (int j = 0; j < M; j++) out[r][j] = _mm512_reduce_add_ps(acc[r][j]);             \
+    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                                              \
+        _Pragma("GCC unroll 4") for (int j = 0; j < M; j++) out[r][j] = _mm512_reduce_add_ps(acc[r][j]);             \
 }
 DEFINE_BLOCK(1)
 DEFINE_BLOCK(2)
@@ -100,8 +100,8 @@ int inferpath_gemv_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bi
 #define DEFINE_BLOCK_F32(M)                                                                   \
 static void block4_f32_m##M(const float *w, const float *x, int64_t k, float out[4][4]) {    \
     __m512 acc[4][M];                                                                        \
-    for (int r = 0; r < 4; r++)                                                              \
-        for (int j = 0; j < M; j++) acc[r][j] = _mm512_setzero_ps();                         \
+    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                                              \
+        _Pragma("GCC unroll 4") for (int j = 0; j < M; j++) acc[r][j] = _mm512_setzero_ps();                         \
     for (int64_t c = 0; c < k; c += 16) {                                                    \
         __mmask16 mask = lanes16(k - c); \
         _mm_prefetch((const char *)(w + PF * k + c), _MM_HINT_T0);                           \
@@ -110,7 +110,7 @@ static void block4_f32_m##M(const float *w, const float *x, int64_t k, float out
         _mm_prefetch((const char *)(w + (PF + 3) * k + c), _MM_HINT_T0);                     \
         __m512 wv0 = LOADF(w + c, mask), wv1 = LOADF(w + k + c, mask);                       \
         __m512 wv2 = LOADF(w + 2 * k + c, mask), wv3 = LOADF(w + 3 * k + c, mask);           \
-        for (int j = 0; j < M; j++) {                                                        \
+        _Pragma("GCC unroll 4") for (int j = 0; j < M; j++) {                                                        \
             __m512 xv = LOADF(x + j * k + c, mask);                                          \
             acc[0][j] = _mm512_fmadd_ps(wv0, xv, acc[0][j]);                                 \
             acc[1][j] = _mm512_fmadd_ps(wv1, xv, acc[1][j]);                                 \
@@ -118,8 +118,8 @@ static void block4_f32_m##M(const float *w, const float *x, int64_t k, float out
             acc[3][j] = _mm512_fmadd_ps(wv3, xv, acc[3][j]);                                 \
         }                                                                                    \
     }                                                                                        \
-    for (int r = 0; r < 4; r++)                                                              \
-        for (int j = 0; j < M; j++) out[r][j] = _mm512_reduce_add_ps(acc[r][j]);             \
+    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                                              \
+        _Pragma("GCC unroll 4") for (int j = 0; j < M; j++) out[r][j] = _mm512_reduce_add_ps(acc[r][j]);             \
 }
 DEFINE_BLOCK_F32(1)
 DEFINE_BLOCK_F32(2)
