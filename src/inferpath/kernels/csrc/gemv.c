@@ -62,37 +62,6 @@ static float dot_row(const uint16_t *w, const uint16_t *x, int64_t k) {
     return _mm512_reduce_add_ps(acc);
 }
 
-int inferpath_gemv_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y,
-                        int64_t m, int64_t n, int64_t k, int num_threads) {
-    if (m < 1 || n < 1 || k < 1) return -1;
-    int64_t blocks = n / 4;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t b = 0; b < blocks; b++) {
-        const uint16_t *wb = w + b * 4 * k;
-        /* four rows of x at a time: after the first group the block's weights are in L1 */
-        for (int64_t j0 = 0; j0 < m; j0 += 4) {
-            float out[4][4];
-            int64_t rows = m - j0 < 4 ? m - j0 : 4;
-            const uint16_t *xj = x + j0 * k;
-            switch (rows) {
-                case 1: block4_m1(wb, xj, k, out); break;
-                case 2: block4_m2(wb, xj, k, out); break;
-                case 3: block4_m3(wb, xj, k, out); break;
-                default: block4_m4(wb, xj, k, out); break;
-            }
-            for (int r = 0; r < 4; r++) {
-                int64_t row = b * 4 + r;
-                float add = bias ? bf16_to_float(bias[row]) : 0.0f;
-                for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + row] = round_bf16(out[r][j] + add);
-            }
-        }
-    }
-    for (int64_t row = blocks * 4; row < n; row++) {  /* the n % 4 rows left over */
-        float add = bias ? bf16_to_float(bias[row]) : 0.0f;
-        for (int64_t j = 0; j < m; j++) y[j * n + row] = round_bf16(dot_row(w + row * k, x + j * k, k) + add);
-    }
-    return 0;
-}
 
 /* ---------------------------------------------------------------- float32
  * The same product for float32 x, w, bias, y: one FMA per 16 floats and row of x. */
@@ -135,34 +104,42 @@ static float dot_row_f32(const float *w, const float *x, int64_t k) {
     return _mm512_reduce_add_ps(acc);
 }
 
-int inferpath_gemv_f32(const float *x, const float *w, const float *bias, float *y,
-                       int64_t m, int64_t n, int64_t k, int num_threads) {
-    if (m < 1 || n < 1 || k < 1) return -1;
-    int64_t blocks = n / 4;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t b = 0; b < blocks; b++) {
-        const float *wb = w + b * 4 * k;
-        /* four rows of x at a time: after the first group the block's weights are in L1 */
-        for (int64_t j0 = 0; j0 < m; j0 += 4) {
-            float out[4][4];
-            int64_t rows = m - j0 < 4 ? m - j0 : 4;
-            const float *xj = x + j0 * k;
-            switch (rows) {
-                case 1: block4_f32_m1(wb, xj, k, out); break;
-                case 2: block4_f32_m2(wb, xj, k, out); break;
-                case 3: block4_f32_m3(wb, xj, k, out); break;
-                default: block4_f32_m4(wb, xj, k, out); break;
-            }
-            for (int r = 0; r < 4; r++) {
-                int64_t row = b * 4 + r;
-                float add = bias ? bias[row] : 0.0f;
-                for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + row] = out[r][j] + add;
-            }
-        }
-    }
-    for (int64_t row = blocks * 4; row < n; row++) {
-        float add = bias ? bias[row] : 0.0f;
-        for (int64_t j = 0; j < m; j++) y[j * n + row] = dot_row_f32(w + row * k, x + j * k, k) + add;
-    }
-    return 0;
+/* ---------------------------------------------------------------- the driver
+ * For one element type: blocks of 4 weight rows split over the threads, each meeting x
+ * four rows at a time (after the first group the block's weights are in L1), then the
+ * n % 4 rows left over. TO_F32 reads a bias value, FROM_F32 writes a result. */
+static inline float f32_identity(float v) { return v; }
+
+#define DEFINE_GEMV(NAME, T, BLOCK, DOT, TO_F32, FROM_F32)                                        \
+int NAME(const T *x, const T *w, const T *bias, T *y, int64_t m, int64_t n, int64_t k, int num_threads) { \
+    if (m < 1 || n < 1 || k < 1) return -1;                                                      \
+    int64_t blocks = n / 4;                                                                      \
+    _Pragma("omp parallel for num_threads(num_threads) schedule(static)")                        \
+    for (int64_t b = 0; b < blocks; b++) {                                                       \
+        const T *wb = w + b * 4 * k;                                                             \
+        for (int64_t j0 = 0; j0 < m; j0 += 4) {                                                  \
+            float out[4][4];                                                                     \
+            int64_t rows = m - j0 < 4 ? m - j0 : 4;                                              \
+            const T *xj = x + j0 * k;                                                            \
+            switch (rows) {                                                                      \
+                case 1: BLOCK##_m1(wb, xj, k, out); break;                                       \
+                case 2: BLOCK##_m2(wb, xj, k, out); break;                                       \
+                case 3: BLOCK##_m3(wb, xj, k, out); break;                                       \
+                default: BLOCK##_m4(wb, xj, k, out); break;                                      \
+            }                                                                                    \
+            for (int r = 0; r < 4; r++) {                                                        \
+                int64_t row = b * 4 + r;                                                         \
+                float add = bias ? TO_F32(bias[row]) : 0.0f;                                     \
+                for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + row] = FROM_F32(out[r][j] + add); \
+            }                                                                                    \
+        }                                                                                        \
+    }                                                                                            \
+    for (int64_t row = blocks * 4; row < n; row++) {                                             \
+        float add = bias ? TO_F32(bias[row]) : 0.0f;                                             \
+        for (int64_t j = 0; j < m; j++) y[j * n + row] = FROM_F32(DOT(w + row * k, x + j * k, k) + add); \
+    }                                                                                            \
+    return 0;                                                                                    \
 }
+
+DEFINE_GEMV(inferpath_gemv_bf16, uint16_t, block4, dot_row, bf16_to_float, round_bf16)
+DEFINE_GEMV(inferpath_gemv_f32, float, block4_f32, dot_row_f32, f32_identity, f32_identity)
