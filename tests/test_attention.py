@@ -106,6 +106,20 @@ def test_native_paged_decode_attention_equals_contiguous_reference(name, sliding
         torch.testing.assert_close(out.float(), expected, rtol=2**-7, atol=2e-2)
 
 
+@torch.inference_mode()
+def test_native_decode_attention_leaves_what_it_cannot_hold_to_sdpa(monkeypatch):
+    """A query group larger than the kernel's registers hold goes to PyTorch's path (and
+    still equals the reference) instead of failing the step."""
+    from inferpath.kernels import build, modules
+
+    monkeypatch.setattr(build, "ATTENTION_MAX_GROUP", 2)  # these batches have groups of 3
+    calls = []
+    monkeypatch.setattr(modules, "run_paged_decode_attention", lambda *a: calls.append(a))
+    out, expected = run_batch(BATCHES["decodes-different-lengths"], None, attention_cls=CPUPagedAttention)
+    assert calls == []
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_causal_mask_offsets_and_window():
     mask = causal_mask(query_len=2, seq_len=5, sliding_window=None)
     assert mask.tolist() == [[True, True, True, True, False], [True] * 5]

@@ -30,6 +30,10 @@ _SILU_SYMBOLS = {torch.float32: "inferpath_silu_mul_f32", torch.bfloat16: "infer
 _ARGMAX_SYMBOLS = {torch.float32: "inferpath_argmax_f32"}
 _ROPE_SYMBOLS = {torch.float32: "inferpath_rope_f32", torch.bfloat16: "inferpath_rope_bf16"}
 AMX_FLAGS = {"amx_tile", "amx_bf16"}
+# The attention kernel's register arrays (csrc/attention.c MAX_HEAD_DIM, MAX_GROUP): larger
+# heads or query groups take PyTorch's SDPA.
+ATTENTION_MAX_HEAD_DIM = 256
+ATTENTION_MAX_GROUP = 16
 # bf16 rows up to which the AMX kernel beats oneDNN (it re-reads the weights once per 32
 # rows). Measured like MAX_ROWS, AMX vs PyTorch in ms: rows 1: 14 vs 31, 8: 16 vs 33,
 # 32: 22 vs 37, 64: 39 vs 46, 96: 63 vs 69, 128: 83 vs 79.

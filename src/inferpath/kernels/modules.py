@@ -108,8 +108,11 @@ class CPUPagedAttention(PagedAttention):
 
     def _decode(self, q, k_cache, v_cache, group: DecodeGroup, scale: float) -> torch.Tensor:
         fn = build.native_paged_attention(q.dtype)
+        num_kv_heads, head_dim = k_cache.shape[-2:]
         if (fn is None or q.device.type != "cpu" or k_cache.dtype != q.dtype
-                or not k_cache.is_contiguous() or not v_cache.is_contiguous()):
+                or not k_cache.is_contiguous() or not v_cache.is_contiguous()
+                or head_dim > build.ATTENTION_MAX_HEAD_DIM
+                or q.shape[1] // num_kv_heads > build.ATTENTION_MAX_GROUP):
             return PagedAttention._decode(q, k_cache, v_cache, group, scale)
         tables = group.block_ids.view(group.seq_lens.shape[0], group.blocks_per_seq)
         return run_paged_decode_attention(fn, q.contiguous(), k_cache, v_cache, tables,
