@@ -76,7 +76,7 @@ amx = pytest.mark.skipif(kernel_build.native_amx_gemm(torch.bfloat16) is None,
 @amx
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("m,n,k", [(1, 576, 576), (5, 960, 576), (17, 100, 64), (32, 3072, 576),
-                                   (33, 48, 1536), (96, 35, 32)])
+                                   (33, 48, 1536), (50, 64, 96), (64, 1536, 576), (96, 35, 32)])
 def test_amx_gemm_is_the_float32_product_rounded_once(m, n, k, with_bias):
     """Row counts around the 16-column tiles and 32-row chunks, weights with a leftover
     n % 16 rows and an odd number of 16-row blocks."""

@@ -34,10 +34,10 @@ AMX_FLAGS = {"amx_tile", "amx_bf16"}
 # heads or query groups take PyTorch's SDPA.
 ATTENTION_MAX_HEAD_DIM = 256
 ATTENTION_MAX_GROUP = 16
-# bf16 rows up to which the AMX kernel beats oneDNN (it re-reads the weights once per 32
-# rows). Measured like MAX_ROWS, AMX vs PyTorch in ms: rows 1: 14 vs 31, 8: 16 vs 33,
-# 32: 22 vs 37, 64: 39 vs 46, 96: 63 vs 69, 128: 83 vs 79.
-AMX_MAX_ROWS = 96
+# bf16 rows up to which the AMX kernel beats oneDNN (it reads the weights once per 64
+# rows). Measured like GEMV_MAX_ROWS, AMX vs PyTorch in ms: rows 1: 14 vs 31, 8: 16 vs 33,
+# 32: 15 vs 27, 64: 24 vs 34, 96: 41 vs 46, 128: 57 vs 64, 192: 88 vs 92.
+AMX_MAX_ROWS = 128
 AMX_MIN_ROWS = 2  # one row: the GEMV is as fast (engine A/B below)
 _ATTENTION_SYMBOLS = {torch.float32: "inferpath_paged_decode_attention_f32",
                       torch.bfloat16: "inferpath_paged_decode_attention_bf16"}

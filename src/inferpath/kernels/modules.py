@@ -8,10 +8,10 @@ projections (fused.py). All are subclasses, so module names, ``state_dict`` keys
 forward hooks and ``isinstance`` checks stay as they were, and the model file knows
 nothing of them. They dispatch on dtype, device and rows:
 
-- a batched decode step's matmuls: for bf16 on CPUs with AMX, up to 96 rows, a small-batch
-  GEMM that streams the weights straight into AMX tiles (csrc/amx.c); otherwise a GEMV
-  that reads each weight once at close to memory bandwidth (fp32 up to 32 rows, bf16 up
-  to 8);
+- a batched decode step's matmuls: for bf16 on CPUs with AMX, 2 to 128 rows, a
+  small-batch GEMM that streams the weights straight into AMX tiles (csrc/amx.c);
+  otherwise a GEMV that reads each weight once at close to memory bandwidth (fp32 up to
+  32 rows, bf16 up to 8);
 - RMSNorm, the SwiGLU gate (``SiluAndMul``) and RoPE on Q and K, any number of rows:
   one pass each;
 - the decode group of any step (one query per sequence, any batch size): attention that

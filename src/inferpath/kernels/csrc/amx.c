@@ -1,4 +1,4 @@
-/* Small-batch GEMM on AMX: y = x @ w^T (+ bias) for 1 to 32 rows of x at a time, bf16.
+/* Small-batch GEMM on AMX: y = x @ w^T (+ bias) for 1 to 64 rows of x at a time, bf16.
  *
  * A batched decode step multiplies a few dozen activation rows by every weight matrix:
  * too many rows for the GEMV (compute-bound past 8) and too few for a general GEMM to
@@ -9,6 +9,9 @@
  * repacked into the pairwise (VNNI) layout AMX wants for B. Each 16-row block of w meets
  * up to two 16-column tiles of x^T; products accumulate in float32 tiles and are rounded
  * to bf16 once. Requires k % 32 == 0; rows of w past the last full 16 use the GEMV.
+ *
+ * Up to 64 rows of x are packed at a time: up to 32 meet two weight blocks per pass, 33
+ * to 64 one block against four tiles of x^T.
  *
  * x: (m, k) bf16, w: (n, k) bf16, bias: (n,) bf16 or NULL, y: (m, n) bf16; row-major.
  */
@@ -55,7 +58,7 @@ static inline void prefetch_rows(const uint16_t *rows, int64_t k, int64_t count)
 
 /* Round the float32 tiles of one 16-row block of w into y: out[h][r][jj] = y[16h + jj][row0 + r].
  * Each row j of y takes one 16-value column of a tile (a gather from L1) as 32 bytes. */
-static void store_block(float out[2][16][16], const uint16_t *bias, uint16_t *y, int64_t row0, int64_t m,
+static void store_block(float out[4][16][16], const uint16_t *bias, uint16_t *y, int64_t row0, int64_t m,
                         int64_t n) {
     __m512 add = bias ? load_bf16_as_f32(bias + row0, 0xffff) : _mm512_setzero_ps();
     __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
@@ -65,6 +68,10 @@ static void store_block(float out[2][16][16], const uint16_t *bias, uint16_t *y,
         _mm256_storeu_si256((__m256i *)(y + j * n + row0), round_to_bf16(_mm512_add_ps(v, add)));
     }
 }
+
+/* x^T as packed by inferpath_amx_gemm_bf16: XP_COLS columns (rows of x) per pair of k. */
+#define XP_COLS 64
+#define XP_ROW (XP_COLS * 2)  /* uint16 values per pair row */
 
 /* y rows [0, m) with m <= 32 against w rows [0, n16) (a multiple of 16). Two 16-row blocks
  * of w per iteration: four independent accumulator tiles keep AMX busy while the weight
@@ -77,7 +84,7 @@ static void amx_chunk(const uint16_t *xp, const uint16_t *w, const uint16_t *bia
 #pragma omp parallel num_threads(num_threads)
     {
         configure_tiles();
-        float out[2][16][16];
+        float out[4][16][16];
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < pairs; p++) {
             int64_t row0 = p * 32;
@@ -91,8 +98,8 @@ static void amx_chunk(const uint16_t *xp, const uint16_t *w, const uint16_t *bia
                 int64_t ahead = s + AMX_PREFETCH_STEPS;
                 if (ahead < steps) prefetch_rows(w0 + ahead * 32, k, two ? 32 : 16);
                 else prefetch_rows(w0 + 32 * k + (ahead - steps) * 32, k, 32);  /* the next pair */
-                _tile_loadd(6, xp + s * 16 * 64, 128);
-                if (halves > 1) _tile_loadd(7, xp + s * 16 * 64 + 32, 128);
+                _tile_loadd(6, xp + s * 16 * XP_ROW, XP_ROW * 2);
+                if (halves > 1) _tile_loadd(7, xp + s * 16 * XP_ROW + 32, XP_ROW * 2);
                 _tile_loadd(4, w0 + s * 32, k * 2);
                 _tile_dpbf16ps(0, 4, 6);
                 if (halves > 1) _tile_dpbf16ps(1, 4, 7);
@@ -115,22 +122,69 @@ static void amx_chunk(const uint16_t *xp, const uint16_t *w, const uint16_t *bia
     }
 }
 
+/* y rows [0, m) with 32 < m <= 64: one 16-row block of w per iteration against four
+ * 16-column halves of x^T (four accumulator tiles), so the weights are read once for 64
+ * rows instead of once per 32. */
+static void amx_chunk4(const uint16_t *xp, const uint16_t *w, const uint16_t *bias, uint16_t *y,
+                       int64_t m, int64_t n16, int64_t n, int64_t k, int num_threads) {
+    int64_t halves = (m + 15) / 16;
+    int64_t steps = k / 32;
+#pragma omp parallel num_threads(num_threads)
+    {
+        configure_tiles();
+        float out[4][16][16];
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < n16 / 16; b++) {
+            const uint16_t *wb = w + b * 16 * k;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t s = 0; s < steps; s++) {
+                int64_t ahead = s + AMX_PREFETCH_STEPS;
+                if (ahead < steps) prefetch_rows(wb + ahead * 32, k, 16);
+                else prefetch_rows(wb + 16 * k + (ahead - steps) * 32, k, 16);  /* the next block */
+                const uint16_t *xs = xp + s * 16 * XP_ROW;
+                _tile_loadd(4, wb + s * 32, k * 2);
+                _tile_loadd(6, xs, XP_ROW * 2);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_loadd(7, xs + 32, XP_ROW * 2);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_loadd(6, xs + 64, XP_ROW * 2);
+                _tile_dpbf16ps(2, 4, 6);
+                if (halves > 3) {
+                    _tile_loadd(7, xs + 96, XP_ROW * 2);
+                    _tile_dpbf16ps(3, 4, 7);
+                }
+            }
+            _tile_stored(0, out[0], 64);
+            _tile_stored(1, out[1], 64);
+            _tile_stored(2, out[2], 64);
+            if (halves > 3) _tile_stored(3, out[3], 64);
+            store_block(out, bias, y, b * 16, m, n);
+        }
+        _tile_release();
+    }
+}
+
 int inferpath_amx_gemm_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y,
                             int64_t m, int64_t n, int64_t k, int num_threads) {
     if (m < 1 || n < 1 || k < 32 || k % 32) return -1;
     int64_t n16 = n / 16 * 16;
-    /* x^T in pairs: xp[p][j][t] = x[j][2p + t] for 32 columns j (zeros past m) */
-    uint16_t *xp = (uint16_t *)aligned_alloc(64, (size_t)(k / 2) * 64 * sizeof(uint16_t));
+    /* x^T in pairs: xp[p][j][t] = x[j][2p + t] for XP_COLS columns j (zeros past m, up to
+     * the last 16-column tile read) */
+    uint16_t *xp = (uint16_t *)aligned_alloc(64, (size_t)(k / 2) * XP_ROW * sizeof(uint16_t));
     if (!xp) return -3;
-    for (int64_t j0 = 0; j0 < m; j0 += 32) {
-        int64_t rows = m - j0 < 32 ? m - j0 : 32;
-        memset(xp, 0, (size_t)(k / 2) * 64 * sizeof(uint16_t));
-        for (int64_t j = 0; j < rows; j++) {
-            const uint32_t *src = (const uint32_t *)(x + (j0 + j) * k);  /* pairs as 32-bit words */
-            uint32_t *dst = (uint32_t *)xp + j;
-            for (int64_t p = 0; p < k / 2; p++) dst[p * 32] = src[p];
+    for (int64_t j0 = 0; j0 < m; j0 += XP_COLS) {
+        int64_t rows = m - j0 < XP_COLS ? m - j0 : XP_COLS;
+        int64_t padded = (rows + 15) / 16 * 16;
+        for (int64_t p = 0; p < k / 2; p++) {
+            uint32_t *dst = (uint32_t *)xp + p * XP_COLS;  /* pairs as 32-bit words */
+            for (int64_t j = 0; j < rows; j++) dst[j] = ((const uint32_t *)(x + (j0 + j) * k))[p];
+            for (int64_t j = rows; j < padded; j++) dst[j] = 0;
         }
-        if (n16 > 0) amx_chunk(xp, w, bias, y + j0 * n, rows, n16, n, k, num_threads);
+        if (n16 > 0 && rows > 32) amx_chunk4(xp, w, bias, y + j0 * n, rows, n16, n, k, num_threads);
+        else if (n16 > 0) amx_chunk(xp, w, bias, y + j0 * n, rows, n16, n, k, num_threads);
         if (n16 < n) {  /* the n % 16 rows left: one GEMV call on those rows of w */
             for (int64_t row = n16; row < n; row++)
                 for (int64_t j = 0; j < rows; j++) {
