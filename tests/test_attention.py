@@ -12,6 +12,8 @@ import random
 import pytest
 import torch
 
+from inferpath.kernels import gemv_available, kernel_status
+from inferpath.kernels.modules import CPUPagedAttention
 from inferpath.model.attention import (
     KVWrite,
     PagedAttention,
@@ -19,8 +21,6 @@ from inferpath.model.attention import (
     causal_mask,
     reference_attention,
 )
-from inferpath.kernels import gemv_available, kernel_status
-from inferpath.kernels.modules import CPUPagedAttention
 from inferpath.model.metadata import AttentionMetadata
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 6, 2, 8, 4, 48
@@ -110,9 +110,9 @@ def test_native_paged_decode_attention_equals_contiguous_reference(name, sliding
 def test_native_decode_attention_leaves_what_it_cannot_hold_to_sdpa(monkeypatch):
     """A query group larger than the kernel's registers hold goes to PyTorch's path (and
     still equals the reference) instead of failing the step."""
-    from inferpath.kernels import build, modules
+    from inferpath.kernels import modules, ops
 
-    monkeypatch.setattr(build, "ATTENTION_MAX_GROUP", 2)  # these batches have groups of 3
+    monkeypatch.setattr(ops, "ATTENTION_MAX_GROUP", 2)  # these batches have groups of 3
     calls = []
     monkeypatch.setattr(modules, "run_paged_decode_attention", lambda *a: calls.append(a))
     out, expected = run_batch(BATCHES["decodes-different-lengths"], None, attention_cls=CPUPagedAttention)

@@ -23,6 +23,7 @@ from inferpath.kernels import (
     kernel_status,
 )
 from inferpath.kernels import build as kernel_build
+from inferpath.kernels import ops as kernel_ops
 from inferpath.model.layers import RMSNorm, SiluAndMul
 
 SHAPES = [  # (rows of x, out_features, in_features): multiples of the 4-row block and of
@@ -84,7 +85,7 @@ def test_amx_gemm_is_the_float32_product_rounded_once(m, n, k, with_bias):
     x = torch.randn(m, k, generator=gen).bfloat16()
     w = torch.randn(n, k, generator=gen).bfloat16()
     bias = torch.randn(n, generator=gen).bfloat16() if with_bias else None
-    out = kernel_build.run_gemv(kernel_build.native_amx_gemm(torch.bfloat16), x, w, bias)
+    out = kernel_ops.run_gemv(kernel_build.native_amx_gemm(torch.bfloat16), x, w, bias)
     exact = x.float() @ w.float().T + (bias.float() if with_bias else 0)
     assert ((out.float() - exact).abs() <= exact.abs() * 2**-8 + 1e-4 * k).all()
     assert (out == F.linear(x, w, bias)).float().mean() >= 0.99

@@ -13,8 +13,9 @@ kernels instead: same results up to float rounding, just slower. ``kernel_status
 says which and why.
 """
 
-from inferpath.kernels.build import argmax_rows, gemv, gemv_available, kernel_status
+from inferpath.kernels.build import gemv_available, kernel_status
 from inferpath.kernels.modules import CPULinear, CPUPagedAttention, CPURMSNorm, CPUSiluAndMul, accelerate
+from inferpath.kernels.ops import argmax_rows, gemv
 
 __all__ = ["CPULinear", "CPUPagedAttention", "CPURMSNorm", "CPUSiluAndMul", "accelerate",
            "argmax_rows", "gemv", "gemv_available", "kernel_status"]

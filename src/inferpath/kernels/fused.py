@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inferpath.kernels import build
-from inferpath.kernels.build import run_silu_mul, small_batch_linear
+from inferpath.kernels import build, ops
+from inferpath.kernels.ops import run_silu_mul, small_batch_linear
 from inferpath.model.layers import SwiGLUMLP
 from inferpath.model.self_attention import SelfAttention
 
@@ -58,7 +58,7 @@ class CPUSelfAttention(SelfAttention):
             return self
         self._qkv_weight = _fuse(projections, "weight")
         self._qkv_bias = _fuse(projections, "bias")
-        self._kernels = build.linear_kernels(self._qkv_weight, self._qkv_bias)
+        self._kernels = ops.linear_kernels(self._qkv_weight, self._qkv_bias)
         self._sizes = [p.weight.shape[0] for p in projections]
         return self
 
@@ -85,7 +85,7 @@ class CPUSwiGLUMLP(SwiGLUMLP):
         if self._silu is None:
             return self
         self._gate_up_weight = _fuse([self.gate_proj, self.up_proj], "weight")
-        self._kernels = build.linear_kernels(self._gate_up_weight, None)
+        self._kernels = ops.linear_kernels(self._gate_up_weight, None)
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -31,10 +31,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inferpath.kernels import build
-from inferpath.kernels.build import (run_paged_decode_attention, run_rms_norm, run_rope, run_silu_mul,
-                                    small_batch_linear)
+from inferpath.kernels import build, ops
 from inferpath.kernels.fused import CPUSelfAttention, CPUSwiGLUMLP
+from inferpath.kernels.ops import run_paged_decode_attention, run_rms_norm, run_rope, run_silu_mul, small_batch_linear
 from inferpath.model.attention import DecodeGroup, PagedAttention
 from inferpath.model.layers import RMSNorm, SiluAndMul, SwiGLUMLP
 from inferpath.model.rope import RotaryEmbedding
@@ -52,7 +51,7 @@ class CPULinear(nn.Linear):
 
     def prepare(self) -> "CPULinear":
         """Decide the kernels for the current weight (call again after replacing it)."""
-        self._kernels = build.linear_kernels(self.weight, self.bias)
+        self._kernels = ops.linear_kernels(self.weight, self.bias)
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,8 +110,8 @@ class CPUPagedAttention(PagedAttention):
         num_kv_heads, head_dim = k_cache.shape[-2:]
         if (fn is None or q.device.type != "cpu" or k_cache.dtype != q.dtype
                 or not k_cache.is_contiguous() or not v_cache.is_contiguous()
-                or head_dim > build.ATTENTION_MAX_HEAD_DIM
-                or q.shape[1] // num_kv_heads > build.ATTENTION_MAX_GROUP):
+                or head_dim > ops.ATTENTION_MAX_HEAD_DIM
+                or q.shape[1] // num_kv_heads > ops.ATTENTION_MAX_GROUP):
             return PagedAttention._decode(q, k_cache, v_cache, group, scale)
         tables = group.block_ids.view(group.seq_lens.shape[0], group.blocks_per_seq)
         return run_paged_decode_attention(fn, q.contiguous(), k_cache, v_cache, tables,

@@ -1,0 +1,146 @@
+"""Calls into the native kernels: argument layout, output allocation, and the dispatch
+between the native kernels and PyTorch by dtype and row count (build.py loads them).
+
+The cutoffs were measured on the 2-core AVX512/AMX VM over one decode step's SmolLM2
+matrices (Q/K/V and gate/up fused, weights not in cache), in ms, kernel vs PyTorch:
+
+- GEMV (any number of rows, in groups of 4 that re-read a weight block from L1; past some
+  rows it is compute-bound): fp32 rows 4: 21 vs 36, 8: 29 vs 46, 16: 40 vs 54, 32: 66 vs
+  74, 64: 96 vs 79; bf16 rows 1: 16 vs 38, 4: 13 vs 19, 8: 22 vs 22, 16: 36 vs 22.
+- AMX GEMM (bf16; reads the weights once per 64 rows): rows 1: 14 vs 31, 8: 16 vs 33,
+  32: 15 vs 27, 64: 24 vs 34, 96: 41 vs 46, 128: 57 vs 64, 192: 88 vs 92. Engine A/B,
+  step ms GEMV-or-oneDNN vs AMX: batch 1 30.5 vs 31.4, 4 35.4 vs 31.0, 32 59.2 vs 42.5.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inferpath.kernels import build
+
+GEMV_MAX_ROWS = {torch.float32: 32, torch.bfloat16: 8}
+AMX_MIN_ROWS = 2  # one row: the GEMV is as fast
+AMX_MAX_ROWS = 128
+# The attention kernel's register arrays (csrc/attention.c MAX_HEAD_DIM, MAX_GROUP): larger
+# heads or query groups take PyTorch's SDPA.
+ATTENTION_MAX_HEAD_DIM = 256
+ATTENTION_MAX_GROUP = 16
+
+
+def run_gemv(fn, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Call a ``native_gemv`` or ``native_amx_gemm`` function without re-checking: x (m, k)
+    contiguous, weight (n, k) contiguous, bias (n,) contiguous or None, one dtype."""
+    out = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype)
+    status = fn(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
+                out.data_ptr(), x.shape[0], weight.shape[0], x.shape[1], torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"gemv rejected shapes x={tuple(x.shape)} weight={tuple(weight.shape)}")
+    return out
+
+
+def linear_kernels(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+    """(gemv, amx) native functions for an ``nn.Linear``'s weight and bias, each None where
+    it cannot serve them (dtype, device, layout; AMX needs in_features % 32 == 0)."""
+    dtype = weight.dtype
+    fits = all(t is None or (t.device.type == "cpu" and t.dtype == dtype and t.is_contiguous())
+               for t in (weight, bias))
+    if not fits:
+        return None, None
+    amx = build.native_amx_gemm(dtype) if weight.shape[1] % 32 == 0 else None
+    return build.native_gemv(dtype), amx
+
+
+def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernels: tuple):
+    """x @ weight.T + bias through the kernel that serves x's row count best (AMX for bf16
+    from AMX_MIN_ROWS to AMX_MAX_ROWS rows, else the GEMV up to GEMV_MAX_ROWS), else
+    ``F.linear``. ``kernels`` comes from ``linear_kernels``."""
+    gemv_fn, amx_fn = kernels
+    rows = x.shape[0]
+    if x.dtype == weight.dtype and x.dim() == 2:
+        if amx_fn is not None and AMX_MIN_ROWS <= rows <= AMX_MAX_ROWS:
+            return run_gemv(amx_fn, x.contiguous(), weight, bias)
+        if gemv_fn is not None and rows <= GEMV_MAX_ROWS[x.dtype]:
+            return run_gemv(gemv_fn, x.contiguous(), weight, bias)
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T + bias with the native GEMV, any number of rows: x (m, k) -> (m, n).
+
+    Falls back to ``F.linear`` when the kernel is unavailable or the inputs do not fit it
+    (dtype, device, layout, rows), so it is always correct to call.
+    """
+    dtype = x.dtype
+    fn = build.native_gemv(dtype)
+    if (fn is None or x.dim() != 2 or x.device.type != "cpu"
+            or weight.dtype != dtype or not weight.is_contiguous()
+            or (bias is not None and (bias.dtype != dtype or not bias.is_contiguous()))):
+        return torch.nn.functional.linear(x, weight, bias)
+    return run_gemv(fn, x.contiguous(), weight, bias)
+
+
+def run_rms_norm(fn, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Call a ``native_rms_norm`` function: x (m, n) contiguous, weight (n,), one dtype."""
+    out = torch.empty_like(x)
+    if fn(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps,
+          torch.get_num_threads()) != 0:
+        raise RuntimeError(f"rms_norm rejected shape x={tuple(x.shape)}")
+    return out
+
+
+def run_silu_mul(fn, gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """out = silu(gate) * up for (rows, n) tensors of one dtype whose last dimension is
+    contiguous (rows may be strided, e.g. the halves of a fused gate/up output); ``out``
+    defaults to ``gate`` itself (in place). Returns out."""
+    out = gate if out is None else out
+    status = fn(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), out.data_ptr(), out.stride(0),
+                gate.shape[0], gate.shape[1], torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"silu_mul rejected shapes gate={tuple(gate.shape)} up={tuple(up.shape)}")
+    return out
+
+
+def run_rope(fn, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor):
+    """(q_rot, k_rot), new contiguous tensors. q (tokens, heads, d) and k (tokens,
+    kv_heads, d) with contiguous heads (rows may be strided); cos, signed_sin (tokens, d)
+    contiguous; one dtype; d % 32 == 0."""
+    tokens, heads, d = q.shape
+    q_out, k_out = torch.empty((tokens, heads, d), dtype=q.dtype), torch.empty(k.shape, dtype=k.dtype)
+    status = fn(q.data_ptr(), q.stride(0), heads, k.data_ptr(), k.stride(0), k.shape[1], cos.data_ptr(),
+                signed_sin.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), tokens, d, torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"rope rejected shapes q={tuple(q.shape)} k={tuple(k.shape)}")
+    return q_out, k_out
+
+
+def run_paged_decode_attention(fn, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                               sliding_window: int) -> torch.Tensor:
+    """One query per sequence over the paged cache, read in place (no gather).
+
+    q: (num_seqs, num_heads, head_dim) contiguous; caches (num_blocks, block_size,
+    num_kv_heads, head_dim) contiguous; block_tables (num_seqs, blocks) int64 and seq_lens
+    (num_seqs,) int64, contiguous. Returns (num_seqs, num_heads, head_dim).
+    """
+    num_seqs, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    out = torch.empty_like(q)
+    status = fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+                seq_lens.data_ptr(), out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim,
+                block_size, block_tables.shape[1], scale, sliding_window, torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"paged decode attention failed ({status}): q={tuple(q.shape)}, "
+                           f"cache={tuple(k_cache.shape)}, tables={tuple(block_tables.shape)}")
+    return out
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(dim=-1)`` for (rows, vocab) float32 CPU logits, natively where the
+    kernel runs (the same indices: first maximum, first NaN), else PyTorch's."""
+    fn = build.native_argmax(logits.dtype)
+    if fn is None or logits.dim() != 2 or logits.device.type != "cpu" or not logits.is_contiguous():
+        return logits.argmax(dim=-1)
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    if fn(logits.data_ptr(), out.data_ptr(), logits.shape[0], logits.shape[1], torch.get_num_threads()) != 0:
+        return logits.argmax(dim=-1)
+    return out
