@@ -41,6 +41,10 @@ def _worker(rank: int, world_size: int, port: int, backend: str, fn: Callable, a
             buffer = io.BytesIO()
             torch.save(result, buffer)
             results.put(buffer.getvalue())
+        # NOTE: every rank is past its last collective before any tears its group down: a
+        # rank whose peer's gloo connections close under it mid-teardown can abort
+        # ("terminate called without an active exception"), seen once in CI.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
