@@ -39,7 +39,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="context limit in tokens (default: the model's)")
     parser.add_argument("--no-cpu-kernels", action="store_true",
-                        help="use PyTorch's linear everywhere, not inferpath's native GEMV")
+                        help="run PyTorch's ops only, not inferpath's native CPU kernels")
     parser.add_argument("--kv-cache-mb", type=int, default=256,
                         help="memory for the KV cache in MiB (default 256)")
     sampling = parser.add_argument_group("sampling")

@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-prefix-caching", action="store_true",
                         help="disable automatic prefix caching")
     parser.add_argument("--no-cpu-kernels", action="store_true",
-                        help="use PyTorch's linear everywhere, not inferpath's native GEMV")
+                        help="run PyTorch's ops only, not inferpath's native CPU kernels")
     parser.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug"))
     parser.set_defaults(func=run_serve)

@@ -44,8 +44,7 @@ def _fuse(linears: list[nn.Linear], attr: str) -> torch.Tensor | None:
 
 
 def _can_fuse(*linears: nn.Linear) -> bool:
-    weights = [linear.weight for linear in linears]
-    return all(w.device.type == "cpu" and w.dtype == weights[0].dtype and w.is_contiguous() for w in weights)
+    return ops.kernel_ready(linears[0].weight.dtype, *(linear.weight for linear in linears))
 
 
 class CPUSelfAttention(SelfAttention):

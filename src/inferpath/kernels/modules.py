@@ -40,12 +40,6 @@ from inferpath.model.rope import RotaryEmbedding
 from inferpath.model.self_attention import SelfAttention
 
 
-def _fits(tensor: torch.Tensor | None, dtype: torch.dtype) -> bool:
-    if tensor is None:
-        return True
-    return tensor.device.type == "cpu" and tensor.dtype == dtype and tensor.is_contiguous()
-
-
 class CPULinear(nn.Linear):
     """An ``nn.Linear`` whose forward uses a native kernel for a batch of few rows (module doc)."""
 
@@ -64,7 +58,7 @@ class CPURMSNorm(RMSNorm):
 
     def prepare(self) -> "CPURMSNorm":
         dtype = self.weight.dtype
-        self._kernel = build.native_rms_norm(dtype) if _fits(self.weight, dtype) else None
+        self._kernel = build.native_rms_norm(dtype) if ops.kernel_ready(dtype, self.weight) else None
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -118,36 +112,33 @@ class CPUPagedAttention(PagedAttention):
                                           group.seq_lens.contiguous(), scale, group.sliding_window)
 
 
+# PyTorch module -> its CPU subclass. Parents come before children in ``model.modules()``,
+# so the fused modules re-point their projections' weights before those are prepared.
+_SWAPS = {
+    SelfAttention: CPUSelfAttention,
+    SwiGLUMLP: CPUSwiGLUMLP,
+    nn.Linear: CPULinear,
+    RMSNorm: CPURMSNorm,
+    SiluAndMul: CPUSiluAndMul,
+    RotaryEmbedding: CPURotaryEmbedding,
+    PagedAttention: CPUPagedAttention,
+}
+_SWAPS.update({cpu: cpu for cpu in list(_SWAPS.values())})  # idempotent
+
+
 def accelerate(model: nn.Module) -> int:
-    """Make every ``nn.Linear`` a ``CPULinear`` and every ``RMSNorm`` a ``CPURMSNorm``,
-    prepared for their current weights; returns how many modules.
+    """Swap every module ``_SWAPS`` names for its CPU subclass and prepare the ones that
+    hold weights; returns how many modules were swapped.
 
     Idempotent. Call after the weights are loaded (and after tensor-parallel sharding).
     """
     count = 0
-    for module in model.modules():  # parents first: fusing re-points children's weights
-        if type(module) in (SelfAttention, CPUSelfAttention):
-            module.__class__ = CPUSelfAttention
-        elif type(module) in (SwiGLUMLP, CPUSwiGLUMLP):
-            module.__class__ = CPUSwiGLUMLP
-        elif type(module) in (nn.Linear, CPULinear):
-            module.__class__ = CPULinear
-        elif type(module) in (RMSNorm, CPURMSNorm):
-            module.__class__ = CPURMSNorm
-        elif type(module) in (PagedAttention, CPUPagedAttention):
-            module.__class__ = CPUPagedAttention
-            count += 1
+    for module in model.modules():
+        cpu_class = _SWAPS.get(type(module))
+        if cpu_class is None:
             continue
-        elif type(module) in (SiluAndMul, CPUSiluAndMul):
-            module.__class__ = CPUSiluAndMul
-            count += 1
-            continue
-        elif type(module) in (RotaryEmbedding, CPURotaryEmbedding):
-            module.__class__ = CPURotaryEmbedding
-            count += 1
-            continue
-        else:
-            continue
-        module.prepare()
+        module.__class__ = cpu_class
+        if hasattr(module, "prepare"):
+            module.prepare()
         count += 1
     return count

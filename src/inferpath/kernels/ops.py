@@ -38,13 +38,18 @@ def run_gemv(fn, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return out
 
 
+def kernel_ready(dtype: torch.dtype, *tensors: torch.Tensor | None) -> bool:
+    """Whether the kernels may read ``tensors`` (None ones skipped) in place: contiguous CPU
+    tensors of ``dtype``."""
+    return all(t is None or (t.device.type == "cpu" and t.dtype == dtype and t.is_contiguous())
+               for t in tensors)
+
+
 def linear_kernels(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
     """(gemv, amx) native functions for an ``nn.Linear``'s weight and bias, each None where
     it cannot serve them (dtype, device, layout; AMX needs in_features % 32 == 0)."""
     dtype = weight.dtype
-    fits = all(t is None or (t.device.type == "cpu" and t.dtype == dtype and t.is_contiguous())
-               for t in (weight, bias))
-    if not fits:
+    if not kernel_ready(dtype, weight, bias):
         return None, None
     amx = build.native_amx_gemm(dtype) if weight.shape[1] % 32 == 0 else None
     return build.native_gemv(dtype), amx

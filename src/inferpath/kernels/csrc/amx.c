@@ -56,6 +56,21 @@ static inline void prefetch_rows(const uint16_t *rows, int64_t k, int64_t count)
     for (int64_t r = 0; r < count; r++) _mm_prefetch((const char *)(rows + r * k), _MM_HINT_T0);
 }
 
+/* At k-step s of `steps`, prefetch the `rows` weight rows from w0 AMX_PREFETCH_STEPS steps
+ * on, or, near the end, the first steps of the rows that follow them. */
+static inline void prefetch_ahead(const uint16_t *w0, int64_t rows, int64_t k, int64_t s, int64_t steps) {
+    int64_t ahead = s + AMX_PREFETCH_STEPS;
+    if (ahead < steps) prefetch_rows(w0 + ahead * 32, k, rows);
+    else prefetch_rows(w0 + rows * k + (ahead - steps) * 32, k, rows);
+}
+
+static inline void zero_accumulators(void) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+}
+
 /* Round the float32 tiles of one 16-row block of w into y: out[h][r][jj] = y[16h + jj][row0 + r].
  * Each row j of y takes one 16-value column of a tile (a gather from L1) as 32 bytes. */
 static void store_block(float out[4][16][16], const uint16_t *bias, uint16_t *y, int64_t row0, int64_t m,
@@ -90,14 +105,9 @@ static void amx_chunk(const uint16_t *xp, const uint16_t *w, const uint16_t *bia
             int64_t row0 = p * 32;
             int two = row0 + 32 <= n16;
             const uint16_t *w0 = w + row0 * k, *w1 = w0 + 16 * k;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
+            zero_accumulators();
             for (int64_t s = 0; s < steps; s++) {
-                int64_t ahead = s + AMX_PREFETCH_STEPS;
-                if (ahead < steps) prefetch_rows(w0 + ahead * 32, k, two ? 32 : 16);
-                else prefetch_rows(w0 + 32 * k + (ahead - steps) * 32, k, 32);  /* the next pair */
+                prefetch_ahead(w0, two ? 32 : 16, k, s, steps);
                 _tile_loadd(6, xp + s * 16 * XP_ROW, XP_ROW * 2);
                 if (halves > 1) _tile_loadd(7, xp + s * 16 * XP_ROW + 32, XP_ROW * 2);
                 _tile_loadd(4, w0 + s * 32, k * 2);
@@ -136,14 +146,9 @@ static void amx_chunk4(const uint16_t *xp, const uint16_t *w, const uint16_t *bi
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < n16 / 16; b++) {
             const uint16_t *wb = w + b * 16 * k;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
+            zero_accumulators();
             for (int64_t s = 0; s < steps; s++) {
-                int64_t ahead = s + AMX_PREFETCH_STEPS;
-                if (ahead < steps) prefetch_rows(wb + ahead * 32, k, 16);
-                else prefetch_rows(wb + 16 * k + (ahead - steps) * 32, k, 16);  /* the next block */
+                prefetch_ahead(wb, 16, k, s, steps);
                 const uint16_t *xs = xp + s * 16 * XP_ROW;
                 _tile_loadd(4, wb + s * 32, k * 2);
                 _tile_loadd(6, xs, XP_ROW * 2);
