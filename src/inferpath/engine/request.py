@@ -47,12 +47,13 @@ class Request:
     ``seq_id == (request_id, index)`` names it to the scheduler and the block manager.
     ``generator`` is the sampler's per-sequence RNG (a torch.Generator, or None);
     ``detokenizer`` has ``add(token_id) -> str`` and ``flush() -> str`` (or is None:
-    token ids only, no text and no stop strings).
+    token ids only, no text and no stop strings). ``grammar`` is the sequence's
+    ``GrammarMatcher`` (structured output) or None; every output token is fed to it.
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  *, index: int = 0, eos_token_ids: frozenset[int] = frozenset(),
-                 generator: Any = None,
+                 generator: Any = None, grammar: Any = None,
                  detokenizer: Any = None, arrival_time: float | None = None):
         self.request_id = request_id
         self.index = index
@@ -62,6 +63,7 @@ class Request:
         self.eos_token_ids = eos_token_ids
         self.max_model_len: int | None = None  # set by the scheduler when added
         self.generator = generator
+        self.grammar = grammar
         self.detokenizer = detokenizer
         self.all_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
@@ -105,6 +107,10 @@ class Request:
             self.logprobs.append(logprobs)
         if self.first_token_time is None:
             self.first_token_time = time.monotonic()
+        if self.grammar is not None:
+            # NOTE: the sampler masked every other token, so this only fails on EOS after a
+            # complete grammar; that token ends the request anyway.
+            self.grammar.accept(token_id)
         stop = check_stop(token_id, self.num_output_tokens, self.params, self.eos_token_ids,
                           num_prompt_tokens=self.num_prompt_tokens,
                           max_model_len=self.max_model_len)

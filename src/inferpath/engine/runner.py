@@ -105,7 +105,7 @@ class ModelRunner:
                 logits_indices.append(query_start_loc[-1] - 1)
                 rows.append(SamplingRow(request.params, request.prompt_token_ids,
                                         request.output_token_ids, request.generator,
-                                        self.eos_token_ids))
+                                        self.eos_token_ids, request.grammar))
         num_tokens = len(input_ids)
         num_seqs = len(query_lens)
         # one host-to-tensor conversion per index space
