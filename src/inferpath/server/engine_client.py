@@ -22,6 +22,7 @@ from fastapi import Request
 
 from inferpath.engine import QueueFullError, RequestError
 from inferpath.sampling.params import SamplingParams
+from inferpath.structured import GrammarError
 from inferpath.server.errors import APIError
 from inferpath.server.metrics import ServerMetrics
 
@@ -147,8 +148,13 @@ def submit(context: ServingContext, prefix: str, prompts: list[str | list[int]],
         except QueueFullError as exc:
             submission.abort_unfinished()
             raise APIError(429, str(exc), code="queue_full") from None
+        except GrammarError as exc:
+            submission.abort_unfinished()
+            raise APIError(400, str(exc), param=exc.param, code="invalid_grammar") from None
         except RequestError as exc:
             submission.abort_unfinished()
+            if str(exc).startswith("logit_bias"):
+                raise APIError(400, str(exc), param="logit_bias") from None
             raise APIError(400, str(exc), param=prompt_param, code="invalid_prompt") from None
         except RuntimeError as exc:  # EngineDeadError: the loop is not running
             submission.abort_unfinished()

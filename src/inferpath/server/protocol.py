@@ -5,35 +5,33 @@ field); ranges are checked once, by ``SamplingParams``, whose ValueError names t
 parameter. ``to_sampling_params`` maps a request onto it and translates the parameter's
 name back into the one the client sent (``top_logprobs``, ``max_completion_tokens``).
 
-Unknown fields are ignored, as OpenAI's own clients send fields servers may not know.
+A field the server does not implement is refused (extra fields are forbidden): the 400
+names it, so no request is silently answered as if the field were not there. Message
+objects are the exception: fields a client echoes back from a previous response (``refusal``,
+``annotations``, ``audio``... when null or empty) are dropped; any other value is refused.
+The accepted fields are listed in the README.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from inferpath.sampling.params import SamplingParams
-
-
-class ParamError(ValueError):
-    """A request parameter is out of range; ``param`` is the name the client used."""
-
-    def __init__(self, message: str, param: str | None) -> None:
-        super().__init__(message)
-        self.param = param
+from inferpath.server.protocol_extras import ParamError, StructuredFields, logit_bias_pairs
+from inferpath.server.tools import ToolFields, history_tool_calls
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
 
 
-class _SamplingFields(BaseModel):
+class _SamplingFields(StructuredFields):
     """Parameters shared by completions and chat completions."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     temperature: float | None = None
@@ -69,6 +67,8 @@ class _SamplingFields(BaseModel):
             "min_tokens": self.min_tokens,
             "skip_special_tokens": self.skip_special_tokens,
             "include_stop_str_in_output": self.include_stop_str_in_output,
+            "logit_bias": logit_bias_pairs(self.logit_bias),
+            "structured": self.structured_output(),
         }
         for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                      "frequency_penalty", "repetition_penalty"):
@@ -90,6 +90,7 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
+    best_of: int | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -112,6 +113,9 @@ class CompletionRequest(_SamplingFields):
     def to_sampling_params(self) -> SamplingParams:
         if self.suffix:
             raise ParamError("suffix is not supported", "suffix")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ParamError(f"best_of ({self.best_of}) must equal n ({self.n}): choosing the "
+                             "best of several samples is not supported", "best_of")
         if self.echo and self.logprobs is not None:
             raise ParamError("echo together with logprobs is not supported "
                              "(prompt logprobs are not computed)", "echo")
@@ -122,16 +126,40 @@ class CompletionRequest(_SamplingFields):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     type: str
     text: str | None = None
 
 
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    arguments: str | dict[str, Any]
+
+
+class ToolCallMessage(BaseModel):
+    """A tool call of an assistant message in the history."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallMessage] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _no_unknown_values(self) -> "ChatMessage":
+        for key, value in (self.model_extra or {}).items():
+            if value not in (None, "", [], {}):
+                raise ValueError(f"message field {key!r} is not supported")
+        return self
 
     def text(self) -> str:
         """The message's text: text parts joined; other part types are refused."""
@@ -146,7 +174,7 @@ class ChatMessage(BaseModel):
         return "".join(part.text or "" for part in self.content)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_SamplingFields, ToolFields):
     """POST /v1/chat/completions. ``max_completion_tokens`` wins over ``max_tokens``;
     with neither, generation runs to EOS or the context limit."""
 
@@ -177,7 +205,7 @@ class ChatCompletionRequest(_SamplingFields):
 class TokenizeRequest(BaseModel):
     """POST /tokenize: a prompt, or chat messages rendered with the chat template."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -186,16 +214,26 @@ class TokenizeRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     model: str | None = None
     tokens: list[int]
 
 
-def messages_as_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
+def messages_as_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as the chat template expects them (``developer`` is OpenAI's new name
-    for ``system``)."""
-    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in messages]
+    for ``system``; tool calls carry their arguments as objects)."""
+    rendered: list[dict[str, Any]] = []
+    for m in messages:
+        message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                                   "content": m.text()}
+        if m.tool_calls:
+            message["tool_calls"] = history_tool_calls(m.tool_calls)
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        if m.name is not None:
+            message["name"] = m.name
+        rendered.append(message)
+    return rendered
 
 
 def _build(kwargs: dict[str, Any], renames: dict[str, str]) -> SamplingParams:
