@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from inferpath.server.protocol_extras import ParamError
 from inferpath.structured import StructuredOutput
+from inferpath.structured.schema import close_objects
 
 #: JSON inside tool calls is compact, like structured output (see structured/compiler.py).
 _COMPACT = {"whitespace_flexible": False}
@@ -108,7 +109,7 @@ def tool_call_grammar(functions: list[FunctionDefinition], fmt: str, parallel: b
     arguments_key = "parameters" if fmt == "llama3_json" else "arguments"
     calls = [{"type": "object",
               "properties": {"name": {"const": f.name},
-                             arguments_key: f.parameters or {"type": "object"}},
+                             arguments_key: close_objects(f.parameters or {"type": "object"})},
               "required": ["name", arguments_key], "additionalProperties": False}
              for f in functions]
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
