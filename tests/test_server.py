@@ -214,7 +214,8 @@ def test_too_long_prompt_is_400_with_both_numbers(server, oai):
 
 def test_serve_flags_reach_the_engine_config():
     from inferpath.cli import build_parser
-    from inferpath.cli.serve import engine_config_from_args, run_serve, served_name
+    from inferpath.cli.serve import engine_config_from_args, model_argument, run_serve
+    from inferpath.models import served_model_name
 
     args = build_parser().parse_args([
         "serve", MODEL, "--max-model-len", "512", "--max-num-seqs", "8", "--num-kv-blocks", "40",
@@ -223,5 +224,37 @@ def test_serve_flags_reach_the_engine_config():
     assert (config.max_model_len, config.max_num_seqs, config.num_kv_blocks,
             config.max_waiting_requests, config.max_num_batched_tokens) == (512, 8, 40, 3, 256)
     assert (args.func, args.api_key, args.host, args.port) == (run_serve, "k", "127.0.0.1", 8000)
-    assert served_name(MODEL, "SmolLM2 135M") == MODEL
-    assert served_name("/models/x.gguf", "SmolLM2 135M") == "SmolLM2 135M"
+    assert served_model_name(MODEL) == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert served_model_name("/models/My Model.Q4_0.gguf") == "My Model.Q4_0"
+    as_option = build_parser().parse_args(["serve", "--model", "Qwen/Qwen2.5-Coder-0.5B-Instruct"])
+    assert model_argument(as_option) == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    assert model_argument(build_parser().parse_args(["serve"])) == MODEL
+
+
+def test_serve_refuses_a_taken_port_before_loading_the_model(tmp_path):
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "inferpath", "serve", "--model", "no/such-model",
+                             "--port", str(port)], capture_output=True, text=True, timeout=60)
+    taken.close()
+    assert result.returncode == 1
+    assert f"cannot bind 127.0.0.1:{port}" in result.stderr
+    assert "loading" not in result.stderr  # refused before any model work
+    assert time.monotonic() - start < 30
+
+
+def test_version_and_cors_only_when_asked(server):
+    import httpx
+
+    assert httpx.get(server.url + "/version", timeout=30).json()["version"]
+    preflight = httpx.options(server.url + "/v1/models", timeout=30, headers={
+        "Origin": "http://example.com", "Access-Control-Request-Method": "GET"})
+    assert "access-control-allow-origin" not in preflight.headers

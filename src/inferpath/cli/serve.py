@@ -20,15 +20,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Serve MODEL (an alias, a .gguf file or a Hugging Face model folder) "
                     "at /v1/completions, /v1/chat/completions, /v1/models, /tokenize, "
                     "/detokenize, /health and /metrics.")
-    parser.add_argument("model", nargs="?", default=DEFAULT_MODEL,
-                        help=f"model alias or path (default: {DEFAULT_MODEL})")
+    parser.add_argument("model", nargs="?", default=None,
+                        help="model: an alias, its Hugging Face id, another Hugging Face id "
+                             f"(from its cache), a .gguf file or a folder (default: {DEFAULT_MODEL})")
+    parser.add_argument("--model", dest="model_option", default=None, metavar="MODEL",
+                        help="the same as the positional MODEL (vLLM's spelling)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default: 8000)")
     parser.add_argument("--api-key", default=None,
                         help="require 'Authorization: Bearer KEY' on the /v1 routes")
     parser.add_argument("--served-model-name", default=None,
-                        help="the model id clients send (default: the alias as typed; "
-                             "for a path, the model's own name)")
+                        help="the model id clients send (default: the Hugging Face id of an "
+                             "alias or id, a .gguf file's stem, a folder's name)")
+    parser.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
+                        help="enable CORS for these browser origins ('*' for any; default: off)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, metavar="N",
                         help="shard the model over N local processes (torch.distributed)")
@@ -72,24 +77,33 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     )
 
 
-def served_name(model_arg: str, engine_model_name: str) -> str:
-    """The id clients send: the alias as typed (``smollm2-135m-instruct``); for a path,
-    the model's own name."""
-    looks_like_path = "/" in model_arg or model_arg.endswith((".gguf", ".safetensors"))
-    return engine_model_name if looks_like_path else model_arg
+def model_argument(args: argparse.Namespace) -> str:
+    """MODEL from the positional or --model (one of them, or both the same)."""
+    if args.model and args.model_option and args.model != args.model_option:
+        raise SystemExit(f"inferpath serve: two models given: {args.model!r} and "
+                         f"--model {args.model_option!r}")
+    return args.model or args.model_option or DEFAULT_MODEL
 
 
 def run_serve(args: argparse.Namespace) -> int:
     from inferpath.engine import AsyncEngine, LLMEngine
+    from inferpath.models import served_model_name
     from inferpath.server.app import build_app
-    from inferpath.server.launch import serve_forever
+    from inferpath.server.launch import bind_socket, serve_forever
 
+    model = model_argument(args)
     config = engine_config_from_args(args)
-    print(f"inferpath serve: loading {args.model} ...", file=sys.stderr)
-    engine = LLMEngine.from_model(args.model, config)
-    name = args.served_model_name or served_name(args.model, engine.model_name)
-    app = build_app(AsyncEngine(engine), api_key=args.api_key, served_model_name=name)
+    try:
+        sock = bind_socket(args.host, args.port)  # before the minutes of loading
+    except OSError as exc:
+        print(f"inferpath serve: {exc}", file=sys.stderr)
+        return 1
+    print(f"inferpath serve: loading {model} ...", file=sys.stderr)
+    engine = LLMEngine.from_model(model, config)
+    name = args.served_model_name or served_model_name(model)
+    app = build_app(AsyncEngine(engine), api_key=args.api_key, served_model_name=name,
+                    allowed_origins=args.allowed_origins)
     print(f"inferpath serve: {name} (max_model_len {engine.max_model_len}) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr)
-    serve_forever(app, args.host, args.port, log_level=args.log_level)
+    serve_forever(app, sock, log_level=args.log_level)
     return 0

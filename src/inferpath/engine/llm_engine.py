@@ -77,7 +77,7 @@ class LLMEngine:
         """Load an alias (pulled on first use), a .gguf file or a Hugging Face directory."""
         from inferpath.kernels import accelerate
         from inferpath.model import build_model
-        from inferpath.models import resolve_model
+        from inferpath.models import resolve_model, served_model_name
         from inferpath.tokenizer import load_tokenizer
         from inferpath.weights import load_checkpoint
 
@@ -96,7 +96,7 @@ class LLMEngine:
                 accelerate(transformer)
         return cls(transformer, tokenizer, checkpoint.config, engine_config,
                    eos_token_ids=checkpoint.eos_token_ids,
-                   model_name=checkpoint.config.name or str(model))
+                   model_name=served_model_name(model))
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request_id: str, prompt: str | list[int],

@@ -6,7 +6,11 @@ lifespan starts the engine's background loop and shuts it down. Routes:
 - ``GET /v1/models``, ``GET /v1/models/{id}``
 - ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE when ``stream``)
 - ``POST /tokenize``, ``POST /detokenize``
-- ``GET /health`` (status and the engine's occupancy), ``GET /metrics`` (Prometheus)
+- ``GET /health`` (status and the engine's occupancy), ``GET /metrics`` (Prometheus),
+  ``GET /version``
+
+CORS is off unless ``allowed_origins`` lists the origins a browser may call from
+(``["*"]`` for any).
 
 With an ``api_key``, the ``/v1`` routes and (de)tokenize need ``Authorization: Bearer
 KEY``; ``/health`` and ``/metrics`` stay open for probes and scrapers.
@@ -20,6 +24,7 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -39,7 +44,8 @@ from inferpath.server.protocol import (
 
 
 def build_app(async_engine: Any, api_key: str | None = None,
-              served_model_name: str | None = None) -> FastAPI:
+              served_model_name: str | None = None,
+              allowed_origins: list[str] | None = None) -> FastAPI:
     """An app serving ``async_engine`` (an ``inferpath.engine.AsyncEngine``) as
     ``served_model_name`` (default: the engine's model name)."""
     engine = async_engine.engine
@@ -64,6 +70,10 @@ def build_app(async_engine: Any, api_key: str | None = None,
 
     app = FastAPI(title="inferpath", lifespan=lifespan)
     app.state.context = context
+    if allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins),
+                           allow_methods=["GET", "POST", "OPTIONS"],
+                           allow_headers=["Authorization", "Content-Type"])
     install_error_handlers(app, metrics.record_error)
 
     def check_api_key(request: Request) -> None:
@@ -126,6 +136,12 @@ def build_app(async_engine: Any, api_key: str | None = None,
                 "num_requests_waiting": stats.num_waiting,
                 "num_kv_blocks_used": stats.num_kv_blocks_used,
                 "num_kv_blocks_total": stats.num_kv_blocks_total}
+
+    @app.get("/version")
+    async def version() -> dict[str, Any]:
+        from inferpath import __version__
+
+        return {"version": __version__}
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
