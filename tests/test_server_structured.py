@@ -190,3 +190,32 @@ def test_completions_refuse_best_of_unless_equal_to_n(server):
     assert caught.value.body["param"] == "best_of"
     ok = c.completions.create(model=MODEL, prompt="Hi", max_tokens=2, n=2, best_of=2, temperature=0)
     assert len(ok.choices) == 2  # and the server still serves
+
+
+def test_echo_with_logprobs_scores_the_prompt_like_generation_does(server):
+    """Prompt token i's logprob equals the logprob of generating it after tokens < i (a
+    second path of our own), also when the prompt is in the prefix cache, and streamed."""
+    c = client(server)
+    generated = c.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=1,
+                                     temperature=0, logprobs=1)
+    next_token = generated.choices[0].logprobs.tokens[0]
+    next_logprob = generated.choices[0].logprobs.token_logprobs[0]
+    prompt = "The capital of France is" + next_token
+    for _ in range(2):  # the second time the prompt's blocks are cached
+        echoed = c.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0,
+                                      logprobs=1, echo=True)
+        logprobs = echoed.choices[0].logprobs
+        num_prompt = echoed.usage.prompt_tokens
+        assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+        assert len(logprobs.tokens) == num_prompt + 2
+        assert "".join(logprobs.tokens[:num_prompt]) == prompt
+        assert logprobs.token_logprobs[num_prompt - 1] == pytest.approx(next_logprob, abs=1e-4)
+    streamed_tokens, streamed_logprobs = [], []
+    for chunk in c.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0,
+                                      logprobs=1, echo=True, stream=True):
+        for choice in chunk.choices:
+            if choice.logprobs:
+                streamed_tokens += choice.logprobs.tokens
+                streamed_logprobs += choice.logprobs.token_logprobs
+    assert streamed_tokens == logprobs.tokens
+    assert streamed_logprobs == pytest.approx(logprobs.token_logprobs, abs=1e-5)

@@ -63,6 +63,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     prompt: str | None = None
+    prompt_logprobs: list[Any] | None = None  # None, then TokenLogprobs per prompt token
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,10 @@ class Request:
         self.all_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.logprobs: list | None = [] if params.logprobs is not None else None
+        # prompt token 0 has no logprob; the runner appends the others (prompt_logprobs.py)
+        # (sample 0 only: the others share its prompt)
+        self.prompt_logprobs: list | None = (
+            [None] if params.prompt_logprobs is not None and index == 0 else None)
         self.output_text = ""
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-cache hit at first admission

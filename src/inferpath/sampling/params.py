@@ -69,6 +69,8 @@ class SamplingParams:
       (OpenAI's; bias in [-100, 100]: -100 bans a token, +100 all but forces it); stored
       as sorted ``(token_id, bias)`` pairs. Ids are checked against the vocabulary by the
       engine.
+    - ``prompt_logprobs``: None = none; N = each prompt token's logprob given the tokens
+      before it, plus the top N there (vLLM's; the first token has None).
     - ``structured``: the grammar the output must match (``inferpath.structured``); the
       sampler masks every token the grammar does not allow next.
     """
@@ -92,6 +94,7 @@ class SamplingParams:
     min_tokens: int = 0
     logit_bias: Any = None
     structured: StructuredOutput | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if _check_int("n", self.n, ">= 1") < 1:
@@ -133,6 +136,10 @@ class SamplingParams:
             if not isinstance(getattr(self, name), bool):
                 raise _fail(name, getattr(self, name), "True or False")
         object.__setattr__(self, "logit_bias", _normalise_logit_bias(self.logit_bias))
+        if self.prompt_logprobs is not None and not (
+            0 <= _check_int("prompt_logprobs", self.prompt_logprobs, f"in [0, {MAX_LOGPROBS}]") <= MAX_LOGPROBS
+        ):
+            raise _fail("prompt_logprobs", self.prompt_logprobs, f"in [0, {MAX_LOGPROBS}] or None")
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
             raise _fail("structured", self.structured, "an inferpath.structured.StructuredOutput or None")
 

@@ -116,12 +116,11 @@ class CompletionRequest(_SamplingFields):
         if self.best_of is not None and self.best_of != self.n:
             raise ParamError(f"best_of ({self.best_of}) must equal n ({self.n}): choosing the "
                              "best of several samples is not supported", "best_of")
-        if self.echo and self.logprobs is not None:
-            raise ParamError("echo together with logprobs is not supported "
-                             "(prompt logprobs are not computed)", "echo")
         kwargs = self._sampling_kwargs()
         kwargs["max_tokens"] = self.max_tokens
         kwargs["logprobs"] = self.logprobs
+        if self.echo and self.logprobs is not None:  # the prompt's logprobs too, as vLLM
+            kwargs["prompt_logprobs"] = self.logprobs
         return _build(kwargs, renames={})
 
 
