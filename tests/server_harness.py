@@ -56,12 +56,17 @@ def async_client(server: ServerThread, api_key: str = "unused") -> openai.AsyncO
 
 
 def read_metrics(server: ServerThread) -> dict[str, float]:
-    """/metrics as {'name{label="v"}': value} (label-less samples as plain 'name')."""
+    """/metrics as {'name{label="v"}': value} (label-less samples as plain 'name'). Every
+    sample must carry the served model's ``model_name`` (vLLM's label); it is left out of
+    the keys."""
     text = httpx.get(server.url + "/metrics", timeout=30).text
     values = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            if family.name.startswith("inferpath:"):
+                assert sample.labels.get("model_name") == MODEL, sample
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items())
+                              if k != "model_name")
             values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
     return values
 

@@ -142,12 +142,12 @@ def test_tokenize_detokenize_health_and_metrics(server):
     health = httpx.get(server.url + "/health").json()
     assert health["status"] == "ok" and health["num_kv_blocks_total"] > 0
     metrics = read_metrics(server)
-    assert metrics['inferpath_request_success_total{finish_reason="length"}'] >= 1
-    assert metrics["inferpath_time_to_first_token_seconds_count"] >= 1
-    assert metrics["inferpath_e2e_request_latency_seconds_count"] >= 1
-    assert metrics["inferpath_generation_tokens_total"] >= 8
-    assert metrics["inferpath_prompt_tokens_computed_total"] >= len(ids)
-    assert 0 <= metrics["inferpath_kv_cache_usage_perc"] <= 100
+    assert metrics['inferpath:request_success_total{finished_reason="length"}'] >= 1
+    assert metrics["inferpath:time_to_first_token_seconds_count"] >= 1
+    assert metrics["inferpath:e2e_request_latency_seconds_count"] >= 1
+    assert metrics["inferpath:generation_tokens_total"] >= 8
+    assert metrics["inferpath:prompt_tokens_computed_total"] >= len(ids)
+    assert 0 <= metrics["inferpath:kv_cache_usage_perc"] <= 1
 
 
 # ---------------------------------------------------------------- errors

@@ -49,11 +49,12 @@ def build_app(async_engine: Any, api_key: str | None = None,
     """An app serving ``async_engine`` (an ``inferpath.engine.AsyncEngine``) as
     ``served_model_name`` (default: the engine's model name)."""
     engine = async_engine.engine
-    metrics = ServerMetrics(engine.stats)
+    model_name = served_model_name or engine.model_name
+    metrics = ServerMetrics(engine.stats, model_name)
     context = ServingContext(
         async_engine=async_engine,
         tokenizer=engine.tokenizer,
-        model_name=served_model_name or engine.model_name,
+        model_name=model_name,
         max_model_len=engine.max_model_len,
         metrics=metrics,
         api_key=api_key,
