@@ -258,3 +258,23 @@ def test_version_and_cors_only_when_asked(server):
     preflight = httpx.options(server.url + "/v1/models", timeout=30, headers={
         "Origin": "http://example.com", "Access-Control-Request-Method": "GET"})
     assert "access-control-allow-origin" not in preflight.headers
+
+
+def test_engine_flags_come_from_engine_config_fields_for_every_command():
+    import dataclasses
+
+    from inferpath.cli import build_parser
+    from inferpath.cli.engine_flags import engine_config_from_args
+    from inferpath.config import EngineConfig
+
+    flags = ["--dtype", "bfloat16", "--kv-cache-memory", "0.25", "--max-num-seqs", "8",
+             "--no-prefix-caching", "--tp", "1", "--engine-seed", "7"]
+    configs = [engine_config_from_args(build_parser().parse_args(argv + flags))
+               for argv in (["serve"], ["generate", "hi"], ["chat"])]
+    assert configs[0] == configs[1] == configs[2]
+    assert (configs[0].dtype, configs[0].kv_cache_memory_bytes, configs[0].max_num_seqs,
+            configs[0].enable_prefix_caching, configs[0].seed) == ("bfloat16", 2**28, 8, False, 7)
+    assert engine_config_from_args(build_parser().parse_args(["chat"])) == EngineConfig()
+    for command in (["serve"], ["generate", "hi"], ["chat"]):
+        dests = vars(build_parser().parse_args(command))
+        assert {f.name for f in dataclasses.fields(EngineConfig)} <= set(dests)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from inferpath.config import EngineConfig
+from inferpath.cli.engine_flags import add_engine_flags, engine_config_from_args
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -34,47 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "alias or id, a .gguf file's stem, a folder's name)")
     parser.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
                         help="enable CORS for these browser origins ('*' for any; default: off)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, metavar="N",
-                        help="shard the model over N local processes (torch.distributed)")
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="longest prompt + output in tokens (default: the model's limit)")
-    parser.add_argument("--max-num-seqs", type=int, default=64,
-                        help="most sequences in one batch (default: 64)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                        help="token budget of one engine step (default: 2048)")
-    parser.add_argument("--num-kv-blocks", type=int, default=None,
-                        help="KV-cache blocks (default: sized from --kv-cache-memory)")
-    parser.add_argument("--kv-cache-memory", type=float, default=2.0,
-                        help="KV-cache budget in GiB (default: 2)")
-    parser.add_argument("--block-size", type=int, default=16,
-                        help="tokens per KV block (default: 16)")
-    parser.add_argument("--max-waiting", type=int, default=1024,
-                        help="waiting requests before new ones get 429 (default: 1024)")
-    parser.add_argument("--no-prefix-caching", action="store_true",
-                        help="disable automatic prefix caching")
-    parser.add_argument("--no-cpu-kernels", action="store_true",
-                        help="run PyTorch's ops only, not inferpath's native CPU kernels")
+    add_engine_flags(parser)
     parser.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug"))
     parser.set_defaults(func=run_serve)
-
-
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    """The EngineConfig the flags describe (validated by EngineConfig itself)."""
-    return EngineConfig(
-        dtype=args.dtype,
-        tensor_parallel_size=args.tensor_parallel_size,
-        block_size=args.block_size,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        num_kv_blocks=args.num_kv_blocks,
-        kv_cache_memory_bytes=int(args.kv_cache_memory * 1024**3),
-        enable_prefix_caching=not args.no_prefix_caching,
-        max_waiting_requests=args.max_waiting,
-        cpu_kernels=not args.no_cpu_kernels,
-    )
 
 
 def model_argument(args: argparse.Namespace) -> str:
