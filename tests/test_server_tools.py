@@ -125,3 +125,24 @@ def test_unknown_named_function_is_400(client):
         client.chat.completions.create(model=MODEL, messages=QUESTION, tools=TOOLS, max_tokens=4,
                                        tool_choice={"type": "function", "function": {"name": "nope"}})
     assert caught.value.body["param"] == "tool_choice"
+
+
+def test_langchain_bind_tools_and_with_structured_output(client):
+    """LangChain's ChatOpenAI (langchain-openai, a test extra) round-trips both."""
+    import pydantic
+    from langchain_openai import ChatOpenAI
+
+    class Weather(pydantic.BaseModel):
+        """The weather asked about."""
+
+        city: str
+        unit: str
+
+    chat = ChatOpenAI(model=MODEL, base_url=str(client.base_url), api_key="unused",
+                      temperature=0, max_tokens=48, max_retries=0)
+    with_tools = chat.bind_tools([TOOLS[0]], tool_choice="required")
+    message = with_tools.invoke("What's the weather in Paris?")
+    assert [call["name"] for call in message.tool_calls] == ["get_weather"]
+    jsonschema.validate(message.tool_calls[0]["args"], WEATHER)
+    weather = chat.with_structured_output(Weather).invoke("Paris, in celsius: what weather?")
+    assert isinstance(weather, Weather)
