@@ -19,7 +19,13 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from inferpath.server.engine_client import ServingContext, Submission, submit, usage
+from inferpath.server.engine_client import (
+    ServingContext,
+    Submission,
+    submit,
+    usage,
+    with_usage_so_far,
+)
 from inferpath.server.errors import APIError
 from inferpath.server.logprobs import chat_logprobs
 from inferpath.server.protocol import ChatCompletionRequest, ParamError
@@ -62,8 +68,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     submission = submit(context, "chatcmpl", [prompt_ids], params, prompt_param="messages")
     num_top = body.top_logprobs or 0
     if body.stream:
-        return sse_response(_stream_chunks(body, context, submission, num_top, fmt),
-                            submission.abort_unfinished)
+        chunks = _stream_chunks(body, context, submission, num_top, fmt)
+        if body.usage_in_every_chunk:
+            chunks = with_usage_so_far(chunks, submission)
+        return sse_response(chunks, submission.abort_unfinished)
     (final,) = await submission.final_outputs(request)
     choices = []
     for completion in final.outputs:

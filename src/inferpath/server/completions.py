@@ -15,7 +15,13 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from inferpath.server.engine_client import ServingContext, Submission, submit, usage
+from inferpath.server.engine_client import (
+    ServingContext,
+    Submission,
+    submit,
+    usage,
+    with_usage_so_far,
+)
 from inferpath.server.errors import APIError
 from inferpath.server.logprobs import (
     completion_logprobs,
@@ -38,6 +44,8 @@ async def create_completion(body: CompletionRequest, request: Request,
     echoes = [_prompt_text(context, p) if body.echo else "" for p in prompts]
     if body.stream:
         chunks = _stream_chunks(body, context, submission, echoes, params.n)
+        if body.usage_in_every_chunk:
+            chunks = with_usage_so_far(chunks, submission)
         return sse_response(chunks, submission.abort_unfinished)
     finals = await submission.final_outputs(request)
     choices = []

@@ -62,6 +62,7 @@ class Submission:
     num_choices_per_prompt: int = 1
     created: int = field(default_factory=lambda: int(time.time()))
     finished: set[int] = field(default_factory=set)
+    latest: dict[int, Any] = field(default_factory=dict)  # prompt index -> last RequestOutput
 
     def abort_unfinished(self) -> None:
         for i, request_id in enumerate(self.request_ids):
@@ -98,6 +99,7 @@ class Submission:
                 if isinstance(item, BaseException):
                     raise item
                 index, output = item
+                self.latest[index] = output
                 if output.finished and index not in self.finished:
                     self.finished.add(index)
                     self.context.metrics.record_finished(output)
@@ -163,6 +165,17 @@ def submit(context: ServingContext, prefix: str, prompts: list[str | list[int]],
         submission.request_ids.append(request_id)
         submission.streams.append(stream)
     return submission
+
+
+async def with_usage_so_far(chunks: AsyncIterator[dict[str, Any]],
+                            submission: Submission) -> AsyncIterator[dict[str, Any]]:
+    """``chunks`` each with the usage so far (vLLM's ``continuous_usage_stats``); chunks
+    sent before the engine's first output (the role openers) carry none: the prompt's
+    token count is not known yet."""
+    async for chunk in chunks:
+        if "usage" not in chunk and submission.latest:
+            chunk["usage"] = usage([submission.latest[i] for i in sorted(submission.latest)])
+        yield chunk
 
 
 def usage(finals: list[Any]) -> dict[str, Any]:

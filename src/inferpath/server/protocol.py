@@ -24,8 +24,12 @@ from inferpath.server.tools import ToolFields, history_tool_calls
 
 
 class StreamOptions(BaseModel):
+    """``include_usage``: a last chunk with the usage (OpenAI); ``continuous_usage_stats``:
+    the usage so far in every chunk (vLLM's; benchmark clients such as guidellm send it)."""
+
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class _SamplingFields(StructuredFields):
@@ -56,6 +60,11 @@ class _SamplingFields(StructuredFields):
     @property
     def include_usage_in_stream(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def usage_in_every_chunk(self) -> bool:
+        return bool(self.stream and self.stream_options
+                    and self.stream_options.continuous_usage_stats)
 
     def _sampling_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
