@@ -73,7 +73,8 @@ class Submission:
         """(prompt index, RequestOutput) as the engine produces them, all prompts merged.
 
         Finished outputs are recorded in the metrics. If the consumer stops early or is
-        cancelled, unfinished requests are aborted.
+        cancelled, unfinished requests are aborted. A request that failed alone (its
+        sampling: NaN logits) raises a 400 APIError naming why; the others are aborted.
         """
         queue: asyncio.Queue[tuple[int, Any] | BaseException | None] = asyncio.Queue()
 
@@ -97,6 +98,11 @@ class Submission:
                 if isinstance(item, BaseException):
                     raise item
                 index, output = item
+                if output.error is not None:  # this request alone failed (its sampling)
+                    if output.finished and index not in self.finished:
+                        self.finished.add(index)
+                        self.context.metrics.record_finished(output)
+                    raise APIError(400, output.error, code="sampling_failed")
                 if output.finished and index not in self.finished:
                     self.finished.add(index)
                     self.context.metrics.record_finished(output)
@@ -149,7 +155,9 @@ def submit(context: ServingContext, prefix: str, prompts: list[str | list[int]],
             raise APIError(429, str(exc), code="queue_full") from None
         except RequestError as exc:
             submission.abort_unfinished()
-            raise APIError(400, str(exc), param=prompt_param, code="invalid_prompt") from None
+            param = exc.param or prompt_param
+            code = "invalid_prompt" if exc.param is None else "invalid_value"
+            raise APIError(400, str(exc), param=param, code=code) from None
         except RuntimeError as exc:  # EngineDeadError: the loop is not running
             submission.abort_unfinished()
             raise APIError(503, f"the engine is not running: {exc}",
