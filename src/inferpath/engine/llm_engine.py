@@ -197,7 +197,12 @@ class LLMEngine:
 
     def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
+            try:
+                return self.tokenizer.encode(prompt)
+            except UnicodeEncodeError as exc:
+                raise RequestError(f"the prompt holds {prompt[exc.start]!r} at character "
+                                   f"{exc.start}, a lone surrogate that is not valid "
+                                   "Unicode") from None
         vocab_size = self.model_config.vocab_size
         for token_id in prompt:
             if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < vocab_size:
