@@ -34,6 +34,9 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _STRING, _ARRAY = 8, 9
 # the smallest a value of each type can be, in bytes (to bound counts by the bytes left)
 _MIN_SIZE = {**{t: struct.calcsize(f) for t, f in _SCALARS.items()}, _STRING: 8, _ARRAY: 12}
+#: The largest a size in the metadata may be (the longest real context is ~10M tokens);
+#: sizes size tables (RoPE, layers) before any tensor is read.
+MAX_MODEL_SIZE = 2**24
 # metadata that must be a positive integer when present (a zero divides, later)
 _POSITIVE_KEYS = ("block_count", "context_length", "embedding_length", "feed_forward_length",
                   "attention.head_count", "attention.head_count_kv", "attention.key_length",
@@ -146,7 +149,7 @@ def _check(cur: _Cursor) -> None:
         _check_tensors(cur, tensor_count, metadata)
     finally:
         cur.data.release()  # before the mmap closes
-    _check_model_keys(cur, metadata)
+    _check_model_keys(cur, metadata, tensor_count)
 
 
 def _check_metadata(cur: _Cursor, kv_count: int) -> dict[str, Any]:
@@ -205,7 +208,7 @@ def _check_tensors(cur: _Cursor, tensor_count: int, metadata: dict[str, Any]) ->
                            "it is truncated")
 
 
-def _check_model_keys(cur: _Cursor, metadata: dict[str, Any]) -> None:
+def _check_model_keys(cur: _Cursor, metadata: dict[str, Any], tensor_count: int) -> None:
     arch = metadata.get("general.architecture")
     if arch is not None and not isinstance(arch, str):
         cur.field = "general.architecture"
@@ -215,7 +218,13 @@ def _check_model_keys(cur: _Cursor, metadata: dict[str, Any]) -> None:
         if key not in metadata or metadata[key] is None:  # None: an array (per layer)
             continue
         value = metadata[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            cur.field = key
-            cur.offset = 0
-            raise WeightsError(f"{cur.path}: GGUF {key} is {value!r}; allowed: an integer >= 1")
+        limit = MAX_MODEL_SIZE
+        if suffix == "block_count":
+            limit = min(limit, max(tensor_count, 1))  # every layer has tensors
+        elif suffix.startswith("attention.head_count"):
+            hidden = metadata.get(f"{arch}.embedding_length")
+            if isinstance(hidden, int) and hidden > 0:
+                limit = min(limit, hidden)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+            raise WeightsError(f"{cur.path}: GGUF {key} is {value!r}; allowed: an integer "
+                               f"in 1..{limit}")
