@@ -37,6 +37,8 @@ _MIN_SIZE = {**{t: struct.calcsize(f) for t, f in _SCALARS.items()}, _STRING: 8,
 #: The largest a size in the metadata may be (the longest real context is ~10M tokens);
 #: sizes size tables (RoPE, layers) before any tensor is read.
 MAX_MODEL_SIZE = 2**24
+#: The most layers a model may have (the deepest real ones have ~200).
+MAX_LAYERS = 2**16
 # metadata that must be a positive integer when present (a zero divides, later)
 _POSITIVE_KEYS = ("block_count", "context_length", "embedding_length", "feed_forward_length",
                   "attention.head_count", "attention.head_count_kv", "attention.key_length",
@@ -194,18 +196,20 @@ def _check_tensors(cur: _Cursor, tensor_count: int, metadata: dict[str, Any]) ->
         if num_elements == 0 or dims[0] % block_size:
             raise cur.fail(f"shape {dims} is not allowed: no dimension may be 0, and the first "
                            f"must be a multiple of {block_size} ({qtype.name} blocks)")
-        infos.append((name, offset, num_elements // block_size * type_size))
+        shape = tuple(reversed(dims))  # as PyTorch shows it
+        infos.append((name, shape, qtype.name, offset, num_elements // block_size * type_size))
     cur.field = "general.alignment"
     alignment = metadata.get("general.alignment", 32)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise cur.fail(f"is {alignment!r}; allowed: a power of two")
     data_start = -(-cur.offset // alignment) * alignment
-    for name, offset, num_bytes in infos:
-        cur.field = f"tensor {name!r}"
+    for name, shape, type_name, offset, num_bytes in infos:
         end = data_start + offset + num_bytes
         if end > len(cur.data):
-            raise cur.fail(f"data needs bytes up to {end} but the file has {len(cur.data)}: "
-                           "it is truncated")
+            raise WeightsError(
+                f"{cur.path}: tensor {name!r} (shape {shape}, {type_name}) needs bytes up to "
+                f"offset {end} but the file has only {len(cur.data)} bytes: the file is "
+                "truncated; download it again")
 
 
 def _check_model_keys(cur: _Cursor, metadata: dict[str, Any], tensor_count: int) -> None:
@@ -219,8 +223,8 @@ def _check_model_keys(cur: _Cursor, metadata: dict[str, Any], tensor_count: int)
             continue
         value = metadata[key]
         limit = MAX_MODEL_SIZE
-        if suffix == "block_count":
-            limit = min(limit, max(tensor_count, 1))  # every layer has tensors
+        if suffix == "block_count":  # every layer has tensors (vocab-only files have none)
+            limit = min(MAX_LAYERS, tensor_count or MAX_LAYERS)
         elif suffix.startswith("attention.head_count"):
             hidden = metadata.get(f"{arch}.embedding_length")
             if isinstance(hidden, int) and hidden > 0:
