@@ -35,13 +35,14 @@ def smollm2() -> tuple:
     return checkpoint, tokenizer, model
 
 
-def start_server(api_key: str | None = None, served_model_name: str = MODEL,
+def start_server(api_key: str | None = None, max_n: int = 128, served_model_name: str = MODEL,
                  **engine_config) -> ServerThread:
     """A started server over a fresh engine (EngineConfig(**engine_config)) on a free port."""
     checkpoint, tokenizer, model = smollm2()
     engine = LLMEngine(model, tokenizer, checkpoint.config, EngineConfig(**engine_config),
                        eos_token_ids=checkpoint.eos_token_ids, model_name=MODEL)
-    app = build_app(AsyncEngine(engine), api_key=api_key, served_model_name=served_model_name)
+    app = build_app(AsyncEngine(engine), api_key=api_key, served_model_name=served_model_name,
+                    max_n=max_n)
     return ServerThread(app).start(timeout=120)
 
 

@@ -29,6 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default: 8000)")
     parser.add_argument("--api-key", default=None,
                         help="require 'Authorization: Bearer KEY' on the /v1 routes")
+    parser.add_argument("--max-n", type=int, default=128, metavar="N",
+                        help="the most choices (n) one request may ask for (default: 128, OpenAI's)")
     parser.add_argument("--served-model-name", default=None,
                         help="the model id clients send (default: the Hugging Face id of an "
                              "alias or id, a .gguf file's stem, a folder's name)")
@@ -65,7 +67,7 @@ def run_serve(args: argparse.Namespace) -> int:
     engine = LLMEngine.from_model(model, config)
     name = args.served_model_name or served_model_name(model)
     app = build_app(AsyncEngine(engine), api_key=args.api_key, served_model_name=name,
-                    allowed_origins=args.allowed_origins)
+                    max_n=args.max_n, allowed_origins=args.allowed_origins)
     print(f"inferpath serve: {name} (max_model_len {engine.max_model_len}) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr)
     serve_forever(app, sock, log_level=args.log_level)

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from inferpath.server.engine_client import (
     ServingContext,
     Submission,
+    check_text,
     submit,
     usage,
     with_usage_so_far,
@@ -34,15 +35,20 @@ from inferpath.server.tool_stream import ToolCallStream
 from inferpath.server.tools import parse_tool_calls, tool_call_grammar, tool_format
 
 
-def encode_messages(context: ServingContext, messages: list[dict[str, Any]],
-                    add_generation_prompt: bool, tools: list[dict] | None = None) -> list[int]:
-    """Token ids of the rendered chat; 400 naming ``messages`` if the template refuses."""
+async def encode_messages(context: ServingContext, messages: list[dict[str, Any]],
+                          add_generation_prompt: bool, tools: list[dict] | None = None) -> list[int]:
+    """Token ids of the rendered chat (and ``tools``, the template's ``tools`` variable),
+    rendered and tokenized off the event loop; 400 naming ``messages`` if the template
+    refuses or the text is not valid Unicode."""
     if not context.tokenizer.chat_template:
         raise APIError(400, f"model {context.model_name!r} has no chat template; "
                        "use /v1/completions", param="messages")
+    for message in messages:
+        check_text(message["content"], "messages")
     try:
-        return context.tokenizer.encode_chat(messages, add_generation_prompt=add_generation_prompt,
-                                             tools=tools)
+        return await context.run_off_loop(
+            context.tokenizer.encode_chat, messages, add_generation_prompt=add_generation_prompt,
+            tools=tools)
     except ValueError as exc:
         raise APIError(400, f"chat template failed: {exc}", param="messages") from None
 
@@ -63,9 +69,11 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
             params = dataclasses.replace(params, structured=tool_call_grammar(forced, fmt, parallel))
     except ParamError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
-    prompt_ids = encode_messages(context, messages, body.add_generation_prompt,
-                                 body.tools_for_template())
-    submission = submit(context, "chatcmpl", [prompt_ids], params, prompt_param="messages")
+    prompt_ids = await encode_messages(context, messages, body.add_generation_prompt,
+                                       body.tools_for_template())
+    renames = {"max_tokens": "max_completion_tokens"} if body.max_completion_tokens is not None else {}
+    submission = await submit(context, "chatcmpl", [prompt_ids], params, prompt_param="messages",
+                              renames=renames)
     num_top = body.top_logprobs or 0
     if body.stream:
         chunks = _stream_chunks(body, context, submission, num_top, fmt)

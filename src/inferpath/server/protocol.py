@@ -9,7 +9,9 @@ A field the server does not implement is refused (extra fields are forbidden): t
 names it, so no request is silently answered as if the field were not there. Message
 objects are the exception: fields a client echoes back from a previous response (``refusal``,
 ``annotations``, ``audio``... when null or empty) are dropped; any other value is refused.
-The accepted fields are listed in the README.
+The accepted fields are listed in the README. Types are strict (``STRICT``): ``"yes"`` is
+not a boolean, ``"2"`` or ``2.0`` not an integer, ``"0.5"`` not a number (an integer is a
+number).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from inferpath.sampling.params import SamplingParams
-from inferpath.server.protocol_extras import ParamError, StructuredFields, logit_bias_pairs
+from inferpath.server.protocol_extras import STRICT, ParamError, StructuredFields, logit_bias_pairs
 from inferpath.server.tools import ToolFields, history_tool_calls
 
 
@@ -27,7 +29,7 @@ class StreamOptions(BaseModel):
     """``include_usage``: a last chunk with the usage (OpenAI); ``continuous_usage_stats``:
     the usage so far in every chunk (vLLM's; benchmark clients such as guidellm send it)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
@@ -35,7 +37,7 @@ class StreamOptions(BaseModel):
 class _SamplingFields(StructuredFields):
     """Parameters shared by completions and chat completions."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     model: str | None = None
     temperature: float | None = None
@@ -134,13 +136,13 @@ class CompletionRequest(_SamplingFields):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     type: str
     text: str | None = None
 
 
 class ToolCallFunction(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     name: str
     arguments: str | dict[str, Any]
 
@@ -148,14 +150,14 @@ class ToolCallFunction(BaseModel):
 class ToolCallMessage(BaseModel):
     """A tool call of an assistant message in the history."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     id: str
     type: Literal["function"] = "function"
     function: ToolCallFunction
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)  # see _no_unknown_values
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -213,7 +215,7 @@ class ChatCompletionRequest(_SamplingFields, ToolFields):
 class TokenizeRequest(BaseModel):
     """POST /tokenize: a prompt, or chat messages rendered with the chat template."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -222,7 +224,7 @@ class TokenizeRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     model: str | None = None
     tokens: list[int]
 

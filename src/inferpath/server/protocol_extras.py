@@ -17,6 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from inferpath.structured import GrammarError, StructuredOutput
 
 
+#: Every request model's config: unknown fields refused (400 naming them), no coercion
+#: between types.
+STRICT = ConfigDict(extra="forbid", strict=True)
+
+
 class ParamError(ValueError):
     """A request parameter is out of range; ``param`` is the name the client used."""
 
@@ -26,7 +31,7 @@ class ParamError(ValueError):
 
 
 class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
     name: str = "response"
     description: str | None = None
     json_schema: dict[str, Any] | bool | None = Field(default=None, alias="schema")
@@ -34,7 +39,7 @@ class JsonSchemaFormat(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -42,7 +47,7 @@ class ResponseFormat(BaseModel):
 class StructuredOutputs(BaseModel):
     """vLLM's ``structured_outputs`` object: exactly one of its fields."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     json_: dict[str, Any] | str | None = Field(default=None, alias="json")
     regex: str | None = None
     choice: list[str] | None = None

@@ -23,9 +23,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
-from inferpath.server.protocol_extras import ParamError
+from inferpath.server.protocol_extras import STRICT, ParamError
 from inferpath.structured import StructuredOutput
 from inferpath.structured.schema import close_objects
 
@@ -34,7 +34,7 @@ _COMPACT = {"whitespace_flexible": False}
 
 
 class FunctionDefinition(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
@@ -42,18 +42,18 @@ class FunctionDefinition(BaseModel):
 
 
 class ToolDefinition(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     type: Literal["function"]
     function: FunctionDefinition
 
 
 class FunctionName(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     name: str
 
 
 class NamedToolChoice(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     type: Literal["function"]
     function: FunctionName
 
