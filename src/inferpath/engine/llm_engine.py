@@ -69,6 +69,7 @@ class LLMEngine:
         self._new: deque[RequestGroup] = deque()
         self._to_abort: set[str] = set()
         self._num_finished = 0
+        self.tracer = None  # an engine.trace.StepTracer while a trace is on; None: nothing attached
 
     @classmethod
     def from_model(cls, model: str, engine_config: EngineConfig | None = None,
@@ -138,7 +139,8 @@ class LLMEngine:
         """Schedule, execute and update once; returns the requests that advanced."""
         touched = self._take_intake()
         scheduled = self.scheduler.schedule()
-        executed = self.runner.execute(scheduled)
+        tracer = self.tracer
+        executed = tracer.execute(scheduled) if tracer else self.runner.execute(scheduled)
         changed = self.scheduler.update(scheduled, executed.token_ids, executed.logprobs)
         return self._make_outputs(touched, changed)
 
