@@ -7,6 +7,7 @@ lifespan starts the engine's background loop and shuts it down. Routes:
 - ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE when ``stream``)
 - ``POST /tokenize``, ``POST /detokenize``
 - ``GET /health`` (status and the engine's occupancy), ``GET /metrics`` (Prometheus)
+- ``GET /``: the glass-box page, and ``GET /v1/trace/{id}`` (trace_routes.py)
 
 With an ``api_key``, the ``/v1`` routes and (de)tokenize need ``Authorization: Bearer
 KEY``; ``/health`` and ``/metrics`` stay open for probes and scrapers.
@@ -36,6 +37,7 @@ from inferpath.server.protocol import (
     TokenizeRequest,
     messages_as_dicts,
 )
+from inferpath.server.trace_routes import install_trace_routes
 
 
 def build_app(async_engine: Any, api_key: str | None = None,
@@ -131,6 +133,7 @@ def build_app(async_engine: Any, api_key: str | None = None,
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    install_trace_routes(app, async_engine, api_key)  # the page at / and /v1/trace/{id}
     return app
 
 
