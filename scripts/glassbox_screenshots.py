@@ -17,6 +17,7 @@ import argparse
 import shutil
 from pathlib import Path
 
+import httpx
 from playwright.sync_api import sync_playwright
 
 from inferpath.config import EngineConfig
@@ -48,6 +49,10 @@ def main() -> None:
     engine = LLMEngine.from_model(MODEL, EngineConfig())
     done = "document.body.dataset.state === 'done'"
     with ServerThread(build_app(AsyncEngine(engine), served_model_name=MODEL)) as server, sync_playwright() as pw:
+        # one untraced request first, so the screenshots show steady steps, not first-call
+        # costs (oneDNN primitives, page faults); a plain prompt shares no cached prefix
+        httpx.post(server.url + "/v1/completions", timeout=300,
+                   json={"model": MODEL, "prompt": "Warm up: 1, 2, 3,", "max_tokens": 8})
         browser = pw.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=ARGS)
         page = browser.new_page(viewport=VIEWPORT)
         ask(page, server.url + "/", "What is a quadratic equation?", args.max_tokens)
@@ -63,7 +68,15 @@ def main() -> None:
         second.screenshot(path=str(out / "decode-shared.png"))
         browser.close()
     for name in ("prefill.png", "decode-shared.png"):
+        shrink(out / name)
         print(out / name)
+
+
+def shrink(path: Path) -> None:
+    """A 256-colour palette (fast octree keeps the few chart colours): the README stays small."""
+    from PIL import Image  # matplotlib's dependency
+
+    Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
 
 
 if __name__ == "__main__":
