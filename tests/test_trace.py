@@ -217,3 +217,18 @@ def test_a_released_tracer_lets_the_engine_run_plain(llm):
     llm.generate("1, 2, 3,", SamplingParams(max_tokens=2, temperature=0))
     assert len(tracer.all_steps()) == before
     assert_nothing_attached(llm)
+
+
+def test_the_trace_command_is_a_client_of_the_engine_trace(capsys, tmp_path, monkeypatch):
+    from inferpath.cli import main
+    from inferpath.explain import probe
+
+    monkeypatch.setattr(probe, "cache_dir", lambda: tmp_path)  # a small probe, not the real cache
+    monkeypatch.setattr(probe, "DEFAULT_BANDWIDTH_BYTES", 4 * 2**20)
+    monkeypatch.setattr(probe, "DEFAULT_MATMUL_N", 64)
+    assert main(["trace", "What is a quadratic equation?", "--max-tokens", "3", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [s["phase"] for s in data["steps"]] == ["prefill", "decode", "decode"]
+    assert data["hardware"]["name"] == "this-machine" and data["hardware"]["ridge"] > 0
+    assert data["output_text"] == "".join(s["token"]["text"] for s in data["steps"])
+    assert (tmp_path / "probe.json").exists()

@@ -8,22 +8,22 @@ a forward hook), so those are never timed on their own. Their time is measured a
 parent's time minus its timed children, and the row says which
 cost-model stages it covers instead of inventing a split:
 
-    row            timed module (per layer unless noted)   cost-model stages it covers
-    embedding      model.embed_tokens (once)                 embedding
-    rmsnorm_attn   input_layernorm                           rmsnorm_attn
-    qkv_proj       self_attn minus its timed children        q_proj, k_proj, v_proj
-    rope           self_attn.rotary_emb                      rope
-    kv_write       self_attn.kv_write                        kv_write
-    attention      self_attn.attn                            attn_scores, softmax, attn_weighted_sum
-    o_proj         self_attn.o_proj                          o_proj
-    rmsnorm_ffn    post_attention_layernorm                  rmsnorm_ffn
-    gate_up_silu   mlp minus mlp.down_proj                   gate_proj, up_proj, silu_mul
-    down_proj      mlp.down_proj                             down_proj
-    moe_ffn        block_sparse_moe                          router, gate_proj, up_proj, silu_mul, down_proj
-    residual       each layer minus the above                residual_attn, residual_ffn
-    final_norm     model.norm (once)                         final_norm
-    lm_head        lm_head (once)                            lm_head
-    sampling       the sampler call (timed by the tracer)    sampling
+    row            timed module (per layer unless noted)      cost-model stages it covers
+    embedding      model.embed_tokens (once)                  embedding
+    rmsnorm_attn   input_layernorm                            rmsnorm_attn
+    qkv_proj       self_attn minus its timed children         q_proj, k_proj, v_proj
+    rope           self_attn.rotary_emb                       rope
+    kv_write       self_attn.kv_write                         kv_write
+    attention      self_attn.attn                             attn_scores, softmax, attn_weighted_sum
+    o_proj         self_attn.o_proj                           o_proj
+    rmsnorm_ffn    post_attention_layernorm                   rmsnorm_ffn
+    gate_up_silu   mlp minus mlp.down_proj                    gate_proj, up_proj, silu_mul
+    down_proj      mlp.down_proj                              down_proj
+    moe_ffn        block_sparse_moe                           router, gate_proj, up_proj, silu_mul, down_proj
+    residual       each layer minus the above                 residual_attn, residual_ffn
+    final_norm     model.norm (once)                          final_norm
+    lm_head        lm_head (once)                             lm_head
+    sampling       the sampler call (timed by the tracer)     sampling
     other          the step minus every row above: laying out the batch, the attention plan
 
 Invariant: the rows of a step sum to the step's wall time (``other`` is the remainder),
