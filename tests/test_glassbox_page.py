@@ -101,7 +101,7 @@ def test_the_streamed_answer_is_the_apis_answer(server, page_after_answer):
 def test_the_stage_table_shows_the_trace_endpoints_numbers(page_after_answer):
     facts, trace, _ = page_after_answer
     keys = ("prefill_measured_s", "prefill_predicted_s", "decode_measured_s", "decode_predicted_s",
-            "bytes", "flops", "intensity")
+            "bytes_read", "flops", "intensity")
     assert [row["stage"] for row in facts["table"]] == [row["stage"] for row in trace["summary"]]
     for shown, row in zip(facts["table"], trace["summary"]):
         expected = [row[k] for k in keys]

@@ -63,13 +63,16 @@ def step_cost(config: ModelConfig, hardware: HardwareSpec, precision: Precision,
 
 
 def row_prediction(row: str, predicted: PassCost) -> dict:
-    """Predicted seconds, bytes moved, FLOPs, intensity and bound of one measured row."""
+    """Predicted seconds, bytes moved (read + written) and read, FLOPs, intensity (FLOPs per
+    byte moved) and bound of one measured row."""
     stages = [s for s in predicted.stages if s.name in COVERS[row]]
     if not stages:
-        return {"predicted_s": None, "bytes": None, "flops": None, "intensity": None, "bound": ""}
+        return {"predicted_s": None, "bytes": None, "bytes_read": None, "flops": None, "intensity": None,
+                "bound": ""}
     moved = sum(s.bytes_moved for s in stages)
     flops = sum(s.flops for s in stages)
-    return {"predicted_s": sum(s.time_s for s in stages), "bytes": moved, "flops": flops,
+    return {"predicted_s": sum(s.time_s for s in stages), "bytes": moved,
+            "bytes_read": sum(s.bytes_read for s in stages), "flops": flops,
             "intensity": flops / moved if moved else 0.0,
             "bound": max(stages, key=lambda s: s.time_s).bound}
 
@@ -149,8 +152,10 @@ def summary_rows(steps: list[dict]) -> list[dict]:
         if not cells:
             continue
         moved = [c["bytes"] for c in cells if c["bytes"] is not None]
+        read = [c["bytes_read"] for c in cells if c["bytes_read"] is not None]
         flops = [c["flops"] for c in cells if c["flops"] is not None]
         entry["bytes"] = sum(moved) if moved else None
+        entry["bytes_read"] = sum(read) if read else None
         entry["flops"] = sum(flops) if flops else None
         entry["intensity"] = entry["flops"] / entry["bytes"] if moved and entry["bytes"] else None
         entry["bound"] = cells[-1]["bound"]

@@ -153,7 +153,7 @@ function renderTable(trace) {
     cell(tr, fmtTime(row.prefill_predicted_s), row.prefill_predicted_s);
     cell(tr, fmtTime(row.decode_measured_s), row.decode_measured_s);
     cell(tr, fmtTime(row.decode_predicted_s), row.decode_predicted_s);
-    cell(tr, fmtSI(row.bytes, "B"), row.bytes);
+    cell(tr, fmtSI(row.bytes_read, "B"), row.bytes_read);
     cell(tr, fmtSI(row.flops, ""), row.flops);
     cell(tr, fmtNum(row.intensity), row.intensity);
     cell(tr, row.bound, undefined, "bound-" + row.bound);
