@@ -138,3 +138,22 @@ def test_a_plain_client_is_not_traced_and_sees_no_trace(server):
     assert httpx.get(f"{server.url}/v1/trace/{traced['id']}", timeout=30).status_code == 200
     missing = httpx.get(f"{server.url}/v1/trace/{plain['id']}", timeout=30)
     assert missing.status_code == 404 and "X-Inferpath-Trace" in missing.text
+
+
+def test_two_traced_requests_at_once_show_the_batch_they_shared(server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(question: str) -> dict:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 12,
+                "temperature": 0, "ignore_eos": True}
+        return httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120,
+                          headers={"X-Inferpath-Trace": "1"}).json()
+
+    with ThreadPoolExecutor(2) as pool:
+        replies = list(pool.map(ask, ["Name a colour.", "Name a fruit."]))
+    traces = [httpx.get(f"{server.url}/v1/trace/{r['id']}", timeout=30).json() for r in replies]
+    shared = [{s["index"] for s in t["steps"] if s["num_seqs"] == 2} for t in traces]
+    assert shared[0] and shared[0] == shared[1]  # the same engine steps, seen from both requests
+    for trace in traces:
+        assert all(s["num_seqs"] in (1, 2) for s in trace["steps"])
+        assert [s["token"]["id"] for s in trace["steps"]] == [s["token"]["id"] for s in trace["steps"] if s["token"]]

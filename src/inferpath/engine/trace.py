@@ -18,8 +18,10 @@ Records are kept for the last ``max_steps`` steps and read by request id
 (``steps_of``); a request's records show every step it took part in and how many other
 sequences shared each one.
 
-Invariant: the clock and the sampler are attached and removed only while holding ``_lock``, which a traced
-step holds from start to end, so a step never sees half of them.
+Invariant: the clock and the sampler are attached and removed only while holding ``_lock``,
+which a traced step holds from start to end, so a step never sees half of them; the
+number of holders and ``engine.tracer`` change only under ``_count_lock``, so a release
+racing a new acquire never leaves the new holder untraced.
 """
 
 from __future__ import annotations
@@ -116,22 +118,27 @@ class StepTracer:
         self.steps: deque[StepRecord] = deque(maxlen=max_steps)
         self._num_steps = 0
         self._lock = threading.Lock()  # held by a traced step, and to attach or detach
+        self._count_lock = threading.Lock()  # _num_holders and engine.tracer; held briefly
         self._records_lock = threading.Lock()  # readers of ``steps`` on other threads
         self._num_holders = 0
         self._sampler: _LogitsKeepingSampler | None = None
 
     # ------------------------------------------------------------------ on and off
     def acquire(self) -> None:
-        """Trace from the next step on (counted: each acquire needs one release)."""
-        with self._lock:
+        """Trace from the next step on (counted: each acquire needs one release). Never
+        waits for a step, so an event loop may call it."""
+        with self._count_lock:
             self._num_holders += 1
             self.engine.tracer = self
 
     def release(self) -> None:
-        """The last release detaches everything (waiting for a traced step to finish)."""
-        with self._lock:
+        """The last release detaches everything; it waits for a traced step to finish."""
+        with self._count_lock:
             self._num_holders = max(0, self._num_holders - 1)
-            if self._num_holders == 0:
+            if self._num_holders:
+                return
+        with self._lock, self._count_lock:
+            if self._num_holders == 0:  # nobody acquired again meanwhile
                 self._detach()
 
     @property
@@ -157,7 +164,9 @@ class StepTracer:
         """``runner.execute(scheduled)``, timed and recorded (the engine's step calls this
         instead while tracing)."""
         with self._lock:
-            if self._num_holders == 0:  # released between the engine's check and here
+            with self._count_lock:
+                held = self._num_holders > 0
+            if not held:  # released between the engine's check and here
                 return self.runner.execute(scheduled)
             self._attach()
             self.clock.take()  # nothing from outside a step
