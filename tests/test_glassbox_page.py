@@ -157,3 +157,22 @@ def test_two_traced_requests_at_once_show_the_batch_they_shared(server):
     for trace in traces:
         assert all(s["num_seqs"] in (1, 2) for s in trace["steps"])
         assert [s["token"]["id"] for s in trace["steps"]] == [s["token"]["id"] for s in trace["steps"] if s["token"]]
+
+
+def test_a_tensor_parallel_server_serves_the_page_and_says_why_it_cannot_trace():
+    from types import SimpleNamespace
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from inferpath.server.errors import install_error_handlers
+    from inferpath.server.trace_routes import install_trace_routes
+
+    engine = SimpleNamespace(engine_config=SimpleNamespace(tensor_parallel_size=2))
+    app = FastAPI()
+    install_error_handlers(app, lambda *a: None)
+    install_trace_routes(app, SimpleNamespace(engine=engine))
+    client = TestClient(app)
+    assert client.get("/").status_code == 200
+    refused = client.get("/v1/trace/chatcmpl-1")
+    assert refused.status_code == 400 and "tensor_parallel_size must be 1" in refused.text

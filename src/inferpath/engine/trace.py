@@ -214,11 +214,11 @@ _TRACERS: "weakref.WeakKeyDictionary[object, StepTracer]" = weakref.WeakKeyDicti
 
 def tracer_of(engine) -> StepTracer:
     """The engine's one StepTracer, made on first use (attaching nothing yet)."""
+    if engine.engine_config.tensor_parallel_size > 1:
+        raise ValueError("tracing runs in one process: tensor_parallel_size must be 1, got "
+                         f"{engine.engine_config.tensor_parallel_size}")
     tracer = _TRACERS.get(engine)
     if tracer is None:
-        if engine.engine_config.tensor_parallel_size > 1:
-            raise ValueError("tracing runs in one process: tensor_parallel_size must be 1, got "
-                             f"{engine.engine_config.tensor_parallel_size}")
         tracer = _TRACERS[engine] = StepTracer(engine)
     return tracer
 

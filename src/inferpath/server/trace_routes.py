@@ -58,7 +58,10 @@ def install_trace_routes(app: FastAPI, async_engine: Any, api_key: str | None = 
     from inferpath.explain.trace import request_trace
 
     engine = async_engine.engine
-    tracer = tracer_of(engine)
+    try:
+        tracer = tracer_of(engine)
+    except ValueError as exc:  # tensor parallelism: the page chats, without a trace
+        tracer, untraceable = None, str(exc)
     hardware_holder: list = []
 
     async def hardware():
@@ -68,7 +71,8 @@ def install_trace_routes(app: FastAPI, async_engine: Any, api_key: str | None = 
             hardware_holder.append(await asyncio.to_thread(probe_this_machine))
         return hardware_holder[0]
 
-    app.add_middleware(TraceOnHeader, tracer=tracer)
+    if tracer is not None:
+        app.add_middleware(TraceOnHeader, tracer=tracer)
     app.mount("/glassbox", StaticFiles(directory=STATIC_DIR), name="glassbox")
 
     @app.get("/", include_in_schema=False)
@@ -78,6 +82,8 @@ def install_trace_routes(app: FastAPI, async_engine: Any, api_key: str | None = 
     @app.get("/v1/trace/{response_id}")
     async def get_trace(response_id: str, request: Request) -> JSONResponse:
         _check_key(request, api_key)
+        if tracer is None:
+            raise APIError(400, f"this server cannot trace: {untraceable}", code="trace_unavailable")
         for request_id in (response_id, f"{response_id}-0"):
             if tracer.steps_of(request_id):
                 spec = await hardware()
