@@ -156,6 +156,9 @@ def test_request_trace_predicts_the_batch_the_step_ran(llm, traced):
     assert 0 < view["prefill_share"] < 1
     qkv = next(r for r in view["summary"] if r["stage"] == "qkv_proj")
     assert qkv["covers"] == ["q_proj", "k_proj", "v_proj"]
+    # prefill reads each weight once for all its tokens, a decode step for one token
+    assert qkv["prefill_intensity"] > 4 * qkv["decode_intensity"] > 0
+    assert qkv["prefill_bound"] in ("memory", "compute") and qkv["decode_bound"] == "memory"
     text = trace_text(view)
     for needle in ("prefill: measured", "qkv_proj", "attention", "drew", "KV cache", "batch per step"):
         assert needle in text

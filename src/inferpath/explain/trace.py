@@ -139,27 +139,25 @@ def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> di
 
 
 def summary_rows(steps: list[dict]) -> list[dict]:
-    """Per row, summed over the request's prefill steps and over its decode steps."""
+    """Per row: measured and predicted seconds, intensity and bound over the request's
+    prefill steps and over its decode steps; bytes read and FLOPs over all its steps."""
     out = []
     for row in ROW_ORDER:
-        entry = {"stage": row}
-        for phase in ("prefill", "decode"):
-            cells = [r for s in steps if s["phase"] == phase for r in s["stages"] if r["stage"] == row]
-            pred = [c["predicted_s"] for c in cells if c["predicted_s"] is not None]
-            entry[f"{phase}_measured_s"] = sum(c["measured_s"] for c in cells)
-            entry[f"{phase}_predicted_s"] = sum(pred) if pred else None
         cells = [r for s in steps for r in s["stages"] if r["stage"] == row]
         if not cells:
             continue
-        moved = [c["bytes"] for c in cells if c["bytes"] is not None]
-        read = [c["bytes_read"] for c in cells if c["bytes_read"] is not None]
-        flops = [c["flops"] for c in cells if c["flops"] is not None]
-        entry["bytes"] = sum(moved) if moved else None
-        entry["bytes_read"] = sum(read) if read else None
-        entry["flops"] = sum(flops) if flops else None
-        entry["intensity"] = entry["flops"] / entry["bytes"] if moved and entry["bytes"] else None
-        entry["bound"] = cells[-1]["bound"]
-        entry["covers"], entry["note"] = cells[0]["covers"], cells[0]["note"]
+        entry = {"stage": row, "covers": cells[0]["covers"], "note": cells[0]["note"]}
+        for phase in ("prefill", "decode"):
+            mine = [r for s in steps if s["phase"] == phase for r in s["stages"] if r["stage"] == row]
+            predicted = [c for c in mine if c["predicted_s"] is not None]
+            entry[f"{phase}_measured_s"] = sum(c["measured_s"] for c in mine)
+            entry[f"{phase}_predicted_s"] = sum(c["predicted_s"] for c in predicted) if predicted else None
+            moved, flops = sum(c["bytes"] for c in predicted), sum(c["flops"] for c in predicted)
+            entry[f"{phase}_intensity"] = flops / moved if moved else None
+            entry[f"{phase}_bound"] = predicted[-1]["bound"] if predicted else ""
+        predicted = [c for c in cells if c["predicted_s"] is not None]
+        entry["bytes_read"] = sum(c["bytes_read"] for c in predicted) if predicted else None
+        entry["flops"] = sum(c["flops"] for c in predicted) if predicted else None
         out.append(entry)
     return out
 

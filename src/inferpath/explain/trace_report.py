@@ -20,20 +20,20 @@ def trace_text(trace: dict, prompt_pieces: list[str] | None = None, show_steps: 
     ]
     if prompt_pieces:
         lines.append("  " + " ".join(repr(p) for p in prompt_pieces))
-    lines += ["", f"{'stage':<13} {'prefill: measured':>17} {'predicted':>10} {'ratio':>6}   "
-                  f"{'decode: measured':>16} {'predicted':>10} {'ratio':>6} {'intensity':>9} {'bound':>7}"]
+    lines += ["", f"{'stage':<13} {'prefill: measured':>17} {'predicted':>10} {'ratio':>6} {'bound':>7}   "
+                  f"{'decode: measured':>16} {'predicted':>10} {'ratio':>6} {'FLOP/B':>7} {'bound':>7}"]
     for row in trace["summary"]:
         lines.append(
             f"{row['stage']:<13} {fmt_time(row['prefill_measured_s']):>17} {_t(row['prefill_predicted_s']):>10} "
-            f"{_ratio(row['prefill_measured_s'], row['prefill_predicted_s']):>6}   "
+            f"{_ratio(row['prefill_measured_s'], row['prefill_predicted_s']):>6} {row['prefill_bound']:>7}   "
             f"{fmt_time(row['decode_measured_s']):>16} {_t(row['decode_predicted_s']):>10} "
             f"{_ratio(row['decode_measured_s'], row['decode_predicted_s']):>6} "
-            f"{_f(row['intensity']):>9} {row['bound']:>7}")
+            f"{_f(row['decode_intensity']):>7} {row['decode_bound']:>7}")
     prefill = [s for s in steps if s["phase"] == "prefill"]
     decode = [s for s in steps if s["phase"] == "decode"]
     lines.append(
         f"{'step total':<13} {fmt_time(trace['prefill_s']):>17} {fmt_time(sum(s['predicted_s'] for s in prefill)):>10}"
-        f" {'':>6}   {fmt_time(trace['decode_s']):>16} {fmt_time(sum(s['predicted_s'] for s in decode)):>10}")
+        f" {'':>6} {'':>7}   {fmt_time(trace['decode_s']):>16} {fmt_time(sum(s['predicted_s'] for s in decode)):>10}")
     lines.append(f"(prefill: {len(prefill)} step(s); decode: {len(decode)} steps, summed. ratio = measured / "
                  "predicted; the prediction is the roofline alone, without per-operator overhead.")
     lines.append(" other = the step outside every timed module: laying out the batch, the attention plan.)")

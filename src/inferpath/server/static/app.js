@@ -131,10 +131,11 @@ function render(trace) {
   }
 }
 
-function cell(tr, text, value, cls) {
+function cell(tr, text, value, cls, key) {
   const td = document.createElement("td");
   td.textContent = text;
   if (value !== undefined && value !== null) td.dataset.value = String(value);
+  if (key) td.dataset.key = key;
   if (cls) td.className = cls;
   tr.appendChild(td);
   return td;
@@ -149,14 +150,13 @@ function renderTable(trace) {
     const name = cell(tr, row.stage, undefined, row.note ? "fused" : "");
     name.title = (row.covers.length ? "covers " + row.covers.join(", ") : "time outside every timed module") +
       (row.note ? "; " + row.note : "");
-    cell(tr, fmtTime(row.prefill_measured_s), row.prefill_measured_s);
-    cell(tr, fmtTime(row.prefill_predicted_s), row.prefill_predicted_s);
-    cell(tr, fmtTime(row.decode_measured_s), row.decode_measured_s);
-    cell(tr, fmtTime(row.decode_predicted_s), row.decode_predicted_s);
-    cell(tr, fmtSI(row.bytes_read, "B"), row.bytes_read);
-    cell(tr, fmtSI(row.flops, ""), row.flops);
-    cell(tr, fmtNum(row.intensity), row.intensity);
-    cell(tr, row.bound, undefined, "bound-" + row.bound);
+    for (const phase of ["prefill", "decode"]) {
+      for (const key of [phase + "_measured_s", phase + "_predicted_s"]) cell(tr, fmtTime(row[key]), row[key], "", key);
+      cell(tr, fmtNum(row[phase + "_intensity"]), row[phase + "_intensity"], "", phase + "_intensity");
+      cell(tr, row[phase + "_bound"], undefined, "bound-" + row[phase + "_bound"]);
+    }
+    cell(tr, fmtSI(row.bytes_read, "B"), row.bytes_read, "", "bytes_read");
+    cell(tr, fmtSI(row.flops, ""), row.flops, "", "flops");
     tbody.appendChild(tr);
   }
   $("fusions").textContent = Object.entries(trace.fusions).map(([k, v]) => k + ": " + v).join(" · ");
