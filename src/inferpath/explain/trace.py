@@ -153,6 +153,7 @@ def summary_rows(steps: list[dict]) -> list[dict]:
             entry[f"{phase}_measured_s"] = sum(c["measured_s"] for c in mine)
             entry[f"{phase}_predicted_s"] = sum(c["predicted_s"] for c in predicted) if predicted else None
             moved, flops = sum(c["bytes"] for c in predicted), sum(c["flops"] for c in predicted)
+            entry[f"{phase}_flops"] = flops if predicted else None
             entry[f"{phase}_intensity"] = flops / moved if moved else None
             entry[f"{phase}_bound"] = predicted[-1]["bound"] if predicted else ""
         predicted = [c for c in cells if c["predicted_s"] is not None]

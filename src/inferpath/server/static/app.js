@@ -267,9 +267,11 @@ function drawRoofline(trace) {
   const hw = trace.hardware;
   const points = [];
   for (const row of trace.summary) {
-    const measured = row.prefill_measured_s + row.decode_measured_s;
-    if (row.flops > 0 && row.bytes > 0 && measured > 0)
-      points.push({x: row.intensity, y: row.flops / measured, label: row.stage, kind: "stage"});
+    for (const phase of ["prefill", "decode"]) {
+      const measured = row[phase + "_measured_s"], flops = row[phase + "_flops"];
+      if (flops > 0 && measured > 0 && row[phase + "_intensity"] > 0)
+        points.push({x: row[phase + "_intensity"], y: flops / measured, label: row.stage, kind: phase + " stage"});
+    }
   }
   for (const s of trace.steps) {
     if (s.flops > 0 && s.step_s > 0) points.push({x: s.intensity, y: s.flops / s.step_s, kind: s.phase});
@@ -298,14 +300,14 @@ function drawRoofline(trace) {
   ctx.stroke();
   ctx.fillStyle = "#1d232b"; ctx.font = "11px sans-serif";
   ctx.fillText("ridge " + fmtNum(hw.ridge) + " FLOP/byte", px(hw.ridge) + 4, py(hw.peak_flops) + 14);
-  const colors = {stage: "#16a34a", prefill: "#f59e0b", decode: "#2563eb"};
+  const colors = {"prefill stage": "#b45309", "decode stage": "#16a34a", prefill: "#f59e0b", decode: "#2563eb"};
   for (const p of points) {
     ctx.fillStyle = colors[p.kind];
-    ctx.beginPath(); ctx.arc(px(p.x), py(p.y), p.kind === "stage" ? 4 : 3, 0, 2 * Math.PI); ctx.fill();
+    ctx.beginPath(); ctx.arc(px(p.x), py(p.y), p.label ? 4 : 3, 0, 2 * Math.PI); ctx.fill();
     if (p.label) { ctx.fillStyle = "#3e4a56"; ctx.font = "9px sans-serif"; ctx.fillText(p.label, px(p.x) + 5, py(p.y) - 3); }
   }
   ctx.fillStyle = "#1d232b"; ctx.font = "11px sans-serif";
-  ctx.fillText("FLOP/byte (predicted) → measured FLOP/s; green: stages, orange: prefill steps, blue: decode steps", left, H - 8);
+  ctx.fillText("FLOP/byte (predicted) → measured FLOP/s; stages: brown prefill, green decode; steps: orange prefill, blue decode", left, H - 8);
 }
 
 init();
