@@ -96,7 +96,8 @@ def install_trace_routes(app: FastAPI, async_engine: Any, api_key: str | None = 
 def _check_key(request: Request, api_key: str | None) -> None:
     if api_key is None:
         return
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), api_key):
+    # as app.py: the raw header bytes (Starlette decodes latin-1, losslessly) against UTF-8
+    scheme, _, token = request.headers.get("authorization", "").encode("latin-1").partition(b" ")
+    if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), api_key.encode("utf-8")):
         raise APIError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'",
                        code="invalid_api_key")
