@@ -22,8 +22,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                  f"(default {model})")
         parser.add_argument("--hardware", default=hardware, metavar="H",
                             help=f"one of {', '.join(hardware_names())} (default {hardware})")
-        parser.add_argument("--dtype", default="bf16", choices=list(DTYPE_BYTES),
-                            help="weight dtype (default bf16)")
+        parser.add_argument("--dtype", default="bf16",
+                            choices=list(DTYPE_BYTES) + ["float32", "bfloat16", "float16"],
+                            help="weight dtype (default bf16; the engine's spellings float32, "
+                                 "bfloat16, float16 are the same as fp32, bf16, fp16)")
         parser.add_argument("--json", action="store_true", help="print JSON for programs")
 
     p = subparsers.add_parser("explain", help="what every stage reads, writes and costs, and its bound")

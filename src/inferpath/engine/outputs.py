@@ -94,6 +94,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     prompt: str | None = None
+    prompt_logprobs: list[Any] | None = None  # None, then TokenLogprobs per prompt token
 
     @property
     def error(self) -> str | None:

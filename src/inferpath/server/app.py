@@ -6,7 +6,11 @@ lifespan starts the engine's background loop and shuts it down. Routes:
 - ``GET /v1/models``, ``GET /v1/models/{id}``
 - ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE when ``stream``)
 - ``POST /tokenize``, ``POST /detokenize``
-- ``GET /health`` (status and the engine's occupancy), ``GET /metrics`` (Prometheus)
+- ``GET /health`` (status and the engine's occupancy), ``GET /metrics`` (Prometheus),
+  ``GET /version``
+
+CORS is off unless ``allowed_origins`` lists the origins a browser may call from
+(``["*"]`` for any).
 
 With an ``api_key``, the ``/v1`` routes and (de)tokenize need ``Authorization: Bearer
 KEY`` (compared as bytes, in constant time; a key that is not ASCII works when sent as
@@ -23,6 +27,7 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -42,15 +47,17 @@ from inferpath.server.protocol import (
 
 
 def build_app(async_engine: Any, api_key: str | None = None,
-              served_model_name: str | None = None, max_n: int = DEFAULT_MAX_N) -> FastAPI:
+              served_model_name: str | None = None, max_n: int = DEFAULT_MAX_N,
+              allowed_origins: list[str] | None = None) -> FastAPI:
     """An app serving ``async_engine`` (an ``inferpath.engine.AsyncEngine``) as
     ``served_model_name`` (default: the engine's model name)."""
     engine = async_engine.engine
-    metrics = ServerMetrics(engine.stats)
+    model_name = served_model_name or engine.model_name
+    metrics = ServerMetrics(engine.stats, model_name)
     context = ServingContext(
         async_engine=async_engine,
         tokenizer=engine.tokenizer,
-        model_name=served_model_name or engine.model_name,
+        model_name=model_name,
         max_model_len=engine.max_model_len,
         metrics=metrics,
         api_key=api_key,
@@ -69,6 +76,10 @@ def build_app(async_engine: Any, api_key: str | None = None,
 
     app = FastAPI(title="inferpath", lifespan=lifespan)
     app.state.context = context
+    if allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins),
+                           allow_methods=["GET", "POST", "OPTIONS"],
+                           allow_headers=["Authorization", "Content-Type"])
     install_error_handlers(app, metrics.record_error)
 
     expected_key = api_key.encode("utf-8") if api_key is not None else b""
@@ -134,6 +145,12 @@ def build_app(async_engine: Any, api_key: str | None = None,
                 "num_requests_waiting": stats.num_waiting,
                 "num_kv_blocks_used": stats.num_kv_blocks_used,
                 "num_kv_blocks_total": stats.num_kv_blocks_total}
+
+    @app.get("/version")
+    async def version() -> dict[str, Any]:
+        from inferpath import __version__
+
+        return {"version": __version__}
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

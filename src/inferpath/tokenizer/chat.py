@@ -240,7 +240,8 @@ class ChatRenderer:
         self.template = compile_template(source)
         self.template_tokens = dict(template_tokens)
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool = True,
+               tools: list[dict] | None = None) -> str:
         if not isinstance(messages, (list, tuple)) or not all(
             isinstance(m, dict) for m in messages
         ):
@@ -254,7 +255,7 @@ class ChatRenderer:
             for chunk in self.template.generate(
                 messages=list(messages),
                 add_generation_prompt=add_generation_prompt,
-                tools=None,
+                tools=tools,
                 documents=None,
                 **self.template_tokens,
             ):
@@ -280,17 +281,19 @@ class ChatRenderer:
         messages: list[dict],
         add_generation_prompt: bool,
         added_re: regex.Pattern | None,
+        tools: list[dict] | None = None,
     ) -> tuple[str, list[tuple[int, int]]]:
         """The rendered text and the sorted ``(start, end)`` spans of added-token strings that
         came from the messages (not from the template)."""
-        strings = _strings_in(list(messages))
+        strings = _strings_in(list(messages)) + _strings_in(tools or [])
         if added_re is None or not any(added_re.search(s) for s in strings):
-            return self.render(messages, add_generation_prompt), []
+            return self.render(messages, add_generation_prompt, tools), []
         start, end = _pick_markers(
             strings + [self.source] + list(self.template_tokens.values())
         )
         marked = self.render(
-            _mark(list(messages), added_re, start, end), add_generation_prompt
+            _mark(list(messages), added_re, start, end), add_generation_prompt,
+            _mark(tools, added_re, start, end) if tools else tools,
         )
         text_parts: list[str] = []
         protected: list[tuple[int, int]] = []
@@ -307,7 +310,7 @@ class ChatRenderer:
                 text_parts.append(part)
                 position += len(part)
         text = "".join(text_parts)
-        if text != self.render(messages, add_generation_prompt):
+        if text != self.render(messages, add_generation_prompt, tools):
             raise ValueError(
                 "chat template output depends on the exact characters of the message content, so "
                 "the special-token strings in it cannot be kept apart from the template's own"
