@@ -238,12 +238,12 @@ def test_request_joining_mid_decode_shares_a_mixed_step_and_equals_alone(parts, 
 
 # ---------------------------------------------------------------- fault isolation
 EXTREMES = [
-    dict(repetition_penalty=1e-300), dict(repetition_penalty=1e300),
-    dict(temperature=1e-5), dict(temperature=1e300), dict(temperature=5e-6),
-    dict(top_p=1e-300), dict(min_p=1.0), dict(top_k=1), dict(top_k=10**9),
-    dict(frequency_penalty=2.0, presence_penalty=-2.0), dict(frequency_penalty=-2.0),
-    dict(logprobs=20, temperature=1e300, repetition_penalty=1e-300),
-    dict(min_tokens=3, repetition_penalty=1e-300, temperature=1e-4),
+    {"repetition_penalty": 1e-300}, {"repetition_penalty": 1e300},
+    {"temperature": 1e-5}, {"temperature": 1e300}, {"temperature": 5e-6},
+    {"top_p": 1e-300}, {"min_p": 1.0}, {"top_k": 1}, {"top_k": 10**9},
+    {"frequency_penalty": 2.0, "presence_penalty": -2.0}, {"frequency_penalty": -2.0},
+    {"logprobs": 20, "temperature": 1e300, "repetition_penalty": 1e-300},
+    {"min_tokens": 3, "repetition_penalty": 1e-300, "temperature": 1e-4},
 ]
 
 
