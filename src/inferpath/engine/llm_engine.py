@@ -80,7 +80,7 @@ class LLMEngine:
 
     @classmethod
     def from_model(cls, model: str, engine_config: EngineConfig | None = None,
-                   progress: bool = False) -> "LLMEngine":
+                   progress: bool = False) -> LLMEngine:
         """Load an alias (pulled on first use), a .gguf file or a Hugging Face directory."""
         from inferpath.engine.builder import build_engine
 
