@@ -76,10 +76,11 @@ class LLMEngine:
         self._to_abort: set[str] = set()
         self._num_finished = 0
         self._grammar_compiler = None  # structured output: built on the first request asking
+        self.tracer = None  # an engine.trace.StepTracer while a trace is on; None: nothing attached
 
     @classmethod
     def from_model(cls, model: str, engine_config: EngineConfig | None = None,
-                   progress: bool = False) -> "LLMEngine":
+                   progress: bool = False) -> LLMEngine:
         """Load an alias (pulled on first use), a .gguf file or a Hugging Face directory."""
         from inferpath.engine.builder import build_engine
 
@@ -128,7 +129,8 @@ class LLMEngine:
         """Schedule, execute, update and process once; returns the requests that advanced."""
         touched = self._take_intake()
         scheduled = self.scheduler.schedule()
-        executed = self.runner.execute(scheduled)
+        tracer = self.tracer
+        executed = tracer.execute(scheduled) if tracer else self.runner.execute(scheduled)
         updates = self.scheduler.update(scheduled, executed)
         self.scheduler.finish_requests(self.output_processor.process(updates))  # stop strings
         return self._make_outputs(touched, updates)

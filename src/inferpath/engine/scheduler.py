@@ -54,7 +54,7 @@ class ScheduledChunk:
     samples: bool
 
     @classmethod
-    def of(cls, request: Request, num_new_tokens: int) -> "ScheduledChunk":
+    def of(cls, request: Request, num_new_tokens: int) -> ScheduledChunk:
         start = request.num_computed_tokens
         return cls(request, start, num_new_tokens, start + num_new_tokens == request.num_tokens)
 

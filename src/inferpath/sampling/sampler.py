@@ -32,7 +32,11 @@ from typing import Any
 
 import torch
 
-from inferpath.sampling.constraints import ConstraintTimer, apply_grammars, apply_logit_bias
+from inferpath.sampling.constraints import (
+    ConstraintTimer,
+    apply_grammars,
+    apply_logit_bias,
+)
 from inferpath.sampling.logprobs import TokenLogprobs, compute_logprobs
 from inferpath.sampling.params import SamplingParams
 from inferpath.sampling.penalties import apply_penalties
