@@ -172,6 +172,9 @@ def test_aliases_answer_to_their_hugging_face_ids():
     assert models.served_model_name("smollm2-135m-instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert models.served_model_name("Qwen/Qwen2.5-Coder-0.5B-Instruct") == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
     assert models.served_model_name("/x/SmolLM2-135M-Instruct.Q4_1.gguf") == "SmolLM2-135M-Instruct.Q4_1"
+    assert models.served_model_names("smollm2-135m-instruct") == [
+        "HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m-instruct"]
+    assert models.served_model_names("/x/m.gguf") == ["m"]
     local = models.local_path("smollm2-135m-instruct")
     if local is not None:  # pulled (CI pulls it before the tests)
         assert models.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == local

@@ -18,17 +18,26 @@ import sys
 
 import pytest
 
-from inferpath.models import resolve_model, served_model_name
-from server_harness import MODEL, start_server
+from inferpath.models import resolve_model, served_model_names
+from server_harness import MODEL, client, start_server
 
-HF_ID = served_model_name(MODEL)
+NAMES = served_model_names(MODEL)  # the Hugging Face id first, then the alias
+HF_ID = NAMES[0]
 
 
 @pytest.fixture(scope="module")
 def server():
-    running = start_server(served_model_name=HF_ID)
+    running = start_server(served_model_name=NAMES)
     yield running
     running.stop()
+
+
+def test_the_server_reports_the_hugging_face_id_and_accepts_the_alias(server):
+    oai = client(server)
+    assert [m.id for m in oai.models.list().data] == [HF_ID]
+    for name in NAMES:
+        out = oai.completions.create(model=name, prompt="Hi", max_tokens=1)
+        assert out.model == HF_ID
 
 
 def _hf_cache_with_tokenizer(root) -> None:

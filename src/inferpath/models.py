@@ -129,6 +129,16 @@ def served_model_name(model: str | Path) -> str:
     return name  # a Hugging Face id
 
 
+def served_model_names(model: str | Path) -> list[str]:
+    """Every id a server answers to by default: ``served_model_name(model)`` first, then
+    the alias when the model is one (``smollm2-135m-instruct`` keeps working)."""
+    names = [served_model_name(model)]
+    alias = alias_of(str(model))
+    if alias is not None and alias not in names:
+        names.append(alias)
+    return names
+
+
 def resolve_model(alias_or_path: str | Path, progress: Progress | None = None) -> Path:
     """A ``.gguf`` file or model directory for a path, an alias or its Hugging Face id
     (pulled on first use), or another Hugging Face id (``org/name``) found through

@@ -31,9 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="require 'Authorization: Bearer KEY' on the /v1 routes")
     parser.add_argument("--max-n", type=int, default=128, metavar="N",
                         help="the most choices (n) one request may ask for (default: 128, OpenAI's)")
-    parser.add_argument("--served-model-name", default=None,
-                        help="the model id clients send (default: the Hugging Face id of an "
-                             "alias or id, a .gguf file's stem, a folder's name)")
+    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="the model ids clients may send, the first one reported (default: "
+                             "the Hugging Face id of an alias or id, and the alias; a .gguf "
+                             "file's stem; a folder's name)")
     parser.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
                         help="enable CORS for these browser origins ('*' for any; default: off)")
     add_engine_flags(parser)
@@ -52,7 +53,7 @@ def model_argument(args: argparse.Namespace) -> str:
 
 def run_serve(args: argparse.Namespace) -> int:
     from inferpath.engine import AsyncEngine, LLMEngine
-    from inferpath.models import served_model_name
+    from inferpath.models import served_model_names
     from inferpath.server.app import build_app
     from inferpath.server.launch import bind_socket, serve_forever
 
@@ -65,8 +66,9 @@ def run_serve(args: argparse.Namespace) -> int:
         return 1
     print(f"inferpath serve: loading {model} ...", file=sys.stderr)
     engine = LLMEngine.from_model(model, config)
-    name = args.served_model_name or served_model_name(model)
-    app = build_app(AsyncEngine(engine), api_key=args.api_key, served_model_name=name,
+    names = args.served_model_name or served_model_names(model)
+    name = names[0]
+    app = build_app(AsyncEngine(engine), api_key=args.api_key, served_model_name=names,
                     max_n=args.max_n, allowed_origins=args.allowed_origins)
     print(f"inferpath serve: {name} (max_model_len {engine.max_model_len}) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr)

@@ -49,12 +49,14 @@ from inferpath.server.trace_routes import install_trace_routes
 
 
 def build_app(async_engine: Any, api_key: str | None = None,
-              served_model_name: str | None = None, max_n: int = DEFAULT_MAX_N,
+              served_model_name: str | list[str] | None = None, max_n: int = DEFAULT_MAX_N,
               allowed_origins: list[str] | None = None) -> FastAPI:
     """An app serving ``async_engine`` (an ``inferpath.engine.AsyncEngine``) as
     ``served_model_name`` (default: the engine's model name)."""
     engine = async_engine.engine
-    model_name = served_model_name or engine.model_name
+    # several names (vLLM's --served-model-name A B): the first is reported, all accepted
+    names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or ())
+    model_name = names[0] if names else engine.model_name
     metrics = ServerMetrics(engine.stats, model_name)
     context = ServingContext(
         async_engine=async_engine,
@@ -64,6 +66,7 @@ def build_app(async_engine: Any, api_key: str | None = None,
         metrics=metrics,
         api_key=api_key,
         max_n=max_n,
+        other_names=tuple(names[1:]),
     )
     created = int(time.time())
 

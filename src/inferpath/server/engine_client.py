@@ -46,6 +46,7 @@ class ServingContext:
     metrics: ServerMetrics
     api_key: str | None = None
     max_n: int = DEFAULT_MAX_N
+    other_names: tuple[str, ...] = ()  # further ids the model answers to (vLLM: several names)
     # CPU work on request input (tokenizing, chat templates) runs here, never on the
     # event loop: /health and every stream stay responsive during a 1 MB prompt
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
@@ -63,7 +64,7 @@ class ServingContext:
                            code="invalid_value")
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        if model is not None and model != self.model_name and model not in self.other_names:
             raise APIError(404, f"model {model!r} does not exist; this server serves "
                            f"{self.model_name!r}", param="model", code="model_not_found")
 
