@@ -24,7 +24,7 @@ from inferpath.model.rope import RopeScalingError, RopeTable, RotaryEmbedding
 import transformers  # test-only reference; a hard dependency of the test extras
 
 BLOCK_SIZE = 4
-NUM_DECODE_STEPS = 16
+NUM_DECODE_STEPS = 8
 
 
 class PagedRunner:
@@ -89,7 +89,31 @@ CASES = {
     "qwen2-bias": lambda: _tiny(transformers.Qwen2Config, num_attention_heads=8, num_key_value_heads=2),
     "mistral-sliding-window": lambda: _tiny(transformers.MistralConfig, sliding_window=8),
     "mixtral": lambda: _tiny(transformers.MixtralConfig, num_local_experts=4, num_experts_per_tok=2),
+    # config fields that change the math (issue 12): each implemented, each against transformers
+    "llama-attention-bias": lambda: _tiny(transformers.LlamaConfig, attention_bias=True),
+    "llama-mlp-bias": lambda: _tiny(transformers.LlamaConfig, mlp_bias=True),
+    "llama-gelu": lambda: _tiny(transformers.LlamaConfig, hidden_act="gelu"),
+    "llama-gelu-tanh": lambda: _tiny(transformers.LlamaConfig, hidden_act="gelu_pytorch_tanh"),
+    "llama-head-dim-32": lambda: _tiny(transformers.LlamaConfig, head_dim=32),
+    "qwen2-window-layers": lambda: _tiny(transformers.Qwen2Config, use_sliding_window=True,
+                                         sliding_window=6, max_window_layers=1),
+    "qwen2-layer-types": lambda: _tiny(transformers.Qwen2Config, use_sliding_window=True, sliding_window=5,
+                                       layer_types=["sliding_attention", "full_attention"]),
+    "llama-yarn": lambda: _tiny(transformers.LlamaConfig, rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+    "qwen2-yarn-mscale": lambda: _tiny(transformers.Qwen2Config, rope_scaling={
+        "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32, "beta_fast": 16,
+        "beta_slow": 2, "mscale": 1.0, "mscale_all_dim": 0.5}),
+    # length-dependent RoPE: the prompt (12) passes the original length, decoding goes further
+    "llama-dynamic": lambda: _tiny(transformers.LlamaConfig, max_position_embeddings=10,
+                                   rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+    "llama-longrope": lambda: _tiny(transformers.LlamaConfig, max_position_embeddings=64, rope_scaling={
+        "rope_type": "longrope", "original_max_position_embeddings": 15,
+        "short_factor": [1.0 + 0.1 * i for i in range(8)], "long_factor": [1.0 + 0.7 * i for i in range(8)]}),
 }
+# RoPE whose frequencies follow the sequence length: transformers rotates every prompt key at
+# the whole prompt's length, so these prefill in one chunk (chunking changes the math)
+UNCHUNKED = {"llama-dynamic", "llama-longrope"}
 
 
 def hf_to_checkpoint_names(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
@@ -155,9 +179,12 @@ def test_logits_match_transformers_prefill_and_decode(case, cpu_kernels):
     prompt = torch.randint(0, hf.config.vocab_size, (12,), generator=torch.Generator().manual_seed(1)).tolist()
     ref = hf(torch.tensor([prompt]), use_cache=True)
     runner = PagedRunner(ours)
-    first = runner.step([(0, prompt[:5])])  # chunked prefill: 5 tokens, then 7 on top of them
-    assert rel_err(first[0], ref.logits[0, 4]) < 1e-4
-    logits = runner.step([(0, prompt[5:])])
+    if case in UNCHUNKED:
+        logits = runner.step([(0, prompt)])
+    else:
+        first = runner.step([(0, prompt[:5])])  # chunked prefill: 5 tokens, then 7 on top of them
+        assert rel_err(first[0], ref.logits[0, 4]) < 1e-4
+        logits = runner.step([(0, prompt[5:])])
     assert rel_err(logits[0], ref.logits[0, -1]) < 1e-4
     cache = ref.cache
     for step in range(NUM_DECODE_STEPS):
@@ -217,8 +244,8 @@ def test_tied_head_shares_the_embedding():
 
 def test_unknown_rope_scaling_is_rejected():
     config = ModelConfig.from_hf_config(CASES["qwen2-bias"]().to_dict())
-    bad = replace(config, rope_scaling=(("factor", 2.0), ("rope_type", "yarn")))
-    with pytest.raises(RopeScalingError, match="yarn"):
+    bad = replace(config, rope_scaling=(("factor", 2.0), ("rope_type", "su")))
+    with pytest.raises(RopeScalingError, match="'su'"):
         Transformer(bad)
 
 

@@ -19,7 +19,8 @@ class SelfAttention(nn.Module):
     """Grouped-query self-attention of layer ``layer_idx`` over the paged KV cache.
 
     Q is ``num_heads * head_dim`` wide, K and V ``num_kv_heads * head_dim``; only K and V
-    are kept (in the cache), Q is discarded after use. Qwen2 adds a bias to Q, K and V.
+    are kept (in the cache), Q is discarded after use. Qwen2 adds a bias to Q, K and V, Llama's
+    ``attention_bias`` to all four projections. A sliding-window layer reads the plan of its window.
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int, rope_table: RopeTable) -> None:
@@ -35,17 +36,19 @@ class SelfAttention(nn.Module):
         self.rotary_emb = RotaryEmbedding(rope_table)
         self.kv_write = KVWrite()
         self.attn = PagedAttention()
-        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.sliding_window = config.layer_window(layer_idx)  # 0: full attention
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache, plan: AttentionPlan) -> torch.Tensor:
-        # x: (num_tokens, hidden_size)
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache,
+                plan: dict[int, AttentionPlan]) -> torch.Tensor:
+        # x: (num_tokens, hidden_size); plan: sliding window (0 = none) -> this step's plan
         num_tokens = x.shape[0]
         q, k, v = self.project(x)
         q, k = self.rotary_emb(positions, q, k)
         k_cache = kv_cache.k_caches[self.layer_idx]  # (num_blocks, block_size, num_kv_heads, head_dim)
         v_cache = kv_cache.v_caches[self.layer_idx]
-        self.kv_write(k, v, k_cache, v_cache, plan.slot_mapping)
-        out = self.attn(q, k, v, k_cache, v_cache, plan)  # (num_tokens, num_heads, head_dim)
+        self.kv_write(k, v, k_cache, v_cache, plan[self.sliding_window].slot_mapping)
+        out = self.attn(q, k, v, k_cache, v_cache, plan[self.sliding_window])  # (num_tokens, num_heads, head_dim)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

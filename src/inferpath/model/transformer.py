@@ -18,7 +18,7 @@ from torch import nn
 
 from inferpath.config import ModelConfig
 from inferpath.model.attention import build_attention_plan
-from inferpath.model.layers import RMSNorm, SwiGLUMLP
+from inferpath.model.layers import RMSNorm, gated_mlp
 from inferpath.model.metadata import AttentionMetadata
 from inferpath.model.moe import SparseMoE
 from inferpath.model.rope import RopeTable
@@ -44,7 +44,7 @@ class DecoderLayer(nn.Module):
             self.block_sparse_moe = SparseMoE(config.hidden_size, config.intermediate_size,
                                               config.num_experts, config.num_experts_per_tok)
         else:
-            self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
+            self.mlp = gated_mlp(config.hidden_size, config.intermediate_size, config.hidden_act, config.mlp_bias)
         self.is_moe = config.is_moe
 
     def forward(self, positions, hidden, kv_cache, plan) -> torch.Tensor:
@@ -105,9 +105,11 @@ class Transformer(nn.Module):
         Writes this step's K/V into ``kv_cache`` at ``meta.slot_mapping``. No host syncs:
         lengths come from the host lists in ``meta``.
         """
-        self.rope_table.begin_step(positions, self.dtype, meta.max_seq_len)
-        plan = build_attention_plan(meta, self.config.head_dim, self.config.sliding_window)
-        return self.model(input_ids, positions, kv_cache, plan)
+        self.rope_table.begin_step(positions, self.dtype, meta.max_seq_len, meta)
+        # one plan per distinct sliding window (0 = full attention), shared by its layers
+        windows = {self.config.layer_window(i) for i in range(self.config.num_layers)}
+        plans = {w: build_attention_plan(meta, self.config.head_dim, w) for w in windows}
+        return self.model(input_ids, positions, kv_cache, plans)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head on the given rows only: (num_rows, hidden_size) -> (num_rows, vocab) float32."""

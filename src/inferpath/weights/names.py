@@ -35,6 +35,9 @@ _GLOBAL_RENAMES = {
 # Tensors some GGUF files carry that Hugging Face recomputes (RoPE frequency tables).
 IGNORED_GGUF_TENSORS = re.compile(r"^(rope_freqs|blk\.\d+\.attn_rot_embd)\.weight$")
 
+# Hugging Face buffers some checkpoints carry that the model recomputes.
+IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq",)
+
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 _OLD_EXPERT_RE = re.compile(r"^blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down)\.(\d+)\.weight$")
 _STACKED_EXPERT_RE = re.compile(r"^blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down)_exps\.weight$")
@@ -72,7 +75,8 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor a model of this config loads, in Hugging Face names, with its shape.
 
     Invariant: exactly the set ``Transformer.load_weights`` consumes: ``lm_head.weight``
-    only when the head is untied, Q/K/V biases only when ``attention_bias``.
+    only when the head is untied, Q/K/V biases only when ``attention_bias``, the o_proj
+    bias with ``o_proj_bias``, MLP biases with ``mlp_bias``.
     """
     hidden, inter = config.hidden_size, config.intermediate_size
     shapes: dict[str, tuple[int, ...]] = {
@@ -93,6 +97,8 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.q_proj.bias"] = (config.q_size,)
             shapes[p + "self_attn.k_proj.bias"] = (config.kv_size,)
             shapes[p + "self_attn.v_proj.bias"] = (config.kv_size,)
+        if config.o_proj_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (hidden,)
         if config.is_moe:
             shapes[p + "block_sparse_moe.gate.weight"] = (config.num_experts, hidden)
             for e in range(config.num_experts):
@@ -104,7 +110,19 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "mlp.gate_proj.weight"] = (inter, hidden)
             shapes[p + "mlp.up_proj.weight"] = (inter, hidden)
             shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
+            if config.mlp_bias:
+                shapes[p + "mlp.gate_proj.bias"] = (inter,)
+                shapes[p + "mlp.up_proj.bias"] = (inter,)
+                shapes[p + "mlp.down_proj.bias"] = (hidden,)
     return shapes
+
+
+def is_ignorable(name: str, config: ModelConfig) -> bool:
+    """A checkpoint tensor the model need not read: RoPE tables it recomputes, or the head
+    of a model whose head is tied to the embedding (saved anyway by some exporters)."""
+    if name.endswith(IGNORED_HF_SUFFIXES):
+        return True
+    return name == "lm_head.weight" and config.tie_word_embeddings
 
 
 _HF_TO_GGUF_LAYER = {v: k for k, v in _LAYER_RENAMES.items()}

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from inferpath.config import ConfigError, ModelConfig
 from inferpath.weights.errors import WeightsError
-from inferpath.weights.names import expected_shapes
+from inferpath.weights.names import expected_shapes, is_ignorable
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -29,8 +29,8 @@ def read_hf_dir(path: Path, dtype: torch.dtype, progress: bool = False
                 ) -> tuple[ModelConfig, dict[str, torch.Tensor], list[int]]:
     """Config, tensors in ``dtype`` (exactly those the model needs), and EOS ids of a dir.
 
-    Tensors the model does not use (a tied ``lm_head.weight`` saved anyway, RoPE
-    ``inv_freq`` buffers) are not read.
+    Tensors the model recomputes or shares (a tied ``lm_head.weight`` saved anyway, RoPE
+    ``inv_freq`` buffers) are not read; any other tensor it does not use is an error.
     """
     config_path = path / "config.json"
     if not config_path.is_file():
@@ -43,6 +43,13 @@ def read_hf_dir(path: Path, dtype: torch.dtype, progress: bool = False
 
     weight_map = _weight_map(path)  # tensor name -> shard file
     shapes = expected_shapes(config)
+    unused = sorted(n for n in weight_map if n not in shapes and not is_ignorable(n, config))
+    if unused:
+        raise WeightsError(
+            f"{path}: tensor {unused[0]!r} (in {weight_map[unused[0]].name}) is not used by a "
+            f"{config.architecture} model with this config.json, and {len(unused) - 1} more; "
+            "refusing rather than running a different model than the file holds"
+        )
     by_file: dict[Path, list[str]] = defaultdict(list)
     for name, shape in shapes.items():
         if name not in weight_map:
