@@ -182,6 +182,9 @@ class EngineConfig:
     seed: int = 0
     tensor_parallel_size: int = 1  # local ranks the model is sharded over (parallel/)
     cpu_kernels: bool = True  # CPULinear dispatch (kernels/): native bf16 GEMV, packed oneDNN
+    # a request's tokens and logprobs bitwise the same whatever shares its steps
+    # (model/batch_invariant.py); costs speed on prompts and large bf16 batches
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -191,5 +194,7 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.batch_invariant and self.tensor_parallel_size > 1:
+            raise ConfigError("batch_invariant is not supported with tensor_parallel_size > 1")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ConfigError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")

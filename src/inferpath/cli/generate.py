@@ -40,6 +40,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                         help="context limit in tokens (default: the model's)")
     parser.add_argument("--no-cpu-kernels", action="store_true",
                         help="run PyTorch's ops only, not inferpath's native CPU kernels")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="batch-invariant mode: a request's tokens and logprobs are bitwise "
+                             "the same whatever shares its steps (slower prompts)")
     parser.add_argument("--kv-cache-mb", type=int, default=256,
                         help="memory for the KV cache in MiB (default 256)")
     sampling = parser.add_argument_group("sampling")
@@ -75,7 +78,7 @@ def _load_engine(args: argparse.Namespace):
     config = EngineConfig(dtype=args.dtype, max_model_len=args.max_model_len,
                           kv_cache_memory_bytes=args.kv_cache_mb * 1024 * 1024,
                           tensor_parallel_size=args.tensor_parallel_size,
-                          cpu_kernels=not args.no_cpu_kernels)
+                          cpu_kernels=not args.no_cpu_kernels, batch_invariant=args.deterministic)
     print(f"loading {args.model} ...", file=sys.stderr, flush=True)
     return LLMEngine.from_model(args.model, config, progress=True)
 

@@ -50,6 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="disable automatic prefix caching")
     parser.add_argument("--no-cpu-kernels", action="store_true",
                         help="run PyTorch's ops only, not inferpath's native CPU kernels")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="batch-invariant mode: a request's tokens and logprobs are bitwise "
+                             "the same whatever shares its steps (slower prompts)")
     parser.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug"))
     parser.set_defaults(func=run_serve)
@@ -69,6 +72,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=not args.no_prefix_caching,
         max_waiting_requests=args.max_waiting,
         cpu_kernels=not args.no_cpu_kernels,
+        batch_invariant=args.deterministic,
     )
 
 

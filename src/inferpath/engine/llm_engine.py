@@ -76,6 +76,7 @@ class LLMEngine:
         """Load an alias (pulled on first use), a .gguf file or a Hugging Face directory."""
         from inferpath.kernels import accelerate
         from inferpath.model import build_model
+        from inferpath.model.batch_invariant import make_batch_invariant
         from inferpath.models import resolve_model
         from inferpath.tokenizer import load_tokenizer
         from inferpath.weights import load_checkpoint
@@ -93,6 +94,8 @@ class LLMEngine:
             transformer = build_model(checkpoint, dtype)
             if engine_config.cpu_kernels:
                 accelerate(transformer)
+            if engine_config.batch_invariant:
+                make_batch_invariant(transformer)
         return cls(transformer, tokenizer, checkpoint.config, engine_config,
                    eos_token_ids=checkpoint.eos_token_ids,
                    model_name=checkpoint.config.name or str(model))

@@ -93,6 +93,9 @@ class Transformer(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.requires_grad_(False)  # inference only: no autograd graph even outside inference_mode
+        # every token attends through its own exact plan (attention.per_token_plan); set by
+        # model/batch_invariant.py, which also makes the linears row-independent
+        self.batch_invariant = False
 
     @property
     def dtype(self) -> torch.dtype:
@@ -108,7 +111,7 @@ class Transformer(nn.Module):
         self.rope_table.begin_step(positions, self.dtype, meta.max_seq_len, meta)
         # one plan per distinct sliding window (0 = full attention), shared by its layers
         windows = {self.config.layer_window(i) for i in range(self.config.num_layers)}
-        plans = {w: build_attention_plan(meta, self.config.head_dim, w) for w in windows}
+        plans = {w: build_attention_plan(meta, self.config.head_dim, w, self.batch_invariant) for w in windows}
         return self.model(input_ids, positions, kv_cache, plans)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
