@@ -159,3 +159,23 @@ def _copy_into(writer: gguf.GGUFWriter, source: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+@torch.inference_mode()
+def test_phi3_directory_with_fused_projections_loads_and_matches(tmp_path: Path):
+    """Phi-3 stores qkv_proj and gate_up_proj fused; the loader cuts them into the model's
+    q/k/v and gate/up, and the logits equal transformers'."""
+    from inferpath.model import build_model
+    from test_model import PagedRunner, rel_err
+
+    config = transformers.Phi3Config(vocab_size=64, pad_token_id=0, eos_token_id=2, hidden_size=32,
+                                     intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2)
+    directory = save_dir(tmp_path / "phi3", config)
+    ckpt = load_checkpoint(directory)
+    assert "model.layers.0.self_attn.k_proj.weight" in ckpt.tensors
+    assert not any("qkv_proj" in name or "gate_up_proj" in name for name in ckpt.tensors)
+    hf = transformers.Phi3ForCausalLM.from_pretrained(directory).eval()
+    prompt = [5, 9, 17, 33, 2, 60]
+    logits = PagedRunner(build_model(ckpt)).step([(0, prompt)])
+    assert rel_err(logits[0], hf(torch.tensor([prompt])).logits[0, -1]) < 1e-4

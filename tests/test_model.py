@@ -20,6 +20,7 @@ from inferpath.config import ModelConfig
 from inferpath.kernels import accelerate
 from inferpath.model import AttentionMetadata, Transformer, WeightLoadError
 from inferpath.model.rope import RopeScalingError, RopeTable, RotaryEmbedding
+from inferpath.weights.names import split_fused
 
 import transformers  # test-only reference; a hard dependency of the test extras
 
@@ -107,19 +108,25 @@ CASES = {
     # length-dependent RoPE: the prompt (12) passes the original length, decoding goes further
     "llama-dynamic": lambda: _tiny(transformers.LlamaConfig, max_position_embeddings=10,
                                    rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+    "phi3-longrope": lambda: _tiny(transformers.Phi3Config, pad_token_id=0, eos_token_id=2,
+                                   max_position_embeddings=64, original_max_position_embeddings=15, rope_scaling={
+        "rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
+        "long_factor": [1.0 + 0.7 * i for i in range(8)]}),
+    "phi3-sliding-window": lambda: _tiny(transformers.Phi3Config, pad_token_id=0, eos_token_id=2, sliding_window=6),
     "llama-longrope": lambda: _tiny(transformers.LlamaConfig, max_position_embeddings=64, rope_scaling={
         "rope_type": "longrope", "original_max_position_embeddings": 15,
         "short_factor": [1.0 + 0.1 * i for i in range(8)], "long_factor": [1.0 + 0.7 * i for i in range(8)]}),
 }
 # RoPE whose frequencies follow the sequence length: transformers rotates every prompt key at
 # the whole prompt's length, so these prefill in one chunk (chunking changes the math)
-UNCHUNKED = {"llama-dynamic", "llama-longrope"}
+UNCHUNKED = {"llama-dynamic", "llama-longrope", "phi3-longrope"}
 
 
 def hf_to_checkpoint_names(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """transformers 5 fuses Mixtral experts; split them back into the checkpoint layout."""
+    """transformers 5 fuses Mixtral experts; split them back into the checkpoint layout.
+    Phi-3's fused projections are split as the loader splits them (weights/names.py)."""
     if not config.is_moe:
-        return dict(state)
+        return split_fused(dict(state), config)
     out, inter = {}, config.intermediate_size
     for name, tensor in state.items():
         if ".mlp.gate." in name:

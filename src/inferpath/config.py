@@ -16,7 +16,7 @@ from typing import Any
 
 from inferpath.hf_config import UnsupportedFieldError, model_config_kwargs
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "mixtral")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "mixtral", "phi3")
 
 
 class ConfigError(ValueError):

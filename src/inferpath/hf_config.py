@@ -27,7 +27,7 @@ HARMLESS_FIELDS = frozenset({
     "is_encoder_decoder", "is_decoder", "add_cross_attention", "cross_attention_hidden_size",
     "chunk_size_feed_forward", "pruned_heads", "tie_encoder_decoder", "tf_legacy_loss",
     "use_bfloat16", "pretraining_tp", "output_router_logits", "router_aux_loss_coef",
-    "router_jitter_noise",
+    "router_jitter_noise", "resid_pdrop", "embd_pdrop",
     # generation defaults
     "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
     "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
@@ -46,6 +46,8 @@ ARCHITECTURE_FIELDS = {
     "mistral": frozenset({"sliding_window"}),
     "qwen2": frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"}),
     "mixtral": frozenset({"sliding_window", "num_local_experts", "num_experts_per_tok"}),
+    # Phi-3: fused qkv_proj / gate_up_proj in the checkpoint (split on load, names.py)
+    "phi3": frozenset({"sliding_window", "original_max_position_embeddings"}),
 }
 SUPPORTED_ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh")
 # RoPE type -> the keys of its parameters that the model reads (rope.py)
@@ -101,6 +103,9 @@ def rope_settings(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
         _check_rope_keys(scaling)
         if _rope_type(scaling) == "default":
             scaling = None
+        elif "original_max_position_embeddings" not in scaling and "original_max_position_embeddings" in cfg:
+            # Phi-3 keeps it beside rope_scaling, not inside
+            scaling = dict(scaling, original_max_position_embeddings=cfg["original_max_position_embeddings"])
     return float(theta if theta is not None else 10000.0), scaling
 
 

@@ -144,3 +144,54 @@ def gguf_name(hf: str) -> str:
         layer, part, kind = m.groups()
         return f"blk.{layer}.{_HF_TO_GGUF_LAYER[part]}.{kind}"
     return hf
+
+
+# Checkpoints that store some projections fused along rows: fused suffix -> the parts, in
+# row order (Phi-3: qkv_proj = q, k, v; gate_up_proj = gate, up). The model keeps the parts.
+FUSED_PROJECTIONS = {
+    "phi3": {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                           "self_attn.v_proj.weight"),
+             "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")},
+}
+
+
+def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """``expected_shapes`` as the checkpoint file stores them: fused projections fused."""
+    shapes = expected_shapes(config)
+    fused = FUSED_PROJECTIONS.get(config.architecture)
+    if not fused:
+        return shapes
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        for fused_suffix, parts in fused.items():
+            if name.endswith(parts[0]):
+                prefix = name[: -len(parts[0])]
+                rows = sum(shapes[prefix + part][0] for part in parts)
+                out[prefix + fused_suffix] = (rows, *shape[1:])
+                break
+            if any(name.endswith(part) for part in parts[1:]):
+                break
+        else:
+            out[name] = shape
+    return out
+
+
+def split_fused(tensors: dict, config: ModelConfig) -> dict:
+    """Checkpoint tensors -> the model's names: each fused projection cut into its parts
+    (row views, no copy); other tensors unchanged."""
+    fused = FUSED_PROJECTIONS.get(config.architecture)
+    if not fused:
+        return tensors
+    shapes = expected_shapes(config)
+    out = {}
+    for name, tensor in tensors.items():
+        suffix = next((f for f in fused if name.endswith(f)), None)
+        if suffix is None:
+            out[name] = tensor
+            continue
+        prefix, start = name[: -len(suffix)], 0
+        for part in fused[suffix]:
+            rows = shapes[prefix + part][0]
+            out[prefix + part] = tensor[start:start + rows]
+            start += rows
+    return out

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from inferpath.config import ConfigError, ModelConfig
 from inferpath.weights.errors import WeightsError
-from inferpath.weights.names import expected_shapes, is_ignorable
+from inferpath.weights.names import checkpoint_shapes, is_ignorable, split_fused
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -42,7 +42,7 @@ def read_hf_dir(path: Path, dtype: torch.dtype, progress: bool = False
         raise WeightsError(f"{config_path}: {exc}") from None
 
     weight_map = _weight_map(path)  # tensor name -> shard file
-    shapes = expected_shapes(config)
+    shapes = checkpoint_shapes(config)  # as stored: Phi-3's projections fused
     unused = sorted(n for n in weight_map if n not in shapes and not is_ignorable(n, config))
     if unused:
         raise WeightsError(
@@ -78,7 +78,7 @@ def read_hf_dir(path: Path, dtype: torch.dtype, progress: bool = False
             raise WeightsError(f"{file}: not a readable safetensors file ({exc}); "
                                "it may be truncated or corrupt") from None
     bar.close()
-    return config, tensors, _eos_token_ids(path, hf_config)
+    return config, split_fused(tensors, config), _eos_token_ids(path, hf_config)
 
 
 def _weight_map(path: Path) -> dict[str, Path]:
