@@ -50,6 +50,7 @@ REFUSED_CONFIGS = {
     "partial rotary in rope parameters": (tiny_dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                                      "partial_rotary_factor": 0.5}),
                                           "partial_rotary_factor"),
+    "olmoe clip_qkv": (tiny_dict(transformers.OlmoeConfig, clip_qkv=8.0), "clip_qkv"),
     "gelu experts": (tiny_dict(transformers.MixtralConfig, hidden_act="gelu"), "gelu"),
     "layer types without a window": (tiny_dict(transformers.Qwen2Config, use_sliding_window=False,
                                                layer_types=["sliding_attention", "full_attention"]),
@@ -179,3 +180,12 @@ def test_phi3_directory_with_fused_projections_loads_and_matches(tmp_path: Path)
     prompt = [5, 9, 17, 33, 2, 60]
     logits = PagedRunner(build_model(ckpt)).step([(0, prompt)])
     assert rel_err(logits[0], hf(torch.tensor([prompt])).logits[0, -1]) < 1e-4
+
+
+def test_tensor_parallelism_refuses_what_it_cannot_shard():
+    from inferpath.parallel.tp import check_shardable
+
+    for cfg, name in ((tiny_dict(attention_bias=True), "o_proj_bias"), (tiny_dict(mlp_bias=True), "mlp_bias"),
+                      (tiny_dict(transformers.OlmoeConfig), "qk_norm")):
+        with pytest.raises(ValueError, match=name):
+            check_shardable(ModelConfig.from_hf_config(cfg), 2)

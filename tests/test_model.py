@@ -113,6 +113,17 @@ CASES = {
         "rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
         "long_factor": [1.0 + 0.7 * i for i in range(8)]}),
     "phi3-sliding-window": lambda: _tiny(transformers.Phi3Config, pad_token_id=0, eos_token_id=2, sliding_window=6),
+    "olmoe-qk-norm": lambda: _tiny(transformers.OlmoeConfig, intermediate_size=32, num_experts=4,
+                                   num_experts_per_tok=2, pad_token_id=0, eos_token_id=1),
+    "olmoe-bias-norm-topk": lambda: _tiny(transformers.OlmoeConfig, intermediate_size=32, num_experts=4,
+                                          num_experts_per_tok=3, norm_topk_prob=True, attention_bias=True,
+                                          pad_token_id=0, eos_token_id=1),
+    "qwen2-moe-shared-expert": lambda: _tiny(transformers.Qwen2MoeConfig, num_hidden_layers=3, intermediate_size=96,
+                                             moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                                             num_experts=4, num_experts_per_tok=2, mlp_only_layers=[1]),
+    "qwen2-moe-sparse-step": lambda: _tiny(transformers.Qwen2MoeConfig, intermediate_size=96, moe_intermediate_size=32,
+                                           shared_expert_intermediate_size=48, num_experts=4,
+                                           num_experts_per_tok=2, decoder_sparse_step=2, norm_topk_prob=True),
     "llama-longrope": lambda: _tiny(transformers.LlamaConfig, max_position_embeddings=64, rope_scaling={
         "rope_type": "longrope", "original_max_position_embeddings": 15,
         "short_factor": [1.0 + 0.1 * i for i in range(8)], "long_factor": [1.0 + 0.7 * i for i in range(8)]}),
@@ -127,7 +138,19 @@ def hf_to_checkpoint_names(state: dict[str, torch.Tensor], config: ModelConfig) 
     Phi-3's fused projections are split as the loader splits them (weights/names.py)."""
     if not config.is_moe:
         return split_fused(dict(state), config)
-    out, inter = {}, config.intermediate_size
+    out, inter = {}, config.expert_intermediate_size
+    if config.architecture in ("olmoe", "qwen2_moe"):  # experts under mlp, Llama names
+        for name, tensor in state.items():
+            if name.endswith("mlp.experts.gate_up_proj"):
+                for e in range(tensor.shape[0]):
+                    out[name.replace("gate_up_proj", f"{e}.gate_proj.weight")] = tensor[e, :inter]
+                    out[name.replace("gate_up_proj", f"{e}.up_proj.weight")] = tensor[e, inter:]
+            elif name.endswith("mlp.experts.down_proj"):
+                for e in range(tensor.shape[0]):
+                    out[name.replace("down_proj", f"{e}.down_proj.weight")] = tensor[e]
+            else:
+                out[name] = tensor
+        return out
     for name, tensor in state.items():
         if ".mlp.gate." in name:
             out[name.replace(".mlp.gate.", ".block_sparse_moe.gate.")] = tensor

@@ -16,7 +16,9 @@ from typing import Any
 
 from inferpath.hf_config import UnsupportedFieldError, model_config_kwargs
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "mixtral", "phi3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "mixtral", "phi3", "olmoe", "qwen2_moe")
+# MoE architectures whose experts sit under ``mlp`` with Llama names (model/moe.py RoutedMoE)
+ROUTED_MOE_ARCHITECTURES = ("olmoe", "qwen2_moe")
 
 
 class ConfigError(ValueError):
@@ -53,6 +55,13 @@ class ModelConfig:
     hidden_act: str = "silu"  # the gate's activation: silu, gelu or gelu_pytorch_tanh
     num_experts: int = 0
     num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # each routed expert's width; 0 = intermediate_size
+    norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to 1 (Mixtral)
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's always-on expert; 0 = none
+    # layers whose FFN is a dense MLP of intermediate_size although num_experts > 0
+    # (Qwen2-MoE's mlp_only_layers / decoder_sparse_step)
+    dense_layers: tuple[int, ...] = ()
+    qk_norm: bool = False  # OLMoE: RMSNorm over the whole Q and K projections before RoPE
     sliding_window: int | None = None
     # per layer "full_attention" or "sliding_attention"; None: every layer slides iff
     # sliding_window is set
@@ -87,6 +96,13 @@ class ModelConfig:
                 f"num_experts_per_tok ({self.num_experts_per_tok}) must be in "
                 f"1..num_experts ({self.num_experts})"
             )
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        return self.num_experts > 0 and layer_idx not in self.dense_layers
+
+    @property
+    def expert_intermediate_size(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size
 
     def layer_window(self, layer_idx: int) -> int:
         """The sliding window of layer ``layer_idx``; 0 when it attends to the whole context."""

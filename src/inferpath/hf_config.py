@@ -48,6 +48,11 @@ ARCHITECTURE_FIELDS = {
     "mixtral": frozenset({"sliding_window", "num_local_experts", "num_experts_per_tok"}),
     # Phi-3: fused qkv_proj / gate_up_proj in the checkpoint (split on load, names.py)
     "phi3": frozenset({"sliding_window", "original_max_position_embeddings"}),
+    "olmoe": frozenset({"attention_bias", "num_experts", "num_experts_per_tok", "norm_topk_prob", "clip_qkv"}),
+    "qwen2_moe": frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
+                            "num_experts", "num_experts_per_tok", "norm_topk_prob", "moe_intermediate_size",
+                            "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers",
+                            "qkv_bias"}),
 }
 SUPPORTED_ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh")
 # RoPE type -> the keys of its parameters that the model reads (rope.py)
@@ -79,6 +84,8 @@ def check_fields(cfg: dict[str, Any], architecture: str) -> None:
             f"{architecture!r} models and may change the logits; refusing rather than "
             f"answering wrong" + (f" (also unknown: {', '.join(unknown[1:])})" if len(unknown) > 1 else "")
         )
+    if cfg.get("clip_qkv") is not None:
+        raise UnsupportedFieldError(f"clip_qkv = {cfg['clip_qkv']!r} is not implemented (only None)")
     act = cfg.get("hidden_act", "silu")
     if act not in SUPPORTED_ACTIVATIONS:
         raise UnsupportedFieldError(f"hidden_act {act!r} is not supported; supported: "
@@ -132,7 +139,7 @@ def layer_types(cfg: dict[str, Any], architecture: str, num_layers: int) -> tupl
     ``use_sliding_window``, on layers ``>= max_window_layers`` unless ``layer_types`` says.
     """
     window = cfg.get("sliding_window")
-    if architecture == "qwen2":
+    if architecture in ("qwen2", "qwen2_moe"):
         if not cfg.get("use_sliding_window", False):
             window = None
         types = cfg.get("layer_types")
@@ -160,9 +167,14 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
     hidden = int(cfg["hidden_size"])
     num_layers = int(cfg["num_hidden_layers"])
     rope_theta, rope_scaling = rope_settings(cfg)
-    num_experts = int(cfg.get("num_local_experts") or 0)
+    num_experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
     types = layer_types(cfg, architecture, num_layers)
-    llama_bias = bool(cfg.get("attention_bias", False))
+    llama_bias = bool(cfg.get("attention_bias", False))  # Llama and OLMoE: all four projections
+    dense_layers: tuple[int, ...] = ()
+    if architecture == "qwen2_moe":
+        step = int(cfg.get("decoder_sparse_step", 1) or 1)
+        only = set(cfg.get("mlp_only_layers") or ())
+        dense_layers = tuple(i for i in range(num_layers) if i in only or (i + 1) % step)
     return dict(
         architecture=architecture,
         vocab_size=int(cfg["vocab_size"]),
@@ -178,12 +190,18 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         # Qwen2 always has a Q/K/V bias and no o_proj bias; Llama's attention_bias is all four
-        attention_bias=architecture == "qwen2" or llama_bias,
-        o_proj_bias=architecture == "llama" and llama_bias,
+        attention_bias=(architecture == "qwen2" or llama_bias
+                        or (architecture == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))),
+        o_proj_bias=architecture in ("llama", "olmoe") and llama_bias,
         mlp_bias=bool(cfg.get("mlp_bias", False)),
         hidden_act=str(cfg.get("hidden_act", "silu")),
         num_experts=num_experts,
         num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0) if num_experts else 0,
+        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)) if architecture != "mixtral" else True,
+        shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+        dense_layers=dense_layers,
+        qk_norm=architecture == "olmoe",
         sliding_window=int(cfg["sliding_window"]) if types else None,
         layer_types=types,
     )

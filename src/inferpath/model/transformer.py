@@ -1,4 +1,5 @@
-"""The decoder-only transformer (Llama, Mistral, Qwen2, Mixtral) in the seed's stage order.
+"""The decoder-only transformer (Llama, Mistral, Qwen2, Mixtral, Phi-3, OLMoE, Qwen2-MoE) in the
+seed's stage order.
 
     embed_tokens (row lookup)
     N x layer: input_layernorm -> self_attn (q/k/v_proj -> rotary_emb -> kv_write -> attn
@@ -16,11 +17,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inferpath.config import ModelConfig
+from inferpath.config import ROUTED_MOE_ARCHITECTURES, ModelConfig
 from inferpath.model.attention import build_attention_plan
 from inferpath.model.layers import RMSNorm, gated_mlp
 from inferpath.model.metadata import AttentionMetadata
-from inferpath.model.moe import SparseMoE
+from inferpath.model.moe import RoutedMoE, SparseMoE
 from inferpath.model.rope import RopeTable
 from inferpath.model.self_attention import SelfAttention
 
@@ -40,12 +41,16 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = SelfAttention(config, layer_idx, rope_table)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        if config.is_moe:
+        self.is_moe = config.is_moe_layer(layer_idx) and config.architecture not in ROUTED_MOE_ARCHITECTURES
+        if self.is_moe:
             self.block_sparse_moe = SparseMoE(config.hidden_size, config.intermediate_size,
                                               config.num_experts, config.num_experts_per_tok)
+        elif config.is_moe_layer(layer_idx):  # OLMoE, Qwen2-MoE: experts under ``mlp``
+            self.mlp = RoutedMoE(config.hidden_size, config.expert_intermediate_size, config.num_experts,
+                                 config.num_experts_per_tok, config.norm_topk_prob,
+                                 config.shared_expert_intermediate_size)
         else:
             self.mlp = gated_mlp(config.hidden_size, config.intermediate_size, config.hidden_act, config.mlp_bias)
-        self.is_moe = config.is_moe
 
     def forward(self, positions, hidden, kv_cache, plan) -> torch.Tensor:
         # hidden: (num_tokens, hidden_size), the running residual stream

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from inferpath.config import ModelConfig
+from inferpath.config import ROUTED_MOE_ARCHITECTURES, ModelConfig
 
 # GGUF per-layer suffix -> Hugging Face per-layer suffix (after "model.layers.{i}.")
 _LAYER_RENAMES = {
@@ -99,7 +99,20 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.v_proj.bias"] = (config.kv_size,)
         if config.o_proj_bias:
             shapes[p + "self_attn.o_proj.bias"] = (hidden,)
-        if config.is_moe:
+        if config.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (config.q_size,)
+            shapes[p + "self_attn.k_norm.weight"] = (config.kv_size,)
+        if config.is_moe_layer(i) and config.architecture in ROUTED_MOE_ARCHITECTURES:
+            shapes[p + "mlp.gate.weight"] = (config.num_experts, hidden)
+            experts = [(f"{p}mlp.experts.{e}.", config.expert_intermediate_size) for e in range(config.num_experts)]
+            if config.shared_expert_intermediate_size:
+                experts.append((f"{p}mlp.shared_expert.", config.shared_expert_intermediate_size))
+                shapes[p + "mlp.shared_expert_gate.weight"] = (1, hidden)
+            for q, width in experts:
+                shapes[q + "gate_proj.weight"] = (width, hidden)
+                shapes[q + "up_proj.weight"] = (width, hidden)
+                shapes[q + "down_proj.weight"] = (hidden, width)
+        elif config.is_moe_layer(i):
             shapes[p + "block_sparse_moe.gate.weight"] = (config.num_experts, hidden)
             for e in range(config.num_experts):
                 q = f"{p}block_sparse_moe.experts.{e}."
