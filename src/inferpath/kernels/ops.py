@@ -14,13 +14,10 @@ matrices (Q/K/V and gate/up fused, weights not in cache), in ms, kernel vs PyTor
 
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
-
 import torch
 
 from inferpath.kernels import build
-from inferpath.model.batch_invariant import rowwise_linear
+from inferpath.model.batch_invariant import rows_must_be_invariant, rowwise_linear
 
 GEMV_MAX_ROWS = {torch.float32: 32, torch.bfloat16: 8}
 AMX_MIN_ROWS = 2  # one row: the GEMV is as fast
@@ -59,32 +56,16 @@ def linear_kernels(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
     return build.native_gemv(dtype), amx
 
 
-_dispatch = threading.local()
-
-
-@contextmanager
-def row_invariant_dispatch(enabled: bool = True):
-    """Within the block (this thread), ``small_batch_linear`` computes each row of x the
-    same way whatever the number of rows: the GEMV for any row count (each output is one
-    FMA chain over k then one lane reduction, csrc/gemv.c, whatever m is), else one
-    ``F.linear`` per row. The batch-invariant mode (model/batch_invariant.py) runs every
-    step inside it; AMX and oneDNN, whose blocking follows the row count, are not used."""
-    previous = getattr(_dispatch, "row_invariant", False)
-    _dispatch.row_invariant = enabled
-    try:
-        yield
-    finally:
-        _dispatch.row_invariant = previous
-
-
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernels: tuple):
     """x @ weight.T + bias through the kernel that serves x's row count best (AMX for bf16
     from AMX_MIN_ROWS to AMX_MAX_ROWS rows, else the GEMV up to GEMV_MAX_ROWS), else
     ``F.linear``. ``kernels`` comes from ``linear_kernels``. Inside
-    ``row_invariant_dispatch``: the GEMV for any rows, else ``rowwise_linear``."""
+    ``row_invariant_dispatch`` (model/batch_invariant.py): the GEMV for any number of rows
+    (each output is one FMA chain over k then one lane reduction, csrc/gemv.c, whatever m
+    is), else ``rowwise_linear``; never AMX or oneDNN, whose blocking follows the row count."""
     gemv_fn, amx_fn = kernels
     rows = x.shape[0]
-    if getattr(_dispatch, "row_invariant", False):
+    if rows_must_be_invariant():
         if gemv_fn is not None and x.dtype == weight.dtype and x.dim() == 2:
             return run_gemv(gemv_fn, x.contiguous(), weight, bias)
         return rowwise_linear(x, weight, bias)

@@ -11,8 +11,9 @@ gives logprobs that differ in the last bits, and in bf16 even different tokens.
 itself:
 
 - linears: each output row is computed the same way for any row count: the native GEMV
-  (one FMA chain over k per output, kernels/ops.py ``row_invariant_dispatch``, entered
-  by the runner each step) or, without it, one ``F.linear`` per row (``RowwiseLinear``);
+  (one FMA chain over k per output, chosen by kernels/ops.py inside
+  ``row_invariant_dispatch``, which the runner enters each step) or, without it, one
+  ``F.linear`` per row (``RowwiseLinear``);
 - attention: every token, prompt or decode, is its own query over exactly keys
   0..position of its sequence (attention.per_token_plan), no padding, no mask;
 - RMSNorm, RoPE, the gate, residuals, softmax and log-softmax already work row by row.
@@ -22,9 +23,33 @@ The engine turns it on with ``EngineConfig(batch_invariant=True)`` (``--determin
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+_dispatch = threading.local()
+
+
+@contextmanager
+def row_invariant_dispatch(enabled: bool = True):
+    """Within the block (this thread), the native linears (kernels/ops.py
+    ``small_batch_linear``) compute each row the same way whatever the number of rows.
+    The runner runs each step of a batch-invariant model inside it."""
+    previous = getattr(_dispatch, "row_invariant", False)
+    _dispatch.row_invariant = enabled
+    try:
+        yield
+    finally:
+        _dispatch.row_invariant = previous
+
+
+def rows_must_be_invariant() -> bool:
+    """Whether this thread is inside ``row_invariant_dispatch``."""
+    return getattr(_dispatch, "row_invariant", False)
 
 
 def rowwise_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
