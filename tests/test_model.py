@@ -124,6 +124,12 @@ CASES = {
     "qwen2-moe-sparse-step": lambda: _tiny(transformers.Qwen2MoeConfig, intermediate_size=96, moe_intermediate_size=32,
                                            shared_expert_intermediate_size=48, num_experts=4,
                                            num_experts_per_tok=2, decoder_sparse_step=2, norm_topk_prob=True),
+    "gemma3": lambda: _tiny(transformers.Gemma3TextConfig, head_dim=32, query_pre_attn_scalar=24,
+                            num_hidden_layers=3, sliding_window=5, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+                            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                            final_logit_softcapping=3.0, rope_parameters={
+                                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6}}),
     "llama-longrope": lambda: _tiny(transformers.LlamaConfig, max_position_embeddings=64, rope_scaling={
         "rope_type": "longrope", "original_max_position_embeddings": 15,
         "short_factor": [1.0 + 0.1 * i for i in range(8)], "long_factor": [1.0 + 0.7 * i for i in range(8)]}),
@@ -173,7 +179,8 @@ def build_pair(case: str, cpu_kernels: bool = False):
     with ``cpu_kernels`` our linears dispatch to the native GEMV for decode rows."""
     hf_config = CASES[case]()
     torch.manual_seed(0)
-    hf = getattr(transformers, type(hf_config).__name__.replace("Config", "ForCausalLM"))(hf_config).eval()
+    name = type(hf_config).__name__.replace("TextConfig", "Config").replace("Config", "ForCausalLM")
+    hf = getattr(transformers, name)(hf_config).eval()
     with torch.no_grad():  # transformers initialises norms to 1 and biases to 0: make them count
         for name, p in hf.named_parameters():
             if name.endswith("norm.weight"):

@@ -16,7 +16,7 @@ from typing import Any
 
 from inferpath.hf_config import UnsupportedFieldError, model_config_kwargs
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "mixtral", "phi3", "olmoe", "qwen2_moe")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "mixtral", "phi3", "olmoe", "qwen2_moe", "gemma3_text")
 # MoE architectures whose experts sit under ``mlp`` with Llama names (model/moe.py RoutedMoE)
 ROUTED_MOE_ARCHITECTURES = ("olmoe", "qwen2_moe")
 
@@ -61,7 +61,20 @@ class ModelConfig:
     # layers whose FFN is a dense MLP of intermediate_size although num_experts > 0
     # (Qwen2-MoE's mlp_only_layers / decoder_sparse_step)
     dense_layers: tuple[int, ...] = ()
-    qk_norm: bool = False  # OLMoE: RMSNorm over the whole Q and K projections before RoPE
+    # RMSNorm on Q and K before RoPE: "" none, "projection" over all heads at once (OLMoE),
+    # "head" over each head (Gemma 3)
+    qk_norm: str = ""
+    # Gemma 3: RMSNorm weights stored as w - 1 (the norm multiplies by 1 + w), a norm after
+    # attention and around the FFN ("sandwich"), embeddings times sqrt(hidden_size),
+    # attention scaled by query_pre_attn_scalar ** -0.5, and sliding layers with their own
+    # RoPE base and scaling
+    norm_weight_offset: float = 0.0
+    sandwich_norms: bool = False
+    embedding_multiplier: float = 1.0
+    query_pre_attn_scalar: float | None = None
+    final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap)
+    local_rope_theta: float | None = None
+    local_rope_scaling: tuple[tuple[str, Any], ...] | None = None
     sliding_window: int | None = None
     # per layer "full_attention" or "sliding_attention"; None: every layer slides iff
     # sliding_window is set
@@ -96,6 +109,17 @@ class ModelConfig:
                 f"num_experts_per_tok ({self.num_experts_per_tok}) must be in "
                 f"1..num_experts ({self.num_experts})"
             )
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor on q . k: query_pre_attn_scalar ** -0.5 where set, else head_dim ** -0.5."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def local_rope_config(self) -> "ModelConfig":
+        """This config as the RoPE of sliding-window layers sees it (Gemma 3's local base)."""
+        if self.local_rope_theta is None:
+            return self
+        return replace(self, rope_theta=self.local_rope_theta, rope_scaling=self.local_rope_scaling)
 
     def is_moe_layer(self, layer_idx: int) -> bool:
         return self.num_experts > 0 and layer_idx not in self.dense_layers
@@ -159,6 +183,7 @@ class ModelConfig:
         except UnsupportedFieldError as exc:
             raise ConfigError(str(exc)) from None
         kwargs["rope_scaling"] = _freeze(kwargs["rope_scaling"])
+        kwargs["local_rope_scaling"] = _freeze(kwargs.get("local_rope_scaling"))
         return cls(**kwargs, name=name)
 
     @classmethod

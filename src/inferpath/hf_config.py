@@ -49,6 +49,11 @@ ARCHITECTURE_FIELDS = {
     # Phi-3: fused qkv_proj / gate_up_proj in the checkpoint (split on load, names.py)
     "phi3": frozenset({"sliding_window", "original_max_position_embeddings"}),
     "olmoe": frozenset({"attention_bias", "num_experts", "num_experts_per_tok", "norm_topk_prob", "clip_qkv"}),
+    # Gemma 3 text; attention soft-capping (Gemma 2) and bidirectional attention are refused
+    "gemma3_text": frozenset({"attention_bias", "hidden_activation", "query_pre_attn_scalar", "layer_types",
+                              "sliding_window", "_sliding_window_pattern", "sliding_window_pattern",
+                              "attn_logit_softcapping", "final_logit_softcapping", "rope_local_base_freq",
+                              "use_bidirectional_attention"}),
     "qwen2_moe": frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
                             "num_experts", "num_experts_per_tok", "norm_topk_prob", "moe_intermediate_size",
                             "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers",
@@ -84,9 +89,13 @@ def check_fields(cfg: dict[str, Any], architecture: str) -> None:
             f"{architecture!r} models and may change the logits; refusing rather than "
             f"answering wrong" + (f" (also unknown: {', '.join(unknown[1:])})" if len(unknown) > 1 else "")
         )
+    for name in ("attn_logit_softcapping", "use_bidirectional_attention"):
+        if cfg.get(name):
+            raise UnsupportedFieldError(f"{name} = {cfg[name]!r} is not implemented (attention runs through "
+                                        "scaled_dot_product_attention and the paged kernel)")
     if cfg.get("clip_qkv") is not None:
         raise UnsupportedFieldError(f"clip_qkv = {cfg['clip_qkv']!r} is not implemented (only None)")
-    act = cfg.get("hidden_act", "silu")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")
     if act not in SUPPORTED_ACTIVATIONS:
         raise UnsupportedFieldError(f"hidden_act {act!r} is not supported; supported: "
                                     f"{', '.join(SUPPORTED_ACTIVATIONS)}")
@@ -139,7 +148,12 @@ def layer_types(cfg: dict[str, Any], architecture: str, num_layers: int) -> tupl
     ``use_sliding_window``, on layers ``>= max_window_layers`` unless ``layer_types`` says.
     """
     window = cfg.get("sliding_window")
-    if architecture in ("qwen2", "qwen2_moe"):
+    if architecture == "gemma3_text":
+        types = cfg.get("layer_types")
+        if types is None:
+            pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
+            types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+    elif architecture in ("qwen2", "qwen2_moe"):
         if not cfg.get("use_sliding_window", False):
             window = None
         types = cfg.get("layer_types")
@@ -159,14 +173,30 @@ def layer_types(cfg: dict[str, Any], architecture: str, num_layers: int) -> tupl
     return types if "sliding_attention" in types else None
 
 
+def gemma3_rope(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3's two RoPEs: global layers' (rope_theta, rope_scaling), sliding layers'
+    (local_rope_theta, local_rope_scaling), from the nested or the older flat layout."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and "full_attention" in params:
+        glob = rope_settings({"rope_parameters": params["full_attention"]})
+        local = rope_settings({"rope_parameters": params.get("sliding_attention", params["full_attention"])})
+    else:
+        glob = rope_settings(cfg)
+        local = (float(cfg.get("rope_local_base_freq", 10000.0)), None)
+    return dict(rope_theta=glob[0], rope_scaling=glob[1], local_rope_theta=local[0], local_rope_scaling=local[1])
+
+
 def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
     """ModelConfig keyword arguments from a config.json dict (KeyError for a missing field)."""
     architecture = cfg["model_type"]
     check_fields(cfg, architecture)
+    if architecture == "gemma3_text":
+        cfg = dict(cfg, hidden_act=cfg.get("hidden_activation") or cfg.get("hidden_act", "gelu_pytorch_tanh"))
     num_heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
     num_layers = int(cfg["num_hidden_layers"])
-    rope_theta, rope_scaling = rope_settings(cfg)
+    gemma = architecture == "gemma3_text"
+    rope = gemma3_rope(cfg) if gemma else dict(zip(("rope_theta", "rope_scaling"), rope_settings(cfg)))
     num_experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
     types = layer_types(cfg, architecture, num_layers)
     llama_bias = bool(cfg.get("attention_bias", False))  # Llama and OLMoE: all four projections
@@ -185,14 +215,13 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
         head_dim=int(cfg.get("head_dim") or hidden // num_heads),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-        rope_theta=rope_theta,
-        rope_scaling=rope_scaling,
+        **rope,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         # Qwen2 always has a Q/K/V bias and no o_proj bias; Llama's attention_bias is all four
         attention_bias=(architecture == "qwen2" or llama_bias
                         or (architecture == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))),
-        o_proj_bias=architecture in ("llama", "olmoe") and llama_bias,
+        o_proj_bias=architecture in ("llama", "olmoe", "gemma3_text") and llama_bias,
         mlp_bias=bool(cfg.get("mlp_bias", False)),
         hidden_act=str(cfg.get("hidden_act", "silu")),
         num_experts=num_experts,
@@ -201,7 +230,12 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         norm_topk_prob=bool(cfg.get("norm_topk_prob", True)) if architecture != "mixtral" else True,
         shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
         dense_layers=dense_layers,
-        qk_norm=architecture == "olmoe",
+        qk_norm={"olmoe": "projection", "gemma3_text": "head"}.get(architecture, ""),
+        norm_weight_offset=1.0 if gemma else 0.0,
+        sandwich_norms=gemma,
+        embedding_multiplier=float(cfg["hidden_size"]) ** 0.5 if gemma else 1.0,
+        query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]) if gemma else None,
+        final_logit_softcapping=float(cfg["final_logit_softcapping"]) if cfg.get("final_logit_softcapping") else None,
         sliding_window=int(cfg["sliding_window"]) if types else None,
         layer_types=types,
     )

@@ -64,14 +64,15 @@ class AttentionPlan:
 
 
 def build_attention_plan(meta: AttentionMetadata, head_dim: int, sliding_window: int | None,
-                         batch_invariant: bool = False) -> AttentionPlan:
+                         batch_invariant: bool = False, scale: float | None = None) -> AttentionPlan:
     """Split the flat batch into a decode group and prefill chunks, without host syncs.
 
     With ``batch_invariant`` every token, prefill or decode, is its own row of one exact
-    decode group (``per_token_plan``).
+    decode group (``per_token_plan``). ``scale`` multiplies q . k (default head_dim ** -0.5).
     """
+    scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
     if batch_invariant:
-        return per_token_plan(meta, head_dim, sliding_window)
+        return per_token_plan(meta, scale, sliding_window)
     block_size = meta.block_size
     window = sliding_window or 0
     token_starts = [0]
@@ -121,10 +122,10 @@ def build_attention_plan(meta: AttentionMetadata, head_dim: int, sliding_window:
         if context_len > 0 or needs_window:
             mask = causal_mask(query_len, seq_len, window, device)
         prefills.append(PrefillChunk(token_starts[i], query_len, seq_len, block_ids, mask, mask is None))
-    return AttentionPlan(meta.slot_mapping, decode, prefills, 1.0 / math.sqrt(head_dim))
+    return AttentionPlan(meta.slot_mapping, decode, prefills, scale)
 
 
-def per_token_plan(meta: AttentionMetadata, head_dim: int, sliding_window: int | None) -> AttentionPlan:
+def per_token_plan(meta: AttentionMetadata, scale: float, sliding_window: int | None) -> AttentionPlan:
     """Every token as a one-query "sequence" over its own context, keys 0..position.
 
     NOTE: this is what makes a token's attention independent of the step it runs in:
@@ -144,7 +145,7 @@ def per_token_plan(meta: AttentionMetadata, head_dim: int, sliding_window: int |
     tables = meta.block_tables.index_select(0, seq_of_token)[:, :blocks_per_seq]  # (num_tokens, blocks)
     decode = DecodeGroup(None, tables.reshape(-1), blocks_per_seq, 0, max_len, None,
                          torch.tensor(lens, device=device), sliding_window or 0, exact_lens=lens)
-    return AttentionPlan(meta.slot_mapping, decode, [], 1.0 / math.sqrt(head_dim))
+    return AttentionPlan(meta.slot_mapping, decode, [], scale)
 
 
 def causal_mask(query_len: int, seq_len: int, sliding_window: int | None, device=None) -> torch.Tensor:

@@ -38,6 +38,26 @@ class RMSNorm(nn.Module):
         return f"{self.hidden_size}, eps={self.eps}"
 
 
+class OffsetRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: the stored weight w scales by ``1 + w``, in float32, then casts.
+
+    Its own class (not a flag): the native RMSNorm kernel, swapped in by exact type, does
+    not know the offset.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (..., hidden_size)
+        normed = F.rms_norm(x.float(), (self.hidden_size,), None, self.eps)
+        return (normed * (1.0 + self.weight.float())).to(x.dtype)
+
+
+def make_norm(size: int, eps: float, weight_offset: float = 0.0) -> RMSNorm:
+    """RMSNorm over ``size`` features; Gemma's ``1 + w`` variant when ``weight_offset`` is 1."""
+    if weight_offset not in (0.0, 1.0):
+        raise ValueError(f"norm weight offset must be 0 or 1, got {weight_offset}")
+    return OffsetRMSNorm(size, eps) if weight_offset else RMSNorm(size, eps)
+
+
 class SiluAndMul(nn.Module):
     """The SwiGLU gate: ``silu(gate) * up``, elementwise. Its own module so it can be timed.
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from inferpath.config import ModelConfig
 from inferpath.model.attention import AttentionPlan, KVWrite, PagedAttention
-from inferpath.model.layers import RMSNorm
+from inferpath.model.layers import make_norm
 from inferpath.model.rope import RopeTable, RotaryEmbedding
 
 
@@ -39,18 +39,23 @@ class SelfAttention(nn.Module):
         self.attn = PagedAttention()
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=config.o_proj_bias)
         self.sliding_window = config.layer_window(layer_idx)  # 0: full attention
-        # OLMoE: RMSNorm over the whole Q and K projections (all heads at once), before RoPE
-        self.q_norm = RMSNorm(config.q_size, config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(config.kv_size, config.rms_norm_eps) if config.qk_norm else None
+        # RMSNorm on Q and K before RoPE: over all heads at once (OLMoE) or per head (Gemma 3)
+        self.qk_norm = config.qk_norm
+        q_width, k_width = (config.q_size, config.kv_size) if config.qk_norm == "projection" else (
+            config.head_dim, config.head_dim)
+        self.q_norm = make_norm(q_width, config.rms_norm_eps, config.norm_weight_offset) if config.qk_norm else None
+        self.k_norm = make_norm(k_width, config.rms_norm_eps, config.norm_weight_offset) if config.qk_norm else None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache,
                 plan: dict[int, AttentionPlan]) -> torch.Tensor:
         # x: (num_tokens, hidden_size); plan: sliding window (0 = none) -> this step's plan
         num_tokens = x.shape[0]
         q, k, v = self.project(x)
-        if self.q_norm is not None:
+        if self.qk_norm == "projection":
             q = self.q_norm(q.reshape(num_tokens, -1)).view(num_tokens, self.num_heads, self.head_dim)
             k = self.k_norm(k.reshape(num_tokens, -1)).view(num_tokens, self.num_kv_heads, self.head_dim)
+        elif self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)  # over head_dim, each head alone
         q, k = self.rotary_emb(positions, q, k)
         k_cache = kv_cache.k_caches[self.layer_idx]  # (num_blocks, block_size, num_kv_heads, head_dim)
         v_cache = kv_cache.v_caches[self.layer_idx]

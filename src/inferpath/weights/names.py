@@ -100,8 +100,12 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         if config.o_proj_bias:
             shapes[p + "self_attn.o_proj.bias"] = (hidden,)
         if config.qk_norm:
-            shapes[p + "self_attn.q_norm.weight"] = (config.q_size,)
-            shapes[p + "self_attn.k_norm.weight"] = (config.kv_size,)
+            per_head = config.qk_norm == "head"
+            shapes[p + "self_attn.q_norm.weight"] = (config.head_dim if per_head else config.q_size,)
+            shapes[p + "self_attn.k_norm.weight"] = (config.head_dim if per_head else config.kv_size,)
+        if config.sandwich_norms:
+            shapes[p + "pre_feedforward_layernorm.weight"] = (hidden,)
+            shapes[p + "post_feedforward_layernorm.weight"] = (hidden,)
         if config.is_moe_layer(i) and config.architecture in ROUTED_MOE_ARCHITECTURES:
             shapes[p + "mlp.gate.weight"] = (config.num_experts, hidden)
             experts = [(f"{p}mlp.experts.{e}.", config.expert_intermediate_size) for e in range(config.num_experts)]
