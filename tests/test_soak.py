@@ -48,7 +48,7 @@ def rss_bytes(pid: int) -> int:
 
 def metric(text: str, name: str) -> float:
     for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
+        if line.startswith((name + " ", name + "{")):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"/metrics has no {name}")
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from inferpath.cli.engine_flags import add_engine_flags, engine_config_from_args
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -33,18 +35,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help=f"alias, .gguf file or model directory (default {DEFAULT_MODEL})")
     parser.add_argument("--system", default=None, help="a system message to start with")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, metavar="N",
-                        help="shard the model over N local processes (torch.distributed)")
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="context limit in tokens (default: the model's)")
-    parser.add_argument("--no-cpu-kernels", action="store_true",
-                        help="run PyTorch's ops only, not inferpath's native CPU kernels")
-    parser.add_argument("--deterministic", action="store_true",
-                        help="batch-invariant mode: a request's tokens and logprobs are bitwise "
-                             "the same whatever shares its steps (slower prompts)")
-    parser.add_argument("--kv-cache-mb", type=int, default=256,
-                        help="memory for the KV cache in MiB (default 256)")
+    add_engine_flags(parser)
     sampling = parser.add_argument_group("sampling")
     sampling.add_argument("--max-tokens", type=int, default=256)
     sampling.add_argument("--temperature", type=float, default=0.0,
@@ -72,13 +63,9 @@ def _sampling_params(args: argparse.Namespace):
 
 
 def _load_engine(args: argparse.Namespace):
-    from inferpath.config import EngineConfig
     from inferpath.engine.llm_engine import LLMEngine
 
-    config = EngineConfig(dtype=args.dtype, max_model_len=args.max_model_len,
-                          kv_cache_memory_bytes=args.kv_cache_mb * 1024 * 1024,
-                          tensor_parallel_size=args.tensor_parallel_size,
-                          cpu_kernels=not args.no_cpu_kernels, batch_invariant=args.deterministic)
+    config = engine_config_from_args(args)
     print(f"loading {args.model} ...", file=sys.stderr, flush=True)
     return LLMEngine.from_model(args.model, config, progress=True)
 

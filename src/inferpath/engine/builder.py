@@ -43,7 +43,7 @@ def build_engine(model: str, engine_config: EngineConfig | None = None, progress
     return an LLMEngine over it."""
     from inferpath.engine.llm_engine import LLMEngine
     from inferpath.model import build_model
-    from inferpath.models import resolve_model
+    from inferpath.models import resolve_model, served_model_name
     from inferpath.tokenizer import load_tokenizer
     from inferpath.weights import load_checkpoint
 
@@ -64,6 +64,6 @@ def build_engine(model: str, engine_config: EngineConfig | None = None, progress
             accelerate(transformer)
     return LLMEngine(transformer, tokenizer, checkpoint.config, engine_config,
                      eos_token_ids=checkpoint.eos_token_ids,
-                     model_name=checkpoint.config.name or str(model),
+                     model_name=served_model_name(model),
                      kv_cache=build_kv_cache(checkpoint.config, engine_config),
                      sampler=build_sampler(engine_config))

@@ -248,19 +248,22 @@ class Tokenizer:
         return tokens
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True
+        self, messages: list[dict], add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
     ) -> str:
-        """The prompt text the model's chat template renders for ``messages``."""
-        return self._chat_renderer().render(messages, add_generation_prompt)
+        """The prompt text the model's chat template renders for ``messages`` (and the
+        OpenAI-shaped ``tools``, given to the template as its ``tools`` variable)."""
+        return self._chat_renderer().render(messages, add_generation_prompt, tools)
 
     def encode_chat(
-        self, messages: list[dict], add_generation_prompt: bool = True
+        self, messages: list[dict], add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
     ) -> list[int]:
         """Ids of the rendered chat: the template's control tokens become special ids; text that
         came from the messages never does (a user writing ``<|im_end|>`` gets plain text)."""
         renderer = self._chat_renderer()
         text, protected = renderer.render_with_spans(
-            messages, add_generation_prompt, self._all_added_re
+            messages, add_generation_prompt, self._all_added_re, tools
         )
         return self.encode_protected(text, protected)
 
