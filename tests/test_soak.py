@@ -156,10 +156,10 @@ def test_soak_16_streaming_clients_with_disconnects(serve):
     elapsed = time.monotonic() - start
     for _ in range(100):  # aborts of the last disconnects land at the next engine step
         text = httpx.get(url + "/metrics", timeout=30).text
-        if metric(text, "inferpath_num_requests_running") == 0 and metric(text, "inferpath_num_requests_waiting") == 0:
+        if metric(text, "inferpath:num_requests_running") == 0 and metric(text, "inferpath:num_requests_waiting") == 0:
             break
         time.sleep(0.1)
-    blocks_after = metric(text, "inferpath_kv_blocks_used")
+    blocks_after = metric(text, "inferpath:kv_blocks_used")
     rss["end"] = rss_bytes(pid)
     figures = {
         "clients": NUM_CLIENTS, "seconds": round(elapsed, 1), "requests": stats["requests"],
