@@ -163,3 +163,28 @@ def test_tool_call_grammar_accepts_only_valid_calls():
         matcher = grammars.new_matcher(spec)
         accepted = all(matcher.accept(t) for t in tokenizer.encode_ordinary(text))
         assert accepted == expected, text
+
+
+def test_live_stream_of_grammar_enforced_calls_sends_arguments_before_the_end():
+    from inferpath.server.tool_stream import LiveHermesStream
+
+    text = ('<tool_call>\n{"name":"f","arguments":{"city":"Paris, France","days":[1,2,3]}}\n'
+            '</tool_call>\n<tool_call>\n{"name":"g","arguments":{}}\n</tool_call>')
+    stream = LiveHermesStream()
+    before_finish = []
+    for i in range(0, len(text), 2):
+        before_finish += stream.add(text[i:i + 2])
+    after, has_calls = stream.finish()
+    assert has_calls
+    deltas = before_finish + after
+    openings = [d["tool_calls"][0] for d in deltas if "id" in d["tool_calls"][0]]
+    assert [(o["index"], o["function"]["name"]) for o in openings] == [(0, "f"), (1, "g")]
+    arguments = {0: "", 1: ""}
+    for d in deltas:
+        call = d["tool_calls"][0]
+        arguments[call["index"]] += call["function"]["arguments"]
+    assert json.loads(arguments[0]) == {"city": "Paris, France", "days": [1, 2, 3]}
+    assert json.loads(arguments[1]) == {}
+    first_call_fragments = [d for d in before_finish if d["tool_calls"][0]["index"] == 0
+                            and d["tool_calls"][0]["function"]["arguments"]]
+    assert len(first_call_fragments) > 3  # streamed as written, not in one piece at the end

@@ -8,6 +8,7 @@ lifespan starts the engine's background loop and shuts it down. Routes:
 - ``POST /tokenize``, ``POST /detokenize``
 - ``GET /health`` (status and the engine's occupancy), ``GET /metrics`` (Prometheus),
   ``GET /version``
+- ``GET /``: the glass-box page, and ``GET /v1/trace/{id}`` (trace_routes.py)
 
 CORS is off unless ``allowed_origins`` lists the origins a browser may call from
 (``["*"]`` for any).
@@ -44,6 +45,7 @@ from inferpath.server.protocol import (
     TokenizeRequest,
     messages_as_dicts,
 )
+from inferpath.server.trace_routes import install_trace_routes
 
 
 def build_app(async_engine: Any, api_key: str | None = None,
@@ -156,6 +158,7 @@ def build_app(async_engine: Any, api_key: str | None = None,
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    install_trace_routes(app, async_engine, api_key)  # the page at / and /v1/trace/{id}
     return app
 
 

@@ -31,7 +31,7 @@ from inferpath.server.errors import APIError
 from inferpath.server.logprobs import chat_logprobs
 from inferpath.server.protocol import ChatCompletionRequest, ParamError
 from inferpath.server.sse import sse_response
-from inferpath.server.tool_stream import ToolCallStream
+from inferpath.server.tool_stream import LiveHermesStream, ToolCallStream
 from inferpath.server.tools import parse_tool_calls, tool_call_grammar, tool_format
 
 
@@ -76,7 +76,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                               renames=renames)
     num_top = body.top_logprobs or 0
     if body.stream:
-        chunks = _stream_chunks(body, context, submission, num_top, fmt)
+        live_calls = forced is not None and fmt == "hermes"  # well-formed by the grammar
+        chunks = _stream_chunks(body, context, submission, num_top, fmt, live_calls)
         if body.usage_in_every_chunk:
             chunks = with_usage_so_far(chunks, submission)
         return sse_response(chunks, submission.abort_unfinished)
@@ -113,13 +114,16 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
 
 async def _stream_chunks(body: ChatCompletionRequest, context: ServingContext,
                          submission: Submission, num_top: int,
-                         fmt: str) -> AsyncIterator[dict[str, Any]]:
+                         fmt: str, live_calls: bool) -> AsyncIterator[dict[str, Any]]:
     base = {"id": submission.id, "object": "chat.completion.chunk",
             "created": submission.created, "model": context.model_name}
     for index in range(body.n):
         opening = {"role": "assistant", "content": ""}
         yield {**base, "choices": [_choice(index, opening, None, None)]}
-    tool_streams = {i: ToolCallStream(fmt) for i in range(body.n)} if body.parses_tool_calls else {}
+    tool_streams: dict[int, ToolCallStream | LiveHermesStream] = {}
+    if body.parses_tool_calls:
+        tool_streams = {i: LiveHermesStream() if live_calls else ToolCallStream(fmt)
+                        for i in range(body.n)}
     num_tokens_sent: dict[int, int] = {}  # choice index -> tokens whose logprobs were sent
     done: set[int] = set()  # choice indices whose finish chunk was sent
     final = None
