@@ -130,6 +130,10 @@ CASES = {
                             final_logit_softcapping=3.0, rope_parameters={
                                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
                                 "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6}}),
+    # soft caps small enough that tanh bends the scores and logits of a tiny random model
+    "gemma2": lambda: _tiny(transformers.Gemma2Config, head_dim=32, query_pre_attn_scalar=24,
+                            num_hidden_layers=3, sliding_window=5, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+                            attn_logit_softcapping=0.5, final_logit_softcapping=3.0),
     "llama-longrope": lambda: _tiny(transformers.LlamaConfig, max_position_embeddings=64, rope_scaling={
         "rope_type": "longrope", "original_max_position_embeddings": 15,
         "short_factor": [1.0 + 0.1 * i for i in range(8)], "long_factor": [1.0 + 0.7 * i for i in range(8)]}),

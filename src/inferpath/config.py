@@ -16,7 +16,7 @@ from typing import Any
 
 from inferpath.hf_config import UnsupportedFieldError, model_config_kwargs
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "mixtral", "phi3", "olmoe", "qwen2_moe", "gemma3_text")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "mixtral", "phi3", "olmoe", "qwen2_moe", "gemma2", "gemma3_text")
 # MoE architectures whose experts sit under ``mlp`` with Llama names (model/moe.py RoutedMoE)
 ROUTED_MOE_ARCHITECTURES = ("olmoe", "qwen2_moe")
 
@@ -64,7 +64,7 @@ class ModelConfig:
     # RMSNorm on Q and K before RoPE: "" none, "projection" over all heads at once (OLMoE),
     # "head" over each head (Gemma 3)
     qk_norm: str = ""
-    # Gemma 3: RMSNorm weights stored as w - 1 (the norm multiplies by 1 + w), a norm after
+    # Gemma 2 and 3: RMSNorm weights stored as w - 1 (the norm multiplies by 1 + w), a norm after
     # attention and around the FFN ("sandwich"), embeddings times sqrt(hidden_size),
     # attention scaled by query_pre_attn_scalar ** -0.5, and sliding layers with their own
     # RoPE base and scaling
@@ -73,6 +73,8 @@ class ModelConfig:
     embedding_multiplier: float = 1.0
     query_pre_attn_scalar: float | None = None
     final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap)
+    # Gemma 2: attention scores -> cap * tanh(scores / cap) before the mask and softmax
+    attn_logit_softcapping: float | None = None
     local_rope_theta: float | None = None
     local_rope_scaling: tuple[tuple[str, Any], ...] | None = None
     sliding_window: int | None = None

@@ -49,7 +49,10 @@ ARCHITECTURE_FIELDS = {
     # Phi-3: fused qkv_proj / gate_up_proj in the checkpoint (split on load, names.py)
     "phi3": frozenset({"sliding_window", "original_max_position_embeddings"}),
     "olmoe": frozenset({"attention_bias", "num_experts", "num_experts_per_tok", "norm_topk_prob", "clip_qkv"}),
-    # Gemma 3 text; attention soft-capping (Gemma 2) and bidirectional attention are refused
+    # Gemma 2 and Gemma 3 text (bidirectional attention is refused)
+    "gemma2": frozenset({"attention_bias", "hidden_activation", "query_pre_attn_scalar", "layer_types",
+                         "sliding_window", "attn_logit_softcapping", "final_logit_softcapping",
+                         "use_bidirectional_attention"}),
     "gemma3_text": frozenset({"attention_bias", "hidden_activation", "query_pre_attn_scalar", "layer_types",
                               "sliding_window", "_sliding_window_pattern", "sliding_window_pattern",
                               "attn_logit_softcapping", "final_logit_softcapping", "rope_local_base_freq",
@@ -89,10 +92,13 @@ def check_fields(cfg: dict[str, Any], architecture: str) -> None:
             f"{architecture!r} models and may change the logits; refusing rather than "
             f"answering wrong" + (f" (also unknown: {', '.join(unknown[1:])})" if len(unknown) > 1 else "")
         )
-    for name in ("attn_logit_softcapping", "use_bidirectional_attention"):
-        if cfg.get(name):
-            raise UnsupportedFieldError(f"{name} = {cfg[name]!r} is not implemented (attention runs through "
-                                        "scaled_dot_product_attention and the paged kernel)")
+    if architecture == "gemma3_text" and cfg.get("attn_logit_softcapping"):
+        # transformers' Gemma 3 keeps the field but never applies it: no reference to match
+        raise UnsupportedFieldError(f"attn_logit_softcapping = {cfg['attn_logit_softcapping']!r} is not "
+                                    "implemented for Gemma 3 (only Gemma 2 soft-caps attention scores)")
+    if cfg.get("use_bidirectional_attention"):
+        raise UnsupportedFieldError(f"use_bidirectional_attention = {cfg['use_bidirectional_attention']!r} "
+                                    "is not implemented (attention is causal)")
     if cfg.get("clip_qkv") is not None:
         raise UnsupportedFieldError(f"clip_qkv = {cfg['clip_qkv']!r} is not implemented (only None)")
     act = cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")
@@ -148,7 +154,10 @@ def layer_types(cfg: dict[str, Any], architecture: str, num_layers: int) -> tupl
     ``use_sliding_window``, on layers ``>= max_window_layers`` unless ``layer_types`` says.
     """
     window = cfg.get("sliding_window")
-    if architecture == "gemma3_text":
+    if architecture == "gemma2":  # every other layer slides, the first one included
+        types = cfg.get("layer_types") or [
+            "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
+    elif architecture == "gemma3_text":
         types = cfg.get("layer_types")
         if types is None:
             pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
@@ -190,13 +199,13 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
     """ModelConfig keyword arguments from a config.json dict (KeyError for a missing field)."""
     architecture = cfg["model_type"]
     check_fields(cfg, architecture)
-    if architecture == "gemma3_text":
+    gemma = architecture in ("gemma2", "gemma3_text")
+    if gemma:
         cfg = dict(cfg, hidden_act=cfg.get("hidden_activation") or cfg.get("hidden_act", "gelu_pytorch_tanh"))
     num_heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
     num_layers = int(cfg["num_hidden_layers"])
-    gemma = architecture == "gemma3_text"
-    rope = gemma3_rope(cfg) if gemma else dict(zip(("rope_theta", "rope_scaling"), rope_settings(cfg)))
+    rope = gemma3_rope(cfg) if architecture == "gemma3_text" else dict(zip(("rope_theta", "rope_scaling"), rope_settings(cfg)))
     num_experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
     types = layer_types(cfg, architecture, num_layers)
     llama_bias = bool(cfg.get("attention_bias", False))  # Llama and OLMoE: all four projections
@@ -221,7 +230,7 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         # Qwen2 always has a Q/K/V bias and no o_proj bias; Llama's attention_bias is all four
         attention_bias=(architecture == "qwen2" or llama_bias
                         or (architecture == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))),
-        o_proj_bias=architecture in ("llama", "olmoe", "gemma3_text") and llama_bias,
+        o_proj_bias=architecture in ("llama", "olmoe", "gemma2", "gemma3_text") and llama_bias,
         mlp_bias=bool(cfg.get("mlp_bias", False)),
         hidden_act=str(cfg.get("hidden_act", "silu")),
         num_experts=num_experts,
@@ -236,6 +245,7 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         embedding_multiplier=float(cfg["hidden_size"]) ** 0.5 if gemma else 1.0,
         query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]) if gemma else None,
         final_logit_softcapping=float(cfg["final_logit_softcapping"]) if cfg.get("final_logit_softcapping") else None,
+        attn_logit_softcapping=float(cfg["attn_logit_softcapping"]) if cfg.get("attn_logit_softcapping") else None,
         sliding_window=int(cfg["sliding_window"]) if types else None,
         layer_types=types,
     )

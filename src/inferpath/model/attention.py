@@ -15,7 +15,7 @@ may sit on top of earlier context from chunked prefill or a prefix-cache hit).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -61,18 +61,21 @@ class AttentionPlan:
     decode: DecodeGroup | None
     prefills: list[PrefillChunk]
     scale: float
+    softcap: float | None = None  # Gemma 2: scores -> softcap * tanh(scores / softcap)
 
 
 def build_attention_plan(meta: AttentionMetadata, head_dim: int, sliding_window: int | None,
-                         batch_invariant: bool = False, scale: float | None = None) -> AttentionPlan:
+                         batch_invariant: bool = False, scale: float | None = None,
+                         softcap: float | None = None) -> AttentionPlan:
     """Split the flat batch into a decode group and prefill chunks, without host syncs.
 
     With ``batch_invariant`` every token, prefill or decode, is its own row of one exact
-    decode group (``per_token_plan``). ``scale`` multiplies q . k (default head_dim ** -0.5).
+    decode group (``per_token_plan``). ``scale`` multiplies q . k (default head_dim ** -0.5);
+    ``softcap`` squashes the scores (Gemma 2).
     """
     scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
     if batch_invariant:
-        return per_token_plan(meta, scale, sliding_window)
+        return replace(per_token_plan(meta, scale, sliding_window), softcap=softcap)
     block_size = meta.block_size
     window = sliding_window or 0
     token_starts = [0]
@@ -122,7 +125,7 @@ def build_attention_plan(meta: AttentionMetadata, head_dim: int, sliding_window:
         if context_len > 0 or needs_window:
             mask = causal_mask(query_len, seq_len, window, device)
         prefills.append(PrefillChunk(token_starts[i], query_len, seq_len, block_ids, mask, mask is None))
-    return AttentionPlan(meta.slot_mapping, decode, prefills, scale)
+    return AttentionPlan(meta.slot_mapping, decode, prefills, scale, softcap)
 
 
 def per_token_plan(meta: AttentionMetadata, scale: float, sliding_window: int | None) -> AttentionPlan:
@@ -186,6 +189,8 @@ class PagedAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
         # q: (num_tokens, num_heads, head_dim); k, v: (num_tokens, num_kv_heads, head_dim)
+        if plan.softcap:  # neither SDPA nor the native kernel squashes scores
+            return softcapped_attention(q, k, v, k_cache, v_cache, plan)
         decode = plan.decode
         if decode is not None and decode.token_rows is None:
             return self._decode(q, k_cache, v_cache, decode, plan.scale)
@@ -258,6 +263,57 @@ class PagedAttention(nn.Module):
             attn_mask=chunk.mask, is_causal=chunk.is_causal, scale=scale, enable_gqa=True,
         )
         return out.squeeze(0).transpose(0, 1)  # (query_len, num_heads, head_dim)
+
+
+def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
+    """``PagedAttention`` with Gemma 2's soft-capped scores, written out: each decode row and
+    each prefill chunk attends over exactly its own sequence's keys (so it is batch-invariant
+    too). Returns (num_tokens, num_heads, head_dim)."""
+    num_kv_heads, head_dim = k_cache.shape[-2:]
+    block_size = k_cache.shape[1]
+
+    def gather(cache, block_ids, length):  # -> (length, num_kv_heads, head_dim)
+        return cache.index_select(0, block_ids).view(-1, num_kv_heads, head_dim)[:length]
+
+    out = torch.empty_like(q)
+    decode = plan.decode
+    if decode is not None:
+        rows = range(q.shape[0]) if decode.token_rows is None else decode.token_rows.tolist()
+        lens = decode.exact_lens if decode.exact_lens is not None else decode.seq_lens.tolist()
+        for i, (row, length) in enumerate(zip(rows, lens)):
+            first = i * decode.blocks_per_seq
+            blocks = decode.block_ids[first:first + -(-length // block_size)]
+            mask = causal_mask(1, length, decode.sliding_window or None, q.device)
+            out[row] = capped_scores_attention(q[row:row + 1], gather(k_cache, blocks, length),
+                                               gather(v_cache, blocks, length), mask, plan.scale, plan.softcap)[0]
+    for chunk in plan.prefills:
+        rows = slice(chunk.token_start, chunk.token_start + chunk.query_len)
+        if chunk.block_ids is None:
+            keys, values = k[rows], v[rows]  # (seq_len, num_kv_heads, head_dim)
+        else:
+            keys, values = gather(k_cache, chunk.block_ids, chunk.seq_len), gather(v_cache, chunk.block_ids, chunk.seq_len)
+        mask = chunk.mask if chunk.mask is not None else causal_mask(chunk.query_len, chunk.seq_len, None, q.device)
+        out[rows] = capped_scores_attention(q[rows], keys, values, mask, plan.scale, plan.softcap)
+    return out
+
+
+def capped_scores_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                            scale: float, softcap: float) -> torch.Tensor:
+    """softmax(mask(softcap * tanh(q k^T * scale / softcap))) v for one sequence, grouped-query.
+
+    q: (query_len, num_heads, head_dim); k, v: (seq_len, num_kv_heads, head_dim); mask:
+    (query_len, seq_len) bool, True = attend. Scores in q's dtype and softmax in float32, in
+    transformers' order. Returns (query_len, num_heads, head_dim).
+    """
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)  # (seq_len, num_heads, head_dim)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale  # (num_heads, query_len, seq_len)
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.float().softmax(dim=-1).to(q.dtype)
+    return torch.einsum("hqk,khd->qhd", probs, v)
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -137,7 +137,8 @@ class Transformer(nn.Module):
         # one plan per distinct sliding window (0 = full attention), shared by its layers
         windows = {self.config.layer_window(i) for i in range(self.config.num_layers)}
         plans = {w: build_attention_plan(meta, self.config.head_dim, w, self.batch_invariant,
-                                         self.config.attention_scale) for w in windows}
+                                         self.config.attention_scale, self.config.attn_logit_softcapping)
+                 for w in windows}
         return self.model(input_ids, positions, kv_cache, plans)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
