@@ -34,6 +34,7 @@ class Spelling:
     show_default: Callable[[Any], str] = str
     choices: tuple[str, ...] | None = None
     negate: bool = False  # a --no-X switch that sets the (default-on) field to False
+    affirm: bool = False  # a switch that sets the (default-off) field to True
     metavar: str | None = None
     none_means: str = "none"  # what a default of None stands for, in the help
 
@@ -63,6 +64,9 @@ SPELLINGS: dict[str, Spelling] = {
                                       negate=True),
     "cpu_kernels": Spelling(("--no-cpu-kernels",), "run PyTorch's ops only, not inferpath's "
                             "native CPU kernels", negate=True),
+    "batch_invariant": Spelling(("--deterministic", "--batch-invariant"), "batch-invariant mode: a "
+                                "request's tokens and logprobs are bitwise the same whatever shares its "
+                                "steps (slower prompts)", affirm=True),
     "seed": Spelling(("--engine-seed",), "seed of the engine's shared random generator "
                      "(requests with their own seed do not use it)", type=int, metavar="S"),
 }
@@ -78,6 +82,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         default = getattr(defaults, field.name)
         if spelling.negate:
             group.add_argument(*spelling.flags, dest=field.name, action="store_false",
+                               default=None, help=spelling.help)
+            continue
+        if spelling.affirm:
+            group.add_argument(*spelling.flags, dest=field.name, action="store_const", const=True,
                                default=None, help=spelling.help)
             continue
         shown = spelling.none_means if default is None else spelling.show_default(default)

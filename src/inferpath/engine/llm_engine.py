@@ -32,6 +32,7 @@ from inferpath.engine.outputs import EngineStats, RequestOutput
 from inferpath.engine.request import Request, RequestStatus
 from inferpath.engine.runner import ModelRunner
 from inferpath.engine.scheduler import SampleUpdate, Scheduler
+from inferpath.model.batch_invariant import make_batch_invariant
 from inferpath.sampling.params import SamplingParams
 from inferpath.sampling.sampler import Sampler
 
@@ -65,6 +66,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=engine_config.max_num_seqs,
                                    max_num_batched_tokens=engine_config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len)
+        if engine_config.batch_invariant:  # after accelerate(): the native linears stay
+            make_batch_invariant(model)
         self.runner = ModelRunner(model, self.kv_cache, self.block_manager, sampler,
                                   self.eos_token_ids)
         self.output_processor = OutputProcessor()

@@ -28,6 +28,7 @@ from inferpath.cache.kv import KVCache
 from inferpath.engine.outputs import RunnerOutput
 from inferpath.engine.prompt_logprobs import PromptLogprobsPlan
 from inferpath.engine.scheduler import SchedulerOutput
+from inferpath.model.batch_invariant import row_invariant_dispatch
 from inferpath.model.metadata import AttentionMetadata
 from inferpath.sampling.sampler import Sampler, SamplingRow
 
@@ -61,13 +62,15 @@ class ModelRunner:
         if scheduled.is_empty:
             return RunnerOutput([], [])
         batch = self.prepare(scheduled)
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_cache, batch.meta)
-        # hidden: (num_tokens, hidden_size); logits only where a token is sampled
-        if batch.prompt_logprobs is not None:
-            batch.prompt_logprobs.score(self.model, hidden)  # appends to the requests' lists
-        if not batch.sampling_rows:
-            return RunnerOutput([], [])
-        logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
+        # batch-invariant models (model/batch_invariant.py) run every linear row by row
+        with row_invariant_dispatch(getattr(self.model, "batch_invariant", False)):
+            hidden = self.model(batch.input_ids, batch.positions, self.kv_cache, batch.meta)
+            # hidden: (num_tokens, hidden_size); logits only where a token is sampled
+            if batch.prompt_logprobs is not None:
+                batch.prompt_logprobs.score(self.model, hidden)  # appends to the requests' lists
+            if not batch.sampling_rows:
+                return RunnerOutput([], [])
+            logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
         sampled = self.sampler(logits, batch.sampling_rows)  # logits: (num_samples, vocab)
         return RunnerOutput(sampled.token_ids, sampled.logprobs, sampled.errors)
 

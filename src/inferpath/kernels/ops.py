@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from inferpath.kernels import build
+from inferpath.model.batch_invariant import rows_must_be_invariant, rowwise_linear
 
 GEMV_MAX_ROWS = {torch.float32: 32, torch.bfloat16: 8}
 AMX_MIN_ROWS = 2  # one row: the GEMV is as fast
@@ -58,9 +59,16 @@ def linear_kernels(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernels: tuple):
     """x @ weight.T + bias through the kernel that serves x's row count best (AMX for bf16
     from AMX_MIN_ROWS to AMX_MAX_ROWS rows, else the GEMV up to GEMV_MAX_ROWS), else
-    ``F.linear``. ``kernels`` comes from ``linear_kernels``."""
+    ``F.linear``. ``kernels`` comes from ``linear_kernels``. Inside
+    ``row_invariant_dispatch`` (model/batch_invariant.py): the GEMV for any number of rows
+    (each output is one FMA chain over k then one lane reduction, csrc/gemv.c, whatever m
+    is), else ``rowwise_linear``; never AMX or oneDNN, whose blocking follows the row count."""
     gemv_fn, amx_fn = kernels
     rows = x.shape[0]
+    if rows_must_be_invariant():
+        if gemv_fn is not None and x.dtype == weight.dtype and x.dim() == 2:
+            return run_gemv(gemv_fn, x.contiguous(), weight, bias)
+        return rowwise_linear(x, weight, bias)
     if x.dtype == weight.dtype and x.dim() == 2:
         if amx_fn is not None and AMX_MIN_ROWS <= rows <= AMX_MAX_ROWS:
             return run_gemv(amx_fn, x.contiguous(), weight, bias)

@@ -15,7 +15,7 @@ may sit on top of earlier context from chunked prefill or a prefix-cache hit).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,9 @@ class DecodeGroup:
     mask: torch.Tensor | None  # (num_decodes, 1, 1, key_end - key_start) bool; None = all
     seq_lens: torch.Tensor  # (num_decodes,) context length of each, this step's token included
     sliding_window: int  # 0 = none; else each sequence reads its last sliding_window keys
+    # batch-invariant plans: the host copy of seq_lens; each row then attends over exactly
+    # its own keys (no padding, no mask), so its sums never depend on the other rows
+    exact_lens: list[int] | None = None
 
 
 @dataclass
@@ -58,10 +61,21 @@ class AttentionPlan:
     decode: DecodeGroup | None
     prefills: list[PrefillChunk]
     scale: float
+    softcap: float | None = None  # Gemma 2: scores -> softcap * tanh(scores / softcap)
 
 
-def build_attention_plan(meta: AttentionMetadata, head_dim: int, sliding_window: int | None) -> AttentionPlan:
-    """Split the flat batch into a decode group and prefill chunks, without host syncs."""
+def build_attention_plan(meta: AttentionMetadata, head_dim: int, sliding_window: int | None,
+                         batch_invariant: bool = False, scale: float | None = None,
+                         softcap: float | None = None) -> AttentionPlan:
+    """Split the flat batch into a decode group and prefill chunks, without host syncs.
+
+    With ``batch_invariant`` every token, prefill or decode, is its own row of one exact
+    decode group (``per_token_plan``). ``scale`` multiplies q . k (default head_dim ** -0.5);
+    ``softcap`` squashes the scores (Gemma 2).
+    """
+    scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
+    if batch_invariant:
+        return replace(per_token_plan(meta, scale, sliding_window), softcap=softcap)
     block_size = meta.block_size
     window = sliding_window or 0
     token_starts = [0]
@@ -111,7 +125,30 @@ def build_attention_plan(meta: AttentionMetadata, head_dim: int, sliding_window:
         if context_len > 0 or needs_window:
             mask = causal_mask(query_len, seq_len, window, device)
         prefills.append(PrefillChunk(token_starts[i], query_len, seq_len, block_ids, mask, mask is None))
-    return AttentionPlan(meta.slot_mapping, decode, prefills, 1.0 / math.sqrt(head_dim))
+    return AttentionPlan(meta.slot_mapping, decode, prefills, scale, softcap)
+
+
+def per_token_plan(meta: AttentionMetadata, scale: float, sliding_window: int | None) -> AttentionPlan:
+    """Every token as a one-query "sequence" over its own context, keys 0..position.
+
+    NOTE: this is what makes a token's attention independent of the step it runs in:
+    alone or batched, prompt row or decode, before or after a prefix hit or preemption, a
+    token at position p reads exactly keys 0..p (the last ``sliding_window`` of them) of
+    its sequence, in the same order, through one code path. Its K/V are already in the
+    cache (written before attention). The cost: prompt rows read the cache like decodes.
+    """
+    lens: list[int] = []  # (num_tokens,) context length of each token: its position + 1
+    for query_len, seq_len in zip(meta.query_lens, meta.seq_lens_list):
+        lens.extend(range(seq_len - query_len + 1, seq_len + 1))
+    device = meta.block_tables.device
+    seq_of_token = torch.repeat_interleave(torch.arange(meta.num_seqs, device=device),
+                                           torch.tensor(meta.query_lens, device=device))
+    max_len = max(lens)
+    blocks_per_seq = -(-max_len // meta.block_size)
+    tables = meta.block_tables.index_select(0, seq_of_token)[:, :blocks_per_seq]  # (num_tokens, blocks)
+    decode = DecodeGroup(None, tables.reshape(-1), blocks_per_seq, 0, max_len, None,
+                         torch.tensor(lens, device=device), sliding_window or 0, exact_lens=lens)
+    return AttentionPlan(meta.slot_mapping, decode, [], scale)
 
 
 def causal_mask(query_len: int, seq_len: int, sliding_window: int | None, device=None) -> torch.Tensor:
@@ -152,6 +189,8 @@ class PagedAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
         # q: (num_tokens, num_heads, head_dim); k, v: (num_tokens, num_kv_heads, head_dim)
+        if plan.softcap:  # neither SDPA nor the native kernel squashes scores
+            return softcapped_attention(q, k, v, k_cache, v_cache, plan)
         decode = plan.decode
         if decode is not None and decode.token_rows is None:
             return self._decode(q, k_cache, v_cache, decode, plan.scale)
@@ -168,6 +207,8 @@ class PagedAttention(nn.Module):
 
     @staticmethod
     def _decode(q, k_cache, v_cache, group: DecodeGroup, scale: float) -> torch.Tensor:
+        if group.exact_lens is not None:
+            return PagedAttention._decode_each(q, k_cache, v_cache, group, scale)
         num_seqs = q.shape[0]
         num_kv_heads, head_dim = k_cache.shape[-2:]
         context = group.blocks_per_seq * k_cache.shape[1]
@@ -186,6 +227,28 @@ class PagedAttention(nn.Module):
         return out.reshape(q.shape)  # (num_seqs, num_heads, head_dim)
 
     @staticmethod
+    def _decode_each(q, k_cache, v_cache, group: DecodeGroup, scale: float) -> torch.Tensor:
+        """One SDPA call per row over exactly its keys: the same call for a token whatever
+        else shares the step (batch-invariant plans)."""
+        num_kv_heads, head_dim = k_cache.shape[-2:]
+        block_size = k_cache.shape[1]
+        window = group.sliding_window
+        out = torch.empty_like(q)  # (num_rows, num_heads, head_dim)
+        for row, length in enumerate(group.exact_lens):
+            first = row * group.blocks_per_seq
+            blocks = group.block_ids[first:first + -(-length // block_size)]
+            start = max(0, length - window) if window else 0
+
+            def gather(cache):  # -> (1, num_kv_heads, num_keys, head_dim)
+                keys = cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[start:length]
+                return keys.transpose(0, 1).unsqueeze(0)
+
+            grouped_q = q[row].reshape(1, num_kv_heads, -1, head_dim)  # (1, kvh, group, hd)
+            attended = F.scaled_dot_product_attention(grouped_q, gather(k_cache), gather(v_cache), scale=scale)
+            out[row] = attended.reshape(q.shape[1:])
+        return out
+
+    @staticmethod
     def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, scale: float) -> torch.Tensor:
         rows = slice(chunk.token_start, chunk.token_start + chunk.query_len)
         if chunk.block_ids is None:  # no earlier context: this step's K/V are the whole context
@@ -200,6 +263,57 @@ class PagedAttention(nn.Module):
             attn_mask=chunk.mask, is_causal=chunk.is_causal, scale=scale, enable_gqa=True,
         )
         return out.squeeze(0).transpose(0, 1)  # (query_len, num_heads, head_dim)
+
+
+def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
+    """``PagedAttention`` with Gemma 2's soft-capped scores, written out: each decode row and
+    each prefill chunk attends over exactly its own sequence's keys (so it is batch-invariant
+    too). Returns (num_tokens, num_heads, head_dim)."""
+    num_kv_heads, head_dim = k_cache.shape[-2:]
+    block_size = k_cache.shape[1]
+
+    def gather(cache, block_ids, length):  # -> (length, num_kv_heads, head_dim)
+        return cache.index_select(0, block_ids).view(-1, num_kv_heads, head_dim)[:length]
+
+    out = torch.empty_like(q)
+    decode = plan.decode
+    if decode is not None:
+        rows = range(q.shape[0]) if decode.token_rows is None else decode.token_rows.tolist()
+        lens = decode.exact_lens if decode.exact_lens is not None else decode.seq_lens.tolist()
+        for i, (row, length) in enumerate(zip(rows, lens)):
+            first = i * decode.blocks_per_seq
+            blocks = decode.block_ids[first:first + -(-length // block_size)]
+            mask = causal_mask(1, length, decode.sliding_window or None, q.device)
+            out[row] = capped_scores_attention(q[row:row + 1], gather(k_cache, blocks, length),
+                                               gather(v_cache, blocks, length), mask, plan.scale, plan.softcap)[0]
+    for chunk in plan.prefills:
+        rows = slice(chunk.token_start, chunk.token_start + chunk.query_len)
+        if chunk.block_ids is None:
+            keys, values = k[rows], v[rows]  # (seq_len, num_kv_heads, head_dim)
+        else:
+            keys, values = gather(k_cache, chunk.block_ids, chunk.seq_len), gather(v_cache, chunk.block_ids, chunk.seq_len)
+        mask = chunk.mask if chunk.mask is not None else causal_mask(chunk.query_len, chunk.seq_len, None, q.device)
+        out[rows] = capped_scores_attention(q[rows], keys, values, mask, plan.scale, plan.softcap)
+    return out
+
+
+def capped_scores_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                            scale: float, softcap: float) -> torch.Tensor:
+    """softmax(mask(softcap * tanh(q k^T * scale / softcap))) v for one sequence, grouped-query.
+
+    q: (query_len, num_heads, head_dim); k, v: (seq_len, num_kv_heads, head_dim); mask:
+    (query_len, seq_len) bool, True = attend. Scores in q's dtype and softmax in float32, in
+    transformers' order. Returns (query_len, num_heads, head_dim).
+    """
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)  # (seq_len, num_heads, head_dim)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale  # (num_heads, query_len, seq_len)
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.float().softmax(dim=-1).to(q.dtype)
+    return torch.einsum("hqk,khd->qhd", probs, v)
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
