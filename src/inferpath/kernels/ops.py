@@ -19,6 +19,10 @@ import torch
 from inferpath.kernels import build
 
 GEMV_MAX_ROWS = {torch.float32: 32, torch.bfloat16: 8}
+# The portable GEMV (generic and avx2 levels) meets x four rows at a time with no register
+# blocking across weight rows: past a few rows MKL/oneDNN wins. NOTE: set from the shape
+# of the code, not measured on a quiet machine (this one was shared during the work).
+PORTABLE_GEMV_MAX_ROWS = {torch.float32: 8, torch.bfloat16: 4}
 AMX_MIN_ROWS = 2  # one row: the GEMV is as fast
 AMX_MAX_ROWS = 128
 # The attention kernel's register arrays (csrc/attention.c MAX_HEAD_DIM, MAX_GROUP): larger
@@ -46,25 +50,26 @@ def kernel_ready(dtype: torch.dtype, *tensors: torch.Tensor | None) -> bool:
 
 
 def linear_kernels(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
-    """(gemv, amx) native functions for an ``nn.Linear``'s weight and bias, each None where
-    it cannot serve them (dtype, device, layout; AMX needs in_features % 32 == 0)."""
+    """(gemv, amx, max GEMV rows) for an ``nn.Linear``'s weight and bias, the functions None
+    where they cannot serve them (dtype, device, layout; AMX needs in_features % 32 == 0)."""
     dtype = weight.dtype
-    if not kernel_ready(dtype, weight, bias):
-        return None, None
+    if not kernel_ready(dtype, weight, bias) or dtype not in GEMV_MAX_ROWS:
+        return None, None, 0
     amx = build.native_amx_gemm(dtype) if weight.shape[1] % 32 == 0 else None
-    return build.native_gemv(dtype), amx
+    portable = build.kernel_level(dtype) != "avx512"
+    return build.native_gemv(dtype), amx, (PORTABLE_GEMV_MAX_ROWS if portable else GEMV_MAX_ROWS)[dtype]
 
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernels: tuple):
     """x @ weight.T + bias through the kernel that serves x's row count best (AMX for bf16
-    from AMX_MIN_ROWS to AMX_MAX_ROWS rows, else the GEMV up to GEMV_MAX_ROWS), else
+    from AMX_MIN_ROWS to AMX_MAX_ROWS rows, else the GEMV up to its level's cutoff), else
     ``F.linear``. ``kernels`` comes from ``linear_kernels``."""
-    gemv_fn, amx_fn = kernels
+    gemv_fn, amx_fn, gemv_max_rows = kernels
     rows = x.shape[0]
     if x.dtype == weight.dtype and x.dim() == 2:
         if amx_fn is not None and AMX_MIN_ROWS <= rows <= AMX_MAX_ROWS:
             return run_gemv(amx_fn, x.contiguous(), weight, bias)
-        if gemv_fn is not None and rows <= GEMV_MAX_ROWS[x.dtype]:
+        if gemv_fn is not None and rows <= gemv_max_rows:
             return run_gemv(gemv_fn, x.contiguous(), weight, bias)
     return torch.nn.functional.linear(x, weight, bias)
 
