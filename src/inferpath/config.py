@@ -172,7 +172,9 @@ class EngineConfig:
     preemption).
     """
 
-    dtype: str = "float32"
+    # "auto": a quantized GGUF runs quantized (float32 activations), float weights in bf16
+    # where the CPU has native bf16, else float32 (engine/load.py); a dtype: every weight in it
+    dtype: str = "auto"
     block_size: int = 16
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     max_num_seqs: int = 64
@@ -184,14 +186,17 @@ class EngineConfig:
     seed: int = 0
     tensor_parallel_size: int = 1  # local ranks the model is sharded over (parallel/)
     cpu_kernels: bool = True  # CPULinear dispatch (kernels/): native bf16 GEMV, packed oneDNN
+    threads: int | None = None  # compute threads (kernels and PyTorch); None: physical cores (threads.py)
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_waiting_requests",
                      "tensor_parallel_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads <= 0):
+            raise ConfigError(f"threads must be a positive integer or None (the physical cores), got {self.threads!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ConfigError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")

@@ -33,7 +33,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help=f"alias, .gguf file or model directory (default {DEFAULT_MODEL})")
     parser.add_argument("--system", default=None, help="a system message to start with")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="auto (default): a quantized GGUF runs quantized, float weights bf16 where "
+                             "the CPU has native bf16, else float32; a dtype: every weight in it")
     parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, metavar="N",
                         help="shard the model over N local processes (torch.distributed)")
     parser.add_argument("--max-model-len", type=int, default=None,

@@ -29,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--served-model-name", default=None,
                         help="the model id clients send (default: the alias as typed; "
                              "for a path, the model's own name)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                        help="auto (default): a quantized GGUF runs quantized, float weights bf16 where the CPU has native bf16, else float32")
     parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, metavar="N",
                         help="shard the model over N local processes (torch.distributed)")
     parser.add_argument("--max-model-len", type=int, default=None,

@@ -48,7 +48,7 @@ class LLMEngine:
         self.model_name = model_name or model_config.name
         self.max_model_len = _max_model_len(model_config, engine_config)
         self.eos_token_ids = frozenset(eos_token_ids) | frozenset(tokenizer.eos_token_ids)
-        dtype = getattr(torch, engine_config.dtype)
+        dtype = model.dtype if engine_config.dtype == "auto" else getattr(torch, engine_config.dtype)
         bs = engine_config.block_size
         # with tensor parallelism each rank caches num_kv_heads / N heads of every token
         cache_config = shard_config(model_config, engine_config.tensor_parallel_size)
@@ -74,25 +74,17 @@ class LLMEngine:
     def from_model(cls, model: str, engine_config: EngineConfig | None = None,
                    progress: bool = False) -> "LLMEngine":
         """Load an alias (pulled on first use), a .gguf file or a Hugging Face directory."""
-        from inferpath.kernels import accelerate
-        from inferpath.model import build_model
+        from inferpath.engine.load import build_for_engine, load_weights
         from inferpath.models import resolve_model
         from inferpath.tokenizer import load_tokenizer
-        from inferpath.weights import load_checkpoint
+
+        from inferpath.threads import configure_threads
 
         engine_config = engine_config or EngineConfig()
-        dtype = getattr(torch, engine_config.dtype)
-        checkpoint = load_checkpoint(resolve_model(model), dtype=dtype, progress=progress)
+        configure_threads(engine_config.threads)
+        checkpoint, dtype = load_weights(resolve_model(model), engine_config, progress)
         tokenizer = load_tokenizer(checkpoint.tokenizer_path)
-        if engine_config.tensor_parallel_size > 1:
-            from inferpath.parallel.tp_model import TensorParallelModel
-
-            transformer = TensorParallelModel(checkpoint, dtype, engine_config.tensor_parallel_size,
-                                              cpu_kernels=engine_config.cpu_kernels)
-        else:
-            transformer = build_model(checkpoint, dtype)
-            if engine_config.cpu_kernels:
-                accelerate(transformer)
+        transformer = build_for_engine(checkpoint, dtype, engine_config)
         return cls(transformer, tokenizer, checkpoint.config, engine_config,
                    eos_token_ids=checkpoint.eos_token_ids,
                    model_name=checkpoint.config.name or str(model))

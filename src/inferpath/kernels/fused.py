@@ -43,7 +43,9 @@ def _fuse(linears: list[nn.Linear], attr: str) -> torch.Tensor | None:
     return fused
 
 
-def _can_fuse(*linears: nn.Linear) -> bool:
+def _can_fuse(*linears: nn.Module) -> bool:
+    if not all(isinstance(linear, nn.Linear) for linear in linears):  # e.g. quantized (QuantLinear)
+        return False
     return ops.kernel_ready(linears[0].weight.dtype, *(linear.weight for linear in linears))
 
 

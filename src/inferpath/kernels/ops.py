@@ -154,3 +154,47 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     if fn(logits.data_ptr(), out.data_ptr(), logits.shape[0], logits.shape[1], torch.get_num_threads()) != 0:
         return logits.argmax(dim=-1)
     return out
+
+
+# Up to this many rows a quantized matmul runs the fused dequantize-dot kernel (int8
+# activations, each weight block unpacked once per 4 rows); past it, weight tiles are
+# dequantized to float32 once and reused for all rows by PyTorch's GEMM.
+QUANT_MATMUL_MAX_ROWS = 16
+DEQUANT_TILE_VALUES = 1 << 22  # 16 MB of float32 per dequantized weight tile
+
+
+def run_quant_matmul(fn, x: torch.Tensor, data: torch.Tensor, qtype: int, bias: torch.Tensor | None,
+                     num_out: int) -> torch.Tensor:
+    """x (m, k) float32 contiguous @ the quantized weight's (num_out, k) transpose, + bias
+    (num_out,) float32 or None, through ``native_quant_matmul``; data (num_out, row_bytes)."""
+    out = torch.empty((x.shape[0], num_out), dtype=torch.float32)
+    status = fn(qtype, data.data_ptr(), data.shape[1], x.data_ptr(), None if bias is None else bias.data_ptr(),
+                out.data_ptr(), x.shape[0], num_out, x.shape[1], torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"quantized matmul rejected x={tuple(x.shape)} weight rows={num_out} "
+                           f"of {data.shape[1]} bytes, GGUF type {qtype} (status {status})")
+    return out
+
+
+def run_dequantize(fn, data: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
+    """Rows of a quantized weight, data (rows, row_bytes) contiguous -> (rows, cols) float32."""
+    out = torch.empty((data.shape[0], cols), dtype=torch.float32)
+    if fn(qtype, data.data_ptr(), data.shape[1], out.data_ptr(), data.shape[0], cols, torch.get_num_threads()) != 0:
+        raise RuntimeError(f"dequantize rejected {tuple(data.shape)} bytes as {cols} values of GGUF type {qtype}")
+    return out
+
+
+def quantized_linear(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bias: torch.Tensor | None,
+                     matmul_fn, dequantize_fn) -> torch.Tensor:
+    """x (m, cols) float32 contiguous -> (m, rows) float32 against a quantized weight: the
+    fused kernel for up to QUANT_MATMUL_MAX_ROWS rows, else dequantized tiles and F.linear."""
+    rows = data.shape[0]
+    if x.shape[0] <= QUANT_MATMUL_MAX_ROWS:
+        return run_quant_matmul(matmul_fn, x, data, qtype, bias, rows)
+    out = torch.empty((x.shape[0], rows), dtype=torch.float32)
+    tile = max(1, DEQUANT_TILE_VALUES // cols)
+    for start in range(0, rows, tile):
+        weight = run_dequantize(dequantize_fn, data[start:start + tile], qtype, cols)  # (tile, cols)
+        out[:, start:start + tile] = torch.nn.functional.linear(
+            x, weight, None if bias is None else bias[start:start + tile])
+    return out

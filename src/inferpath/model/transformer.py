@@ -96,7 +96,8 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        # the final norm's: never quantized, so this holds when weights are swapped from outside
+        return self.model.norm.weight.dtype
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache,
                 meta: AttentionMetadata) -> torch.Tensor:
