@@ -70,8 +70,10 @@ def test_tracing_leaves_no_hooks_and_does_not_change_the_tokens(loaded, hardware
     assert set(plain.steps[0].measured) == {"sampling", "other"}
 
 
-def test_prefill_then_one_token_per_decode_step_with_the_cache_growing(traced, hardware):
+def test_prefill_then_one_token_per_decode_step_with_the_cache_growing(traced, hardware, loaded):
     config = traced.config
+    # the packaged Q4_1 file runs quantized: predictions count its bytes, not fp32's
+    assert loaded.precision.label == "Q4_1 + Q8_0" and 0.7 < loaded.precision.weight_bytes < 0.73
     steps = traced.steps
     n = len(traced.prompt_ids)
     assert [s.phase for s in steps] == ["prefill"] + ["decode"] * (len(steps) - 1)
@@ -80,7 +82,7 @@ def test_prefill_then_one_token_per_decode_step_with_the_cache_growing(traced, h
     for s in steps:  # the cache in use: the seed's formula at fp32
         assert s.kv_bytes == s.context_len * config.kv_bytes_per_token(4)
         assert s.predicted.time_s == pytest.approx(pass_cost(
-            config, hardware, Precision("fp32"), s.num_new_tokens, s.context_len,
+            config, hardware, loaded.precision, s.num_new_tokens, s.context_len,
             fused_attention=True).time_s)
     assert 0 < traced.prefill_share < 1
 

@@ -22,6 +22,7 @@ from inferpath.cache.kv import KVCache
 from inferpath.config import ConfigError, EngineConfig, ModelConfig
 from inferpath.engine.errors import QueueFullError, RequestError
 from inferpath.engine.group import RequestGroup
+from inferpath.engine.load import weight_format
 from inferpath.engine.outputs import EngineStats, RequestOutput
 from inferpath.engine.request import Request, RequestStatus
 from inferpath.engine.runner import ModelRunner
@@ -47,6 +48,7 @@ class LLMEngine:
         self.engine_config = engine_config
         self.model_name = model_name or model_config.name
         self.max_model_len = _max_model_len(model_config, engine_config)
+        self.weight_format = weight_format(model)  # what runs: formats, kernel level, bytes per token
         self.eos_token_ids = frozenset(eos_token_ids) | frozenset(tokenizer.eos_token_ids)
         dtype = model.dtype if engine_config.dtype == "auto" else getattr(torch, engine_config.dtype)
         bs = engine_config.block_size

@@ -108,20 +108,27 @@ class LoadedModel:
     net: torch.nn.Module
     tokenizer: object  # inferpath.tokenizer.Tokenizer
     load_s: float
+    precision: Precision = Precision("fp32")  # what runs, for the predictions
 
 
 def load_for_trace(model: str) -> LoadedModel:
-    """Resolve an alias or path, load the checkpoint in fp32 and build the model."""
+    """Resolve an alias or path, load the checkpoint with fp32 activations and build the
+    model; a GGUF's quantized weights stay quantized where the kernels run, as the engine
+    runs them, and the predictions count their bytes."""
+    from inferpath.kernels.quantized import build_quantized_model, quantized_kernels_available
     from inferpath.model import build_model
     from inferpath.models import resolve_model
     from inferpath.tokenizer import load_tokenizer
     from inferpath.weights import load_checkpoint
 
     start = time.perf_counter()
-    checkpoint = load_checkpoint(resolve_model(model), dtype=torch.float32)
-    net = build_model(checkpoint, torch.float32)
+    path = resolve_model(model)
+    checkpoint = load_checkpoint(path, dtype=torch.float32, keep_quantized=quantized_kernels_available())
+    quantized = bool(checkpoint.quantized_tensors)
+    net = build_quantized_model(checkpoint) if quantized else build_model(checkpoint, torch.float32)
     tokenizer = load_tokenizer(checkpoint.tokenizer_path)
-    return LoadedModel(model, checkpoint, net, tokenizer, time.perf_counter() - start)
+    precision = Precision.of_gguf(path) if quantized else Precision("fp32")
+    return LoadedModel(model, checkpoint, net, tokenizer, time.perf_counter() - start, precision)
 
 
 def run_trace(prompt: str, model: str = "smollm2-135m-instruct", max_tokens: int = 8,
@@ -169,7 +176,6 @@ def trace_request(loaded: LoadedModel, prompt: str, hardware: HardwareSpec, max_
                          [tokenizer.decode([i]) for i in ids], tokenize_s, loaded.load_s)
     generator = torch.Generator().manual_seed(seed)
     eos = set(checkpoint.eos_token_ids) | set(tokenizer.eos_token_ids)
-    fp32 = Precision("fp32")
     new_ids: list[int] = []
     tokens, position = ids, 0
     timer = StageTimer(net) if timed else None
@@ -193,7 +199,7 @@ def trace_request(loaded: LoadedModel, prompt: str, hardware: HardwareSpec, max_
             timed_s = sum(measured.values())
             measured["other"] = max(0.0, (step_end - step_start) - timed_s)
             context = position + len(tokens)
-            predicted = pass_cost(config, hardware, fp32, len(tokens), context, fused_attention=True)
+            predicted = pass_cost(config, hardware, loaded.precision, len(tokens), context, fused_attention=True)
             result.steps.append(StepTrace(
                 index, "prefill" if index == 0 else "decode", len(tokens), context,
                 step_end - step_start, measured, predicted, candidates, token_id,
