@@ -321,7 +321,7 @@ def test_real_model_greedy_tokens_unchanged_by_the_kernels():
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     outputs = {}
     for cpu_kernels in (False, True):
-        engine = LLMEngine.from_model("smollm2-135m-instruct", EngineConfig(cpu_kernels=cpu_kernels))
+        engine = LLMEngine.from_model("smollm2-135m-instruct", EngineConfig(dtype="float32", cpu_kernels=cpu_kernels))
         model = engine.runner.model
         assert any(isinstance(m, CPULinear) for m in model.modules()) == cpu_kernels
         for i, prompt in enumerate(prompts):

@@ -187,6 +187,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1  # local ranks the model is sharded over (parallel/)
     cpu_kernels: bool = True  # CPULinear dispatch (kernels/): native bf16 GEMV, packed oneDNN
     threads: int | None = None  # compute threads (kernels and PyTorch); None: physical cores (threads.py)
+    quantization: str | None = None  # q8_0 | q4_0 | q4_k: quantize float weights on load (weights/quantize.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -198,5 +199,10 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads <= 0):
             raise ConfigError(f"threads must be a positive integer or None (the physical cores), got {self.threads!r}")
+        if self.quantization is not None and self.quantization.lower() not in ("q8_0", "q4_0", "q4_k"):
+            raise ConfigError(f"quantization must be q8_0, q4_0 or q4_k (or None), got {self.quantization!r}")
+        if self.quantization is not None and self.dtype not in ("auto", "float32"):
+            raise ConfigError(f"quantization={self.quantization!r} runs float32 activations; "
+                              f"dtype={self.dtype!r} cannot go with it (use auto)")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ConfigError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")

@@ -36,6 +36,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="auto (default): a quantized GGUF runs quantized, float weights bf16 where "
                              "the CPU has native bf16, else float32; a dtype: every weight in it")
+    parser.add_argument("--quantization", default=None, choices=["q8_0", "q4_0", "q4_k"],
+                        help="quantize float weights on load (a Hugging Face directory or an F32/F16/BF16 GGUF)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="compute threads (default: the physical cores)")
     parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, metavar="N",
                         help="shard the model over N local processes (torch.distributed)")
     parser.add_argument("--max-model-len", type=int, default=None,
@@ -77,7 +81,8 @@ def _load_engine(args: argparse.Namespace):
     config = EngineConfig(dtype=args.dtype, max_model_len=args.max_model_len,
                           kv_cache_memory_bytes=args.kv_cache_mb * 1024 * 1024,
                           tensor_parallel_size=args.tensor_parallel_size,
-                          cpu_kernels=not args.no_cpu_kernels)
+                          cpu_kernels=not args.no_cpu_kernels, quantization=args.quantization,
+                          threads=args.threads)
     print(f"loading {args.model} ...", file=sys.stderr, flush=True)
     return LLMEngine.from_model(args.model, config, progress=True)
 

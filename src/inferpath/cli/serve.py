@@ -51,6 +51,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="disable automatic prefix caching")
     parser.add_argument("--no-cpu-kernels", action="store_true",
                         help="run PyTorch's ops only, not inferpath's native CPU kernels")
+    parser.add_argument("--quantization", default=None, choices=("q8_0", "q4_0", "q4_k"),
+                        help="quantize float weights on load (a Hugging Face directory or an F32/F16/BF16 GGUF)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="compute threads (default: the physical cores)")
     parser.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug"))
     parser.set_defaults(func=run_serve)
@@ -70,6 +74,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=not args.no_prefix_caching,
         max_waiting_requests=args.max_waiting,
         cpu_kernels=not args.no_cpu_kernels,
+        quantization=args.quantization,
+        threads=args.threads,
     )
 
 

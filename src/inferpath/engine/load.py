@@ -46,10 +46,19 @@ def auto_float_dtype() -> torch.dtype:
 
 def load_weights(path: Path, engine_config, progress: bool = False):
     """(checkpoint, compute dtype) for ``path`` under ``engine_config.dtype`` ("auto" or a
-    dtype name); with "auto" a GGUF's quantized tensors stay ``QuantizedTensor``."""
+    dtype name); with "auto" a GGUF's quantized tensors stay ``QuantizedTensor``; with
+    ``engine_config.quantization`` float weights are quantized to it (a quantized file is
+    refused)."""
     from inferpath.kernels.quantized import quantized_kernels_available
     from inferpath.weights import load_checkpoint
 
+    if engine_config.quantization:
+        from inferpath.weights.quantize import quantize_checkpoint
+
+        if engine_config.tensor_parallel_size > 1:
+            raise ValueError("quantization with tensor_parallel_size > 1 is not supported")
+        checkpoint = load_checkpoint(path, dtype=torch.float32, progress=progress, keep_quantized=True)
+        return quantize_checkpoint(checkpoint, engine_config.quantization), torch.float32
     if engine_config.dtype != "auto":
         dtype = getattr(torch, engine_config.dtype)
         return load_checkpoint(path, dtype=dtype, progress=progress), dtype
