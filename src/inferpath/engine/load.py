@@ -51,6 +51,7 @@ def load_weights(path: Path, engine_config, progress: bool = False):
     refused)."""
     from inferpath.kernels.quantized import quantized_kernels_available
     from inferpath.weights import load_checkpoint
+    from inferpath.weights.quantized import QuantizedTensor
 
     if engine_config.quantization:
         from inferpath.weights.quantize import quantize_checkpoint
@@ -67,9 +68,14 @@ def load_weights(path: Path, engine_config, progress: bool = False):
     float_dtype = auto_float_dtype() if engine_config.cpu_kernels else torch.float32
     if Path(path).is_dir():
         return load_checkpoint(path, dtype=float_dtype, progress=progress), float_dtype
-    checkpoint = load_checkpoint(path, dtype=torch.float32, progress=progress, keep_quantized=keep_quantized)
-    if checkpoint.quantized_tensors or float_dtype == torch.float32:
-        return checkpoint, torch.float32  # quantized weights take float32 activations
+    checkpoint = load_checkpoint(path, dtype=torch.float32, progress=progress, keep_quantized=True)
+    if checkpoint.quantized_tensors:  # a quantized file: float32 activations, quantized or not
+        if not keep_quantized:  # no kernels here, or sharded: dequantize (the reference path)
+            checkpoint.tensors = {name: t.dequantize() if isinstance(t, QuantizedTensor) else t
+                                  for name, t in checkpoint.tensors.items()}
+        return checkpoint, torch.float32
+    if float_dtype == torch.float32:
+        return checkpoint, torch.float32
     checkpoint.tensors = {name: t.to(float_dtype) for name, t in checkpoint.tensors.items()}
     return checkpoint, float_dtype
 

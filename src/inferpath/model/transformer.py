@@ -59,7 +59,10 @@ class DecoderStack(nn.Module):
 
     def __init__(self, config: ModelConfig, rope_table: RopeTable) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # NOTE: an explicit (uninitialised) weight skips nn.Embedding's normal_ init, whose
+        # first call on the meta device imports PyTorch's decompositions: 4-6 s of load time
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         _weight=torch.empty(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(config, i, rope_table) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
