@@ -184,3 +184,17 @@ def test_real_model_quantized_agrees_with_its_dequantized_self(alias, fused_head
     ppl_reference = F.cross_entropy(reference[:-1], targets).exp().item()
     assert agreement >= 0.99, agreement
     assert abs(ppl_fused / ppl_reference - 1) <= 0.01, (ppl_fused, ppl_reference)
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_a_group_of_weights_is_their_matmuls_side_by_side(rows, isa):
+    """Q/K/V of different formats and sizes, with biases, as one call: each weight's
+    columns are exactly its own matmul (the same per-row arithmetic)."""
+    weights = [random_weight(Q.Q5_0, 64, 96, seed=1), random_weight(Q.Q8_0, 32, 96, seed=2),
+               random_weight(Q.Q4_1, 33, 96, seed=3)]
+    biases = [torch.randn(64), None, torch.randn(33)]
+    group = ops.QuantGroup(build.native_quant_matmul_group(), weights, biases)
+    x = torch.randn(rows, 96)
+    expected = torch.cat([ops.run_quant_matmul(build.native_quant_matmul(), x, w.data, int(w.qtype), b, w.shape[0])
+                          for w, b in zip(weights, biases)], dim=1)
+    assert torch.equal(group(x), expected)

@@ -83,6 +83,8 @@ _EXTRA_SIGNATURES = {
     "inferpath_argmax_f32": [_P] * 2 + [_I] * 2 + [_N],
     # qtype, weight, row bytes, x (f32), bias (f32 or NULL), y (f32), m, n, k, threads
     "inferpath_quant_matmul": [_N, _P, _I, _P, _P, _P, _I, _I, _I, _N],
+    # count, qtypes[], weights[], row bytes[], rows[], biases[], x, y, m, k, threads
+    "inferpath_quant_matmul_group": [_N] + [_P] * 7 + [_I, _I, _N],
     # qtype, weight, row bytes, out (f32), rows, k, threads
     "inferpath_quant_dequantize": [_N, _P, _I, _P, _I, _I, _N],
 }
@@ -275,6 +277,11 @@ def native_argmax(dtype: torch.dtype, level: str | None = None):
 def native_quant_matmul(level: str | None = None):
     """The fused dequantize-dot matmul over GGUF blocks (csrc/quant), or None."""
     return _native("inferpath_quant_matmul", "quantized", level)
+
+
+def native_quant_matmul_group(level: str | None = None):
+    """The fused dequantize-dot matmul of several weights against one x, or None."""
+    return _native("inferpath_quant_matmul_group", "quantized", level)
 
 
 def native_quant_dequantize(level: str | None = None):

@@ -198,3 +198,33 @@ def quantized_linear(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
         out[:, start:start + tile] = torch.nn.functional.linear(
             x, weight, None if bias is None else bias[start:start + tile])
     return out
+
+
+class QuantGroup:
+    """Several quantized weights (and biases) with one input, run as one matmul whose
+    outputs lie side by side: x is quantized once and one parallel region covers every
+    row (a fused Q/K/V or gate/up projection read in place from separate tensors).
+    Holds ctypes arrays of the weights' pointers, built once."""
+
+    def __init__(self, fn, weights: list, biases: list) -> None:
+        import ctypes
+
+        count = len(weights)
+        self._fn = fn
+        self._keep = (weights, biases)  # the arrays below point into these tensors
+        self._qtypes = (ctypes.c_int * count)(*[int(w.qtype) for w in weights])
+        self._ptrs = (ctypes.c_void_p * count)(*[w.data.data_ptr() for w in weights])
+        self._row_bytes = (ctypes.c_int64 * count)(*[w.data.shape[1] for w in weights])
+        self._rows = (ctypes.c_int64 * count)(*[w.shape[0] for w in weights])
+        self._biases = (ctypes.c_void_p * count)(*[None if b is None else b.data_ptr() for b in biases])
+        self.num_out = sum(w.shape[0] for w in weights)
+        self.in_features = weights[0].shape[1]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x (m, in_features) float32 contiguous -> (m, num_out) float32."""
+        out = torch.empty((x.shape[0], self.num_out), dtype=torch.float32)
+        status = self._fn(len(self._qtypes), self._qtypes, self._ptrs, self._row_bytes, self._rows, self._biases,
+                          x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads())
+        if status != 0:
+            raise RuntimeError(f"quantized group matmul rejected x={tuple(x.shape)} (status {status})")
+        return out

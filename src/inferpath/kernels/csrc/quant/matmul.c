@@ -217,15 +217,27 @@ static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
     }
 }
 
-/* w: n rows of row_bytes (k values each in format qtype); x (m, k), bias (n,) or NULL,
- * y (m, n), all float32. Returns 0, -1 for a bad format or shape, -2 out of memory. */
-int inferpath_quant_matmul(int qtype, const uint8_t *w, int64_t row_bytes, const float *x, const float *bias,
-                           float *y, int64_t m, int64_t n, int64_t k, int num_threads) {
-    int64_t block, bytes;
-    rows_fn fn;
-    if (!format_of(qtype, &block, &bytes, &fn) || m < 1 || n < 1 || k < block || k % block
-        || row_bytes != k / block * bytes)
-        return -1;
+/* Several weights against one x, as one matmul: weight i is ns[i] rows of row_bytes[i]
+ * (k values each, format qtypes[i]), bias i (ns[i],) or NULL; x (m, k); y (m, sum ns) with
+ * the weights' outputs side by side (a fused Q/K/V or gate/up projection, read in place
+ * from three or two tensors of the file). x is quantized once and one parallel region
+ * covers all rows. Returns 0, -1 for a bad format or shape, -2 out of memory. */
+#define MAX_GROUP 8
+int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *const *ws, const int64_t *row_bytes,
+                                 const int64_t *ns, const float *const *biases, const float *x, float *y,
+                                 int64_t m, int64_t k, int num_threads) {
+    rows_fn fns[MAX_GROUP];
+    int64_t starts[MAX_GROUP + 1];
+    if (count < 1 || count > MAX_GROUP || m < 1 || k < 32) return -1;
+    starts[0] = 0;
+    for (int i = 0; i < count; i++) {
+        int64_t block, bytes;
+        if (!format_of(qtypes[i], &block, &bytes, &fns[i]) || ns[i] < 1 || k < block || k % block
+            || row_bytes[i] != k / block * bytes)
+            return -1;
+        starts[i + 1] = starts[i] + ns[i];
+    }
+    int64_t n = starts[count];
     int8_t *xq = (int8_t *)malloc((size_t)(2 * m * k)), *xr = xq + m * k;
     float *xd = (float *)malloc(sizeof(float) * (size_t)(m * k / 32));
     float *xs = (float *)malloc(sizeof(float) * (size_t)(m * k / 32));
@@ -233,18 +245,28 @@ int inferpath_quant_matmul(int qtype, const uint8_t *w, int64_t row_bytes, const
     quantize_rows(x, m, k, xq, xr, xd, xs, num_threads);
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t r = 0; r < n; r++) {
-        const uint8_t *row = w + r * row_bytes;
-        float add = bias ? bias[r] : 0.0f;
+        int i = 0;
+        while (r >= starts[i + 1]) i++;
+        int64_t local = r - starts[i];
+        const uint8_t *row = ws[i] + local * row_bytes[i];
+        float add = biases[i] ? biases[i][local] : 0.0f;
         for (int64_t j0 = 0; j0 < m; j0 += 4) {
             float out[4];
             int64_t rows = m - j0 < 4 ? m - j0 : 4;
             q8_rows xj = {xq + j0 * k, xr + j0 * k, xd + j0 * (k / 32), xs + j0 * (k / 32), k};
-            fn(row, xj, rows, out);
+            fns[i](row, xj, rows, out);
             for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + r] = out[j] + add;
         }
     }
     free(xq); free(xd); free(xs);
     return 0;
+}
+
+/* w: n rows of row_bytes (k values each in format qtype); x (m, k), bias (n,) or NULL,
+ * y (m, n), all float32: a group of one. */
+int inferpath_quant_matmul(int qtype, const uint8_t *w, int64_t row_bytes, const float *x, const float *bias,
+                           float *y, int64_t m, int64_t n, int64_t k, int num_threads) {
+    return inferpath_quant_matmul_group(1, &qtype, &w, &row_bytes, &n, &bias, x, y, m, k, num_threads);
 }
 
 #define DEQUANT_CASE(TYPE, NAME, OFFSET, IS_SIGNED)                                                \
