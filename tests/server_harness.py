@@ -35,12 +35,12 @@ def smollm2() -> tuple:
     return checkpoint, tokenizer, model
 
 
-def start_server(api_key: str | None = None, **engine_config) -> ServerThread:
+def start_server(api_key: str | None = None, max_n: int = 128, **engine_config) -> ServerThread:
     """A started server over a fresh engine (EngineConfig(**engine_config)) on a free port."""
     checkpoint, tokenizer, model = smollm2()
     engine = LLMEngine(model, tokenizer, checkpoint.config, EngineConfig(**engine_config),
                        eos_token_ids=checkpoint.eos_token_ids, model_name=MODEL)
-    app = build_app(AsyncEngine(engine), api_key=api_key, served_model_name=MODEL)
+    app = build_app(AsyncEngine(engine), api_key=api_key, served_model_name=MODEL, max_n=max_n)
     return ServerThread(app).start(timeout=120)
 
 

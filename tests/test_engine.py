@@ -234,3 +234,110 @@ def test_request_joining_mid_decode_shares_a_mixed_step_and_equals_alone(parts, 
     n_late = len(engine.tokenizer.encode(PROMPTS[2]))
     assert seen[0] == [("first", 1), ("late", n_late)]  # one decode and one prefill together
     assert finals == {"first": alone[0], "late": alone[2]}
+
+
+# ---------------------------------------------------------------- fault isolation
+EXTREMES = [
+    dict(repetition_penalty=1e-300), dict(repetition_penalty=1e300),
+    dict(temperature=1e-5), dict(temperature=1e300), dict(temperature=5e-6),
+    dict(top_p=1e-300), dict(min_p=1.0), dict(top_k=1), dict(top_k=10**9),
+    dict(frequency_penalty=2.0, presence_penalty=-2.0), dict(frequency_penalty=-2.0),
+    dict(logprobs=20, temperature=1e300, repetition_penalty=1e-300),
+    dict(min_tokens=5, repetition_penalty=1e-300, temperature=1e-4),
+]
+
+
+def test_extreme_sampling_values_complete_or_fail_alone(parts):
+    """Requests with every sampling parameter at its extreme accepted values run beside
+    greedy ones: each completes (in-vocabulary tokens, finite logprobs) or fails alone
+    with an error; the greedy ones produce exactly their tokens alone."""
+    engine = make_engine(parts, num_kv_blocks=128, max_num_seqs=32)
+    alone, _ = run(engine, PROMPTS[:2])
+    for i, prompt in enumerate(PROMPTS[:2]):
+        engine.add_request(f"g{i}", prompt, GREEDY)
+    for i, extreme in enumerate(EXTREMES):
+        engine.add_request(f"x{i}", PROMPTS[2], SamplingParams(max_tokens=6, seed=i, **extreme))
+    finals = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                finals[output.request_id] = output
+    vocab = parts[2].config.vocab_size
+    for i in range(2):
+        assert finals[f"g{i}"].outputs[0].token_ids == alone[i].outputs[0].token_ids
+    for i in range(len(EXTREMES)):
+        completion = finals[f"x{i}"].outputs[0]
+        assert completion.finish_reason in ("length", "stop", "error"), EXTREMES[i]
+        assert all(0 <= t < vocab for t in completion.token_ids)
+        for lp in completion.logprobs or ():
+            assert lp.logprob == lp.logprob and abs(lp.logprob) < float("inf")
+    assert engine.stats().num_kv_blocks_used == 0
+
+
+def test_a_request_whose_logits_become_nan_fails_alone(parts):
+    """A NaN row (forced here for requests with seed 666) fails that request with a
+    clear error; the rest of the batch, in the same steps, is untouched."""
+    engine = make_engine(parts, num_kv_blocks=96)
+    alone, _ = run(engine, PROMPTS[:2])
+    sampler = engine.runner.sampler
+    real_call = type(sampler).__call__
+
+    def poisoned(self, logits, rows):
+        logits = logits.clone()
+        for i, row in enumerate(rows):
+            if row.params.seed == 666 and row.output_token_ids:
+                logits[i, 17] = float("nan")
+        return real_call(self, logits, rows)
+
+    engine.runner.sampler = type("Poisoned", (type(sampler),), {"__call__": poisoned})(seed=0)
+    for i, prompt in enumerate(PROMPTS[:2]):
+        engine.add_request(f"g{i}", prompt, GREEDY)
+    engine.add_request("bad", PROMPTS[0], SamplingParams(max_tokens=8, seed=666, n=2))
+    finals = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                finals[output.request_id] = output
+    bad = finals["bad"]
+    assert [c.finish_reason for c in bad.outputs] == ["error", "error"]
+    assert bad.error.startswith("sampling failed for this request: its logits became NaN")
+    assert all(len(c.token_ids) == 1 for c in bad.outputs)  # the first token was fine
+    for i in range(2):
+        assert finals[f"g{i}"].outputs[0].token_ids == alone[i].outputs[0].token_ids
+    assert engine.stats().num_kv_blocks_used == 0
+
+
+def test_max_tokens_beyond_the_context_left_is_refused_naming_both_numbers(parts):
+    engine = make_engine(parts, max_model_len=64)
+    num_prompt = len(engine.tokenizer.encode(PROMPTS[0]))
+    with pytest.raises(RequestError, match=rf"max_tokens is 100.* {num_prompt} tokens.* max_model_len is 64"):
+        engine.add_request("r", PROMPTS[0], SamplingParams(max_tokens=100))
+    engine.add_request("ok", PROMPTS[0], SamplingParams(max_tokens=64 - num_prompt))
+    engine.abort_request("ok")
+    assert engine.step()[0].finished
+
+
+def test_the_loop_imports_neither_kernels_nor_parallel():
+    import ast
+    import inspect
+
+    from inferpath.engine import llm_engine
+
+    tree = ast.parse(inspect.getsource(llm_engine))
+    imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                 for alias in node.names]
+    assert not [m for m in imported if m and m.startswith(("inferpath.kernels", "inferpath.parallel"))]
+
+
+def test_outputs_hand_out_prefixes_not_copies(parts):
+    """Each step's output reads as the cumulative state at that step, although the engine
+    copies no token or logprob list (it hands out prefixes of append-only lists)."""
+    engine = make_engine(parts)
+    _, every = run(engine, PROMPTS[:1], SamplingParams(max_tokens=6, temperature=0, logprobs=2))
+    seen: list[int] = []
+    for output in every:
+        completion = output.outputs[0]
+        seen += completion.delta_token_ids
+        assert completion.token_ids == seen
+        assert [lp.token_id for lp in completion.logprobs] == seen

@@ -302,3 +302,80 @@ def test_valid_parameters_are_normalised():
     assert not SamplingParams().has_penalties and SamplingParams(presence_penalty=0.1).has_penalties
     with pytest.raises(dataclasses.FrozenInstanceError):
         params.temperature = 0.5
+
+
+# ---------------------------------------------------------------- hostile logits
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_HOSTILE_VALUES = st.sampled_from([float("nan"), float("inf"), float("-inf"), 3.0e38, -3.0e38,
+                                   1e30, -1e30, 0.0, 1.0, -1.0, 1e-38])
+_EXTREME_PARAMS = st.fixed_dictionaries({}, optional={
+    "temperature": st.sampled_from([0.0, 1e-5, 5e-6, 0.7, 1e300]),
+    "top_p": st.sampled_from([1e-300, 0.5, 1.0]),
+    "top_k": st.sampled_from([0, 1, 3, 10**9]),
+    "min_p": st.sampled_from([0.0, 0.5, 1.0]),
+    "repetition_penalty": st.sampled_from([1e-300, 1.0, 1.3, 1e300]),
+    "frequency_penalty": st.sampled_from([-2.0, 0.0, 2.0]),
+    "presence_penalty": st.sampled_from([-2.0, 0.0, 2.0]),
+    "logprobs": st.sampled_from([None, 0, 20]),
+    "min_tokens": st.sampled_from([0, 3]),
+})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 4).flatmap(lambda num_rows: st.tuples(
+    st.lists(st.lists(st.one_of(_HOSTILE_VALUES, st.floats(-50, 50)), min_size=8, max_size=8),
+             min_size=num_rows, max_size=num_rows),
+    st.lists(_EXTREME_PARAMS, min_size=num_rows, max_size=num_rows))))
+def test_sampler_returns_in_vocabulary_ids_or_a_row_error_whatever_the_logits(case):
+    """Logits with NaN, ±inf and values near float32's limits, under extreme parameters:
+    every row gets an id in [0, vocab) and finite logprobs, or an error of its own; a row
+    with only finite logits and a usable distribution never errs."""
+    values, param_sets = case
+    logits = torch.tensor(values, dtype=torch.float32)  # (num_rows, 8)
+    rows = [row(SamplingParams(seed=i, **kw), prompt=(1, 2, 5), output=(2, 2, 7),
+                generator=torch.Generator().manual_seed(i), eos=(6,))
+            for i, kw in enumerate(param_sets)]
+    out = Sampler(seed=0)(logits, rows)
+    assert len(out.token_ids) == len(out.errors) == len(rows)
+    for i, (token_id, error) in enumerate(zip(out.token_ids, out.errors)):
+        assert 0 <= token_id < logits.shape[1]
+        if error is not None:
+            assert error.startswith("sampling failed for this request") and out.logprobs[i] is None
+            assert math.isnan(values[i][0]) or any(math.isnan(v) or math.isinf(v) or abs(v) > 1e29
+                                                   for v in values[i]), error
+            continue
+        if rows[i].params.logprobs is not None:
+            lp = out.logprobs[i]
+            assert math.isfinite(lp.logprob) and all(math.isfinite(v) for _, v in lp.top)
+        assert not math.isnan(logits[i, token_id])  # a NaN token is never chosen
+
+
+def test_a_nan_row_fails_alone_and_the_others_are_sampled_as_without_it():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    rows = [seeded(i, temperature=0.8) for i in range(3)]
+    clean = Sampler(seed=0)(logits, rows)
+    poisoned = logits.clone()
+    poisoned[1, 7] = float("nan")
+    rows = [seeded(i, temperature=0.8) for i in range(3)]
+    out = Sampler(seed=0)(poisoned, rows)
+    assert out.errors[0] is None and out.errors[2] is None
+    assert "its logits became NaN" in out.errors[1] and "temperature=0.8" in out.errors[1]
+    assert [out.token_ids[0], out.token_ids[2]] == [clean.token_ids[0], clean.token_ids[2]]
+
+
+def test_infinite_logits_keep_only_the_infinite_tokens():
+    logits = torch.tensor([[0.0, float("inf"), 3.0, float("inf")]] * 64)
+    rows = [seeded(i) for i in range(64)]
+    out = Sampler(seed=0)(logits, rows)
+    assert not any(out.errors) and set(out.token_ids) == {1, 3}
+
+
+def test_tiny_repetition_penalty_is_a_strong_preference_not_a_crash():
+    """1e-300 underflows float32 to 0 (which made logits infinite and softmax NaN): it acts
+    as float32's smallest positive penalty, so seen tokens with positive logits win."""
+    logits = torch.tensor([[1.0, 2.0, 0.5, 3.0]])
+    out = Sampler(seed=0)(logits, [seeded(0, repetition_penalty=1e-300)])
+    assert out.errors == [None] and out.token_ids[0] in (1, 2)  # prompt (1, 2) was seen

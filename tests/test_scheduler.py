@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from inferpath.cache.blocks import BlockManager
 from inferpath.engine.errors import RequestError
+from inferpath.engine.output_processor import OutputProcessor, SampleText
+from inferpath.engine.outputs import RunnerOutput
 from inferpath.engine.request import Request, RequestStatus
 from inferpath.engine.scheduler import Scheduler
 from inferpath.sampling.params import SamplingParams
@@ -38,7 +40,7 @@ def step(sched):
     """schedule -> fake execute -> update; returns the SchedulerOutput."""
     out = sched.schedule()
     sampled = [fake_next_token(c.request.all_token_ids[:c.end]) for c in out.chunks if c.samples]
-    sched.update(out, sampled)
+    sched.update(out, RunnerOutput(sampled))
     return out
 
 
@@ -73,7 +75,7 @@ def test_budget_chunks_prefill_and_decodes_go_first():
     out = sched.schedule()
     assert [(c.request.request_id, c.num_new_tokens) for c in out.chunks] == [("r0", 10), ("r1", 6)]
     assert [c.samples for c in out.chunks] == [True, False]  # r1's chunk ends mid-prompt
-    sched.update(out, [fake_next_token(reqs[0].all_token_ids)])
+    sched.update(out, RunnerOutput([fake_next_token(reqs[0].all_token_ids)]))
     out = sched.schedule()
     # r0 decodes first, then r1's rest of prompt, then r2 within what is left (16-1-4)
     assert [(c.request.request_id, c.num_new_tokens) for c in out.chunks] == [
@@ -180,15 +182,15 @@ def test_prefix_hit_computes_only_the_unshared_tokens():
 def test_prompt_longer_than_max_model_len_is_rejected_naming_both_numbers():
     sched = make_scheduler(max_model_len=32)
     with pytest.raises(RequestError, match=r"40 tokens.*max_model_len is 32"):
-        sched.add_request(make_request("r", [1] * 40))
+        sched.check_request(40)
     with pytest.raises(RequestError, match="empty"):
-        sched.add_request(make_request("r", []))
+        sched.check_request(0)
 
 
 def test_prompt_that_can_never_fit_in_the_cache_is_rejected():
     sched = make_scheduler(num_blocks=5, max_model_len=1000)
     with pytest.raises(RequestError, match=r"30 tokens.*holds only 20 tokens"):
-        sched.add_request(make_request("r", [1] * 30))
+        sched.check_request(30)
     assert not sched.has_unfinished_requests()
 
 
@@ -252,29 +254,90 @@ class CharDetokenizer:
         return ""
 
 
+def run_tokens(params, tokens, prompt=(1,)):
+    """Feed ``tokens`` one step at a time through scheduler and output processor (as the
+    engine's step does); yields (request, sample text, text delta) after each."""
+    sched = make_scheduler()
+    processor = OutputProcessor()
+    r = Request("r", list(prompt), params)
+    text = SampleText(r, CharDetokenizer())
+    processor.add(text)
+    sched.add_request(r)
+    for token in tokens:
+        out = sched.schedule()
+        updates = sched.update(out, RunnerOutput([token]))
+        sched.finish_requests(processor.process(updates))
+        yield r, text, text.take_delta()[0]
+        if r.status.is_finished:
+            return
+
+
 def test_stop_string_across_tokens_is_cut_and_never_streamed():
     params = SamplingParams(max_tokens=20, stop=["STOP"])
-    r = Request("r", [1], params, detokenizer=CharDetokenizer())
-    streamed = ""
-    for ch in "abST":
-        r.append_output(ord(ch))
-        streamed += r.take_delta()[0]
-    assert streamed == "ab"  # "ST" is held back: it could start "STOP"
-    r.append_output(ord("O"))
-    r.append_output(ord("P"))
-    streamed += r.take_delta()[0]
+    steps = list(run_tokens(params, [ord(c) for c in "abSTOPzz"]))
+    deltas = [d for _, _, d in steps]
+    assert deltas == ["a", "b", "", "", "", ""]  # "ST..." is held back: it could start "STOP"
+    r, text, _ = steps[-1]
     assert r.finish_reason == "stop" and r.stop_reason == "STOP"
-    assert r.output_text == streamed == "ab"
+    assert text.text == "ab"
     assert r.num_output_tokens == 6  # the tokens stay; only the text is cut
 
 
 def test_held_back_text_is_released_when_it_does_not_stop():
-    r = Request("r", [1], SamplingParams(max_tokens=3, stop=["xyz"]), detokenizer=CharDetokenizer())
-    r.append_output(ord("a"))
-    r.append_output(ord("x"))
-    assert r.take_delta()[0] == "a"
-    r.append_output(ord("b"))  # max_tokens: finishes, "x" and "b" are released
-    assert r.finish_reason == "length" and r.take_delta()[0] == "xb"
+    params = SamplingParams(max_tokens=3, stop=["xyz"])
+    steps = list(run_tokens(params, [ord("a"), ord("x"), ord("b")]))
+    assert [d for _, _, d in steps] == ["a", "", "xb"]  # max_tokens: "x" and "b" released
+    assert steps[-1][0].finish_reason == "length"
+
+
+def test_stop_string_in_the_last_token_outranks_length():
+    """max_tokens ends the request with the token that completes a stop string: the text
+    shows the stop string, so the request reports it (as a stream would have)."""
+    params = SamplingParams(max_tokens=3, stop=["ab"])
+    r, text, _ = list(run_tokens(params, [ord("x"), ord("a"), ord("b")]))[-1]
+    assert (r.finish_reason, r.stop_reason, text.text) == ("stop", "ab", "x")
+
+
+def test_min_tokens_never_carries_a_request_past_max_model_len():
+    sched = make_scheduler(max_model_len=8)
+    eos = 5
+    r = Request("r", [1, 2, 3], SamplingParams(max_tokens=None, min_tokens=0, ignore_eos=False),
+                eos_token_ids=frozenset({eos}))
+    long = Request("long", [1, 2, 3], SamplingParams(max_tokens=None, min_tokens=5))
+    sched.add_request(r)
+    sched.add_request(long)
+    for _ in range(10):
+        out = sched.schedule()
+        if out.is_empty:
+            break
+        sched.update(out, RunnerOutput([7] * sum(c.samples for c in out.chunks)))
+    assert long.num_tokens == 8 and long.finish_reason == "length"
+    assert sched.block_manager.usage().num_used_blocks == 0
+
+
+def test_max_tokens_or_min_tokens_beyond_the_context_left_are_refused():
+    sched = make_scheduler(max_model_len=100)
+    sched.check_request(40, 60, 0)  # exactly fits
+    with pytest.raises(RequestError, match=r"max_tokens is 61.* 40 tokens.* max_model_len is 100.* at most 60") as info:
+        sched.check_request(40, 61)
+    assert info.value.param == "max_tokens"
+    with pytest.raises(RequestError, match="min_tokens is 70") as info:
+        sched.check_request(40, None, 70)
+    assert info.value.param == "min_tokens"
+
+
+def test_a_row_error_fails_that_request_alone():
+    sched = make_scheduler()
+    a, b = make_request("a", [1, 2, 3], 4), make_request("b", [4, 5, 6], 4)
+    sched.add_request(a)
+    sched.add_request(b)
+    out = sched.schedule()
+    updates = sched.update(out, RunnerOutput([0, 9], errors=["its logits became NaN", None]))
+    assert a.finish_reason == "error" and a.error == "its logits became NaN" and not a.output_token_ids
+    assert b.output_token_ids == [9] and b.status is RequestStatus.RUNNING
+    assert [(u.request.request_id, u.token_id) for u in updates] == [("a", None), ("b", 9)]
+    run_to_completion(sched)
+    assert b.num_output_tokens == 4 and sched.block_manager.usage().num_used_blocks == 0
 
 
 @settings(max_examples=40, deadline=None)

@@ -26,6 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default: 8000)")
     parser.add_argument("--api-key", default=None,
                         help="require 'Authorization: Bearer KEY' on the /v1 routes")
+    parser.add_argument("--max-n", type=int, default=128, metavar="N",
+                        help="the most choices (n) one request may ask for (default: 128, OpenAI's)")
     parser.add_argument("--served-model-name", default=None,
                         help="the model id clients send (default: the alias as typed; "
                              "for a path, the model's own name)")
@@ -95,7 +97,8 @@ def run_serve(args: argparse.Namespace) -> int:
     print(f"inferpath serve: loading {args.model} ...", file=sys.stderr)
     engine = LLMEngine.from_model(args.model, config)
     name = args.served_model_name or served_name(args.model, engine.model_name)
-    app = build_app(AsyncEngine(engine), api_key=args.api_key, served_model_name=name)
+    app = build_app(AsyncEngine(engine), api_key=args.api_key, served_model_name=name,
+                    max_n=args.max_n)
     print(f"inferpath serve: {name} (max_model_len {engine.max_model_len}) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr)
     serve_forever(app, args.host, args.port, log_level=args.log_level)

@@ -6,9 +6,12 @@ a RequestStream, an async iterator of RequestOutputs that ends after the finishe
 The loop runs each step in a single worker thread, so the event loop stays responsive
 while the model computes, and hands the outputs to the streams.
 
-The loop never dies of one request: if a step raises, every request in flight is
-aborted (its blocks freed at the next step) and its stream raises the error; the loop
-then goes on with new requests.
+A request that fails alone (its logits became NaN under its sampling parameters) is no
+step failure: its stream ends with a finished output whose ``finish_reason`` is "error"
+and whose ``error`` says why, and the other requests go on untouched. The loop never
+dies of a bug either: if a step itself raises, every request in flight is aborted (its
+blocks freed at the next step) and its stream raises the error; the loop then goes on
+with new requests.
 """
 
 from __future__ import annotations

@@ -6,19 +6,23 @@ prompt's full blocks in the prefix cache and share them (ref counts) instead of 
 the prompt n times. With a seed, sample i draws from a generator seeded with seed + i.
 
 Invariant: ``num_added`` samples have been handed to the scheduler; the rest wait here.
+``make_output`` copies nothing that grows with the output: deltas, and prefixes of the
+samples' append-only lists (see CompletionOutput).
 """
 
 from __future__ import annotations
 
+from inferpath.engine.output_processor import SampleText
 from inferpath.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from inferpath.engine.request import Request
 
 
 class RequestGroup:
-    def __init__(self, request_id: str, prompt: str | None, samples: list[Request]):
+    def __init__(self, request_id: str, prompt: str | None, texts: list[SampleText]):
         self.request_id = request_id
         self.prompt = prompt
-        self.samples = samples
+        self.texts = texts
+        self.samples: list[Request] = [t.request for t in texts]
         self.num_added = 0
         self.aborted = False
 
@@ -47,18 +51,21 @@ class RequestGroup:
     def make_output(self) -> RequestOutput:
         """The group's state now, with deltas since the previous ``make_output``."""
         outputs = []
-        for sample in self.samples:
-            delta_text, delta_ids, delta_logprobs = sample.take_delta()
+        for text in self.texts:
+            sample = text.request
+            delta_text, delta_ids, delta_logprobs = text.take_delta()
             outputs.append(CompletionOutput(
                 index=sample.index,
-                text=sample.streamed_text,
-                token_ids=list(sample.output_token_ids),
+                text=text.streamed_text,
+                token_ids=text.token_ids,
+                num_tokens=len(text.token_ids),
                 delta_text=delta_text,
                 delta_token_ids=delta_ids,
-                logprobs=list(sample.logprobs) if sample.logprobs is not None else None,
+                logprobs=text.logprobs,
                 delta_logprobs=delta_logprobs,
                 finish_reason=sample.finish_reason,
                 stop_reason=sample.stop_reason,
+                error=sample.error,
             ))
         first_times = [s.first_token_time for s in self.samples if s.first_token_time is not None]
         finished = self.finished
@@ -70,4 +77,3 @@ class RequestGroup:
         return RequestOutput(self.request_id, self.first.prompt_token_ids, outputs, finished,
                              num_cached_tokens=self.first.num_cached_tokens, metrics=metrics,
                              prompt=self.prompt)
-

@@ -6,7 +6,9 @@
     for text in llm.stream("Once upon a time"): print(text, end="")
 
 All prompts of one call are submitted together and batched by the same scheduler the
-server uses; each gets its own KV blocks.
+server uses; each gets its own KV blocks. A prompt whose sampling fails alone (NaN
+logits) comes back with ``finish_reason`` "error" and ``error`` set; the others are
+unaffected.
 """
 
 from __future__ import annotations

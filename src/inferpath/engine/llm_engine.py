@@ -1,6 +1,11 @@
 """LLMEngine: requests in, RequestOutputs out, one step at a time.
 
-    step = schedule -> execute -> update
+    step = schedule -> execute -> update -> process outputs
+
+The scheduler ends requests (EOS, max_tokens, context, abort, a request's own sampling
+failure); the output processor turns tokens into text, stop strings and deltas outside
+that core. What is decided once (model, kernels, parallelism, cache size) is built by
+engine/builder.py, so this module imports neither ``kernels/`` nor ``parallel/``.
 
 ``add_request`` and ``abort_request`` may be called from another thread than ``step``
 (the AsyncEngine's event loop versus its worker thread): they only validate and queue,
@@ -23,12 +28,11 @@ from inferpath.config import ConfigError, EngineConfig, ModelConfig
 from inferpath.engine.errors import QueueFullError, RequestError
 from inferpath.engine.group import RequestGroup
 from inferpath.engine.load import weight_format
+from inferpath.engine.output_processor import OutputProcessor, SampleText
 from inferpath.engine.outputs import EngineStats, RequestOutput
 from inferpath.engine.request import Request, RequestStatus
 from inferpath.engine.runner import ModelRunner
-from inferpath.engine.scheduler import Scheduler
-from inferpath.kernels import argmax_rows as argmax
-from inferpath.parallel.tp import shard_config
+from inferpath.engine.scheduler import SampleUpdate, Scheduler
 from inferpath.sampling.params import SamplingParams
 from inferpath.sampling.sampler import Sampler
 
@@ -38,11 +42,13 @@ class LLMEngine:
 
     ``max_model_len`` is ``engine_config.max_model_len`` or else the model's
     ``max_position_embeddings``; the number of KV blocks is ``engine_config.num_kv_blocks``
-    or else what ``kv_cache_memory_bytes`` holds.
+    or else what ``kv_cache_memory_bytes`` holds. ``kv_cache`` and ``sampler`` come from
+    engine/builder.py (asked for here when not given).
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, model_config: ModelConfig,
-                 engine_config: EngineConfig, *, eos_token_ids=(), model_name: str = ""):
+                 engine_config: EngineConfig, *, eos_token_ids=(), model_name: str = "",
+                 kv_cache: KVCache | None = None, sampler: Sampler | None = None):
         self.tokenizer = tokenizer
         self.model_config = model_config
         self.engine_config = engine_config
@@ -50,20 +56,20 @@ class LLMEngine:
         self.max_model_len = _max_model_len(model_config, engine_config)
         self.weight_format = weight_format(model)  # what runs: formats, kernel level, bytes per token
         self.eos_token_ids = frozenset(eos_token_ids) | frozenset(tokenizer.eos_token_ids)
-        dtype = model.dtype if engine_config.dtype == "auto" else getattr(torch, engine_config.dtype)
-        bs = engine_config.block_size
-        # with tensor parallelism each rank caches num_kv_heads / N heads of every token
-        cache_config = shard_config(model_config, engine_config.tensor_parallel_size)
-        num_blocks = engine_config.num_kv_blocks or KVCache.num_blocks_for_budget(
-            cache_config, bs, dtype, engine_config.kv_cache_memory_bytes)
-        self.kv_cache = KVCache(cache_config, num_blocks, bs, dtype)
-        self.block_manager = BlockManager(num_blocks, bs, engine_config.enable_prefix_caching)
+        if kv_cache is None or sampler is None:
+            from inferpath.engine import builder
+
+            kv_cache = kv_cache or builder.build_kv_cache(model_config, engine_config, getattr(model, "dtype", None))
+            sampler = sampler or builder.build_sampler(engine_config)
+        self.kv_cache = kv_cache
+        self.block_manager = BlockManager(kv_cache.num_blocks, kv_cache.block_size,
+                                          engine_config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=engine_config.max_num_seqs,
                                    max_num_batched_tokens=engine_config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len)
-        self.runner = ModelRunner(model, self.kv_cache, self.block_manager,
-                                  Sampler(engine_config.seed, argmax=argmax if engine_config.cpu_kernels else None),
+        self.runner = ModelRunner(model, self.kv_cache, self.block_manager, sampler,
                                   self.eos_token_ids)
+        self.output_processor = OutputProcessor()
         self._rng = random.Random(engine_config.seed)  # seeds of requests without one
         self._groups: dict[str, RequestGroup] = {}
         self._partial: dict[str, RequestGroup] = {}  # n > 1 groups with samples not added
@@ -76,20 +82,9 @@ class LLMEngine:
     def from_model(cls, model: str, engine_config: EngineConfig | None = None,
                    progress: bool = False) -> "LLMEngine":
         """Load an alias (pulled on first use), a .gguf file or a Hugging Face directory."""
-        from inferpath.engine.load import build_for_engine, load_weights
-        from inferpath.models import resolve_model
-        from inferpath.tokenizer import load_tokenizer
+        from inferpath.engine.builder import build_engine
 
-        from inferpath.threads import configure_threads
-
-        engine_config = engine_config or EngineConfig()
-        configure_threads(engine_config.threads)
-        checkpoint, dtype = load_weights(resolve_model(model), engine_config, progress)
-        tokenizer = load_tokenizer(checkpoint.tokenizer_path)
-        transformer = build_for_engine(checkpoint, dtype, engine_config)
-        return cls(transformer, tokenizer, checkpoint.config, engine_config,
-                   eos_token_ids=checkpoint.eos_token_ids,
-                   model_name=checkpoint.config.name or str(model))
+        return build_engine(model, engine_config, progress)
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request_id: str, prompt: str | list[int],
@@ -97,15 +92,15 @@ class LLMEngine:
         """Queue a request for the next step. Raises RequestError or QueueFullError."""
         params = params or SamplingParams()
         prompt_ids = self._prompt_token_ids(prompt)
-        self.scheduler.check_prompt(len(prompt_ids))
+        self.scheduler.check_request(len(prompt_ids), params.max_tokens, params.min_tokens)
         arrival_time = time.monotonic() if arrival_time is None else arrival_time
-        samples = [Request(request_id, prompt_ids, params, index=i,
-                           eos_token_ids=self.eos_token_ids,
-                           generator=self._generator(params, i),
-                           detokenizer=self.tokenizer.detokenizer(params.skip_special_tokens),
-                           arrival_time=arrival_time)
-                   for i in range(params.n)]
-        group = RequestGroup(request_id, prompt if isinstance(prompt, str) else None, samples)
+        texts = [SampleText(Request(request_id, prompt_ids, params, index=i,
+                                    eos_token_ids=self.eos_token_ids,
+                                    generator=self._generator(params, i),
+                                    arrival_time=arrival_time),
+                            self.tokenizer.detokenizer(params.skip_special_tokens))
+                 for i in range(params.n)]
+        group = RequestGroup(request_id, prompt if isinstance(prompt, str) else None, texts)
         with self._lock:
             if request_id in self._groups:
                 raise RequestError(f"request id {request_id!r} is already in use")
@@ -129,12 +124,13 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ step
     def step(self) -> list[RequestOutput]:
-        """Schedule, execute and update once; returns the requests that advanced."""
+        """Schedule, execute, update and process once; returns the requests that advanced."""
         touched = self._take_intake()
         scheduled = self.scheduler.schedule()
         executed = self.runner.execute(scheduled)
-        changed = self.scheduler.update(scheduled, executed.token_ids, executed.logprobs)
-        return self._make_outputs(touched, changed)
+        updates = self.scheduler.update(scheduled, executed)
+        self.scheduler.finish_requests(self.output_processor.process(updates))  # stop strings
+        return self._make_outputs(touched, updates)
 
     def _take_intake(self) -> dict[str, RequestGroup]:
         """Hand queued requests to the scheduler and queued aborts to it."""
@@ -157,9 +153,11 @@ class LLMEngine:
             touched[request_id] = group
         return touched
 
-    def _make_outputs(self, touched: dict[str, RequestGroup], changed: list[Request]) -> list[RequestOutput]:
-        for request in changed:
-            touched.setdefault(request.request_id, self._groups[request.request_id])
+    def _make_outputs(self, touched: dict[str, RequestGroup],
+                      updates: list[SampleUpdate]) -> list[RequestOutput]:
+        for update in updates:
+            request_id = update.request.request_id
+            touched.setdefault(request_id, self._groups[request_id])
         for group in list(self._partial.values()):  # n > 1: the rest join once the prompt is cached
             self._add_ready_samples(group)
         outputs = []
@@ -168,12 +166,14 @@ class LLMEngine:
             if output.finished:
                 with self._lock:
                     del self._groups[request_id]
+                self.output_processor.remove(group.texts)
                 self._num_finished += 1
             outputs.append(output)
         return outputs
 
     def _add_ready_samples(self, group: RequestGroup) -> None:
         for sample in group.samples_to_add(self.engine_config.enable_prefix_caching):
+            self.output_processor.add(group.texts[sample.index])
             self.scheduler.add_request(sample)
         if group.num_added < len(group.samples):
             self._partial[group.request_id] = group
@@ -199,7 +199,12 @@ class LLMEngine:
 
     def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
+            try:
+                return self.tokenizer.encode(prompt)
+            except UnicodeEncodeError as exc:
+                raise RequestError(f"the prompt holds {prompt[exc.start]!r} at character "
+                                   f"{exc.start}, a lone surrogate that is not valid "
+                                   "Unicode") from None
         vocab_size = self.model_config.vocab_size
         for token_id in prompt:
             if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < vocab_size:

@@ -2,6 +2,9 @@
 
 Streaming callers read the ``delta_*`` fields (new since the previous output of that
 request); batch callers read the cumulative ``text`` / ``token_ids`` of the finished one.
+
+Also the runner's hand-off to the scheduler, ``RunnerOutput`` (torch-free, so the
+scheduler and its tests need no torch).
 """
 
 from __future__ import annotations
@@ -10,28 +13,55 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass
 class CompletionOutput:
     """Sample ``index`` (of ``n``) of a request.
 
     ``finish_reason`` is "stop" (EOS, a stop token or a stop string; which one is
     ``stop_reason``: None for EOS, the token id, or the stop string), "length"
-    (max_tokens or the context limit), "abort", or None while unfinished.
+    (max_tokens or the context limit), "abort", "error" (this request alone failed:
+    ``error`` says why), or None while unfinished.
+
+    ``token_ids`` and ``logprobs`` are cumulative. NOTE: the engine does not copy them
+    each step (that is O(L²) over a request): it hands the sample's append-only lists
+    with the length they had, and a read returns that prefix. ``delta_*`` cost nothing.
     """
 
-    index: int
-    text: str
-    token_ids: list[int]
-    delta_text: str = ""
-    delta_token_ids: list[int] = field(default_factory=list)
-    logprobs: list[Any] | None = None  # TokenLogprobs per token, when asked for
-    delta_logprobs: list[Any] | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
+    __slots__ = ("index", "text", "_token_ids", "_num_tokens", "delta_text", "delta_token_ids",
+                 "_logprobs", "delta_logprobs", "finish_reason", "stop_reason", "error")
+
+    def __init__(self, index: int, text: str, token_ids: list[int], delta_text: str = "",
+                 delta_token_ids: list[int] | None = None, logprobs: list[Any] | None = None,
+                 delta_logprobs: list[Any] | None = None, finish_reason: str | None = None,
+                 stop_reason: int | str | None = None, error: str | None = None,
+                 num_tokens: int | None = None):
+        self.index = index
+        self.text = text
+        self._token_ids = token_ids
+        self._num_tokens = len(token_ids) if num_tokens is None else num_tokens
+        self.delta_text = delta_text
+        self.delta_token_ids = [] if delta_token_ids is None else delta_token_ids
+        self._logprobs = logprobs
+        self.delta_logprobs = delta_logprobs
+        self.finish_reason = finish_reason
+        self.stop_reason = stop_reason
+        self.error = error
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self._token_ids[:self._num_tokens]
+
+    @property
+    def logprobs(self) -> list[Any] | None:  # TokenLogprobs per token, when asked for
+        return None if self._logprobs is None else self._logprobs[:self._num_tokens]
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def __repr__(self) -> str:
+        return (f"CompletionOutput(index={self.index}, text={self.text!r}, "
+                f"token_ids={self.token_ids}, finish_reason={self.finish_reason!r}, "
+                f"stop_reason={self.stop_reason!r}, error={self.error!r})")
 
 
 @dataclass
@@ -54,6 +84,7 @@ class RequestOutput:
     """A request's state after a step: its prompt, its ``n`` samples, whether all ended.
 
     ``num_cached_tokens`` are the prompt tokens found in the prefix cache, not computed.
+    ``error`` is set when a sample failed alone (its finish_reason is "error").
     """
 
     request_id: str
@@ -63,6 +94,10 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     prompt: str | None = None
+
+    @property
+    def error(self) -> str | None:
+        return next((c.error for c in self.outputs if c.error is not None), None)
 
 
 @dataclass(frozen=True)
@@ -79,3 +114,22 @@ class EngineStats:
     num_prompt_tokens_computed: int
     num_generation_tokens: int
     num_requests_finished: int = 0
+
+
+@dataclass
+class RunnerOutput:
+    """The runner's hand-off to the scheduler: one entry per sampling chunk, in chunk order.
+
+    ``errors[i]`` is None, or why row i could not be sampled (its logits held NaN, or no
+    token was left): that request fails alone. ``token_ids[i]`` is then a placeholder.
+    """
+
+    token_ids: list[int]
+    logprobs: list[Any] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
+
+    def error(self, i: int) -> str | None:
+        return self.errors[i] if self.errors else None
+
+    def logprob(self, i: int) -> Any:
+        return self.logprobs[i] if self.logprobs else None

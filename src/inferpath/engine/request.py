@@ -3,14 +3,15 @@
 A request is its tokens (prompt + output so far) and how many of them have their K/V in
 the cache (``num_computed_tokens``). Prefill and decode are the same thing: computing
 more of its tokens. It also owns what must survive a preemption unchanged: its output
-tokens, its text, and its random generator (never reset, so a resumed request draws
-exactly the tokens it would have drawn).
+tokens and its random generator (never reset, so a resumed request draws exactly the
+tokens it would have drawn). Its text, stop strings and logprobs live in the output
+processor (engine/output_processor.py), outside the core loop.
 
 Invariants:
 - ``all_token_ids == prompt_token_ids + output_token_ids``;
 - ``0 <= num_computed_tokens <= num_tokens``, and ``< num_tokens`` while running;
-- ``output_text`` never contains a stop string (unless ``include_stop_str_in_output``);
-  text that could be the start of one is held back from streaming until settled.
+- only the scheduler changes ``status`` (the output processor asks it to, for a stop
+  string).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import time
 from typing import Any
 
 from inferpath.sampling.params import SamplingParams
-from inferpath.sampling.stop import check_stop, find_stop_string, num_chars_to_hold_back
 
 
 class RequestStatus(enum.Enum):
@@ -30,11 +30,12 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # this request alone failed (e.g. its logits became NaN)
 
     @property
     def is_finished(self) -> bool:
         return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
-                        RequestStatus.FINISHED_ABORTED)
+                        RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR)
 
     @property
     def finish_reason(self) -> str | None:
@@ -45,15 +46,13 @@ class Request:
     """Sequence ``index`` (of ``params.n``) of the user's request ``request_id``.
 
     ``seq_id == (request_id, index)`` names it to the scheduler and the block manager.
-    ``generator`` is the sampler's per-sequence RNG (a torch.Generator, or None);
-    ``detokenizer`` has ``add(token_id) -> str`` and ``flush() -> str`` (or is None:
-    token ids only, no text and no stop strings).
+    ``generator`` is the sampler's per-sequence RNG (a torch.Generator, or None).
+    ``error`` says why a request finished with status FINISHED_ERROR.
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  *, index: int = 0, eos_token_ids: frozenset[int] = frozenset(),
-                 generator: Any = None,
-                 detokenizer: Any = None, arrival_time: float | None = None):
+                 generator: Any = None, arrival_time: float | None = None):
         self.request_id = request_id
         self.index = index
         self.seq_id = (request_id, index)
@@ -62,22 +61,17 @@ class Request:
         self.eos_token_ids = eos_token_ids
         self.max_model_len: int | None = None  # set by the scheduler when added
         self.generator = generator
-        self.detokenizer = detokenizer
         self.all_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
-        self.logprobs: list | None = [] if params.logprobs is not None else None
-        self.output_text = ""
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-cache hit at first admission
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
+        self.error: str | None = None
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
-        # what take_delta() has handed out so far
-        self._num_sent_chars = 0
-        self._num_sent_tokens = 0
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -96,68 +90,23 @@ class Request:
     def finish_reason(self) -> str | None:
         return self.status.finish_reason
 
-    # ------------------------------------------------------------------ growth
-    def append_output(self, token_id: int, logprobs: Any = None) -> None:
-        """Add a sampled token; detokenize it; finish the request if it should stop."""
+    # ------------------------------------------------------------------ growth (scheduler)
+    def append_output(self, token_id: int) -> None:
+        """Add a sampled token (the scheduler then checks whether it ends the request)."""
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
-        if self.logprobs is not None:
-            self.logprobs.append(logprobs)
         if self.first_token_time is None:
             self.first_token_time = time.monotonic()
-        stop = check_stop(token_id, self.num_output_tokens, self.params, self.eos_token_ids,
-                          num_prompt_tokens=self.num_prompt_tokens,
-                          max_model_len=self.max_model_len)
-        if self.detokenizer is not None:
-            delta = self.detokenizer.add(token_id)
-            if stop is not None:
-                delta += self.detokenizer.flush()
-            if self._add_text(delta):
-                return  # a stop string ended it
-        if stop is not None:
-            reason, self.stop_reason = stop
-            self.finish(RequestStatus.FINISHED_STOPPED if reason == "stop"
-                        else RequestStatus.FINISHED_LENGTH)
 
-    def _add_text(self, delta: str) -> bool:
-        """Append text; cut it and finish at a stop string. Returns True if stopped."""
-        self.output_text += delta
-        params = self.params
-        if not params.stop or self.num_output_tokens < params.min_tokens:
-            return False
-        found = find_stop_string(self.output_text, params.stop, len(delta),
-                                 params.include_stop_str_in_output)
-        if found is None:
-            return False
-        cut, self.stop_reason = found
-        self.output_text = self.output_text[:cut]
-        self.finish(RequestStatus.FINISHED_STOPPED)
-        return True
-
-    def finish(self, status: RequestStatus) -> None:
-        if self.status.is_finished:
+    def finish(self, status: RequestStatus, stop_reason: int | str | None = None) -> None:
+        """Mark finished. The first call wins, except that a stop string found in the last
+        token's text restates a token stop or "length" end as a stop string (what a
+        stream reading the text would have seen first)."""
+        restates = (status is RequestStatus.FINISHED_STOPPED and self.status in (
+            RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH))
+        if self.status.is_finished and not restates:
             return
         self.status = status
-        self.finished_time = time.monotonic()
-
-    # ------------------------------------------------------------------ streaming
-    @property
-    def streamed_text(self) -> str:
-        """The text handed out by ``take_delta`` so far (held-back characters excluded)."""
-        return self.output_text[:self._num_sent_chars]
-
-    def take_delta(self) -> tuple[str, list[int], list | None]:
-        """Text, token ids and logprobs produced since the last call.
-
-        While running, text that could be the start of a stop string is held back.
-        """
-        end = len(self.output_text)
-        if not self.status.is_finished and self.params.stop:
-            end -= num_chars_to_hold_back(self.output_text, self.params.stop)
-        end = max(end, self._num_sent_chars)
-        text = self.output_text[self._num_sent_chars:end]
-        token_ids = self.output_token_ids[self._num_sent_tokens:]
-        logprobs = self.logprobs[self._num_sent_tokens:] if self.logprobs is not None else None
-        self._num_sent_chars = end
-        self._num_sent_tokens = self.num_output_tokens
-        return text, token_ids, logprobs
+        self.stop_reason = stop_reason
+        if self.finished_time is None:
+            self.finished_time = time.monotonic()

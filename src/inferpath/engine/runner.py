@@ -1,4 +1,5 @@
-"""Model runner: a SchedulerOutput in, one sampled token per finishing chunk out.
+"""Model runner: a SchedulerOutput in, one sampled token (or a row's error) per
+finishing chunk out, as a RunnerOutput (engine/outputs.py).
 
 The only part of the engine that touches tensors. It lays the step's chunks out as one
 flat batch (design.md):
@@ -24,17 +25,10 @@ import torch
 
 from inferpath.cache.blocks import BlockManager
 from inferpath.cache.kv import KVCache
+from inferpath.engine.outputs import RunnerOutput
 from inferpath.engine.scheduler import SchedulerOutput
 from inferpath.model.metadata import AttentionMetadata
 from inferpath.sampling.sampler import Sampler, SamplingRow
-
-
-@dataclass
-class RunnerOutput:
-    """One token (and logprobs, or None) per sampling chunk, in chunk order."""
-
-    token_ids: list[int]
-    logprobs: list
 
 
 @dataclass
@@ -71,7 +65,7 @@ class ModelRunner:
             return RunnerOutput([], [])
         logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
         sampled = self.sampler(logits, batch.sampling_rows)  # logits: (num_samples, vocab)
-        return RunnerOutput(sampled.token_ids, sampled.logprobs)
+        return RunnerOutput(sampled.token_ids, sampled.logprobs, sampled.errors)
 
     def prepare(self, scheduled: SchedulerOutput) -> BatchInputs:
         """Lay the scheduled chunks out as one flat batch of tensors."""

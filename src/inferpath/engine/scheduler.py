@@ -10,6 +10,11 @@ several chunks over several steps (chunked prefill). One token budget,
 2. then waiting requests, front of the queue first, up to ``max_num_seqs`` running,
    each starting from its longest cached prefix (automatic prefix caching).
 
+The scheduler owns every condition that ends a request: EOS and stop token ids,
+``max_tokens``, ``max_model_len``, abort, a request's own sampling failure, and (asked by
+the output processor, which reads the text) stop strings. ``update`` takes the
+runner's output whole and returns one ``SampleUpdate`` per request it advanced.
+
 When the block manager runs out of blocks for a running request, the newest running
 request is preempted by recompute: its blocks are freed and it goes back to the front of
 the waiting queue, keeping its output tokens. On resume the prompt *and* its output so far
@@ -30,7 +35,9 @@ from dataclasses import dataclass, field
 
 from inferpath.cache.blocks import BlockManager
 from inferpath.engine.errors import RequestError
+from inferpath.engine.outputs import RunnerOutput
 from inferpath.engine.request import Request, RequestStatus
+from inferpath.sampling.stop import check_stop
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,16 @@ class SchedulerOutput:
 
 
 @dataclass
+class SampleUpdate:
+    """What one step did to one request: the token it got (or None: it finished without
+    one, e.g. aborted or failed) and that token's logprobs. Read by the output processor."""
+
+    request: Request
+    token_id: int | None = None
+    logprobs: object = None
+
+
+@dataclass
 class SchedulerStats:
     num_preemptions: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up at first admission
@@ -98,8 +115,11 @@ class Scheduler:
         self._to_abort: set = set()
 
     # ------------------------------------------------------------------ intake
-    def check_prompt(self, num_prompt_tokens: int) -> None:
-        """Raise RequestError for a prompt that could never run."""
+    def check_request(self, num_prompt_tokens: int, max_tokens: int | None = None,
+                      min_tokens: int = 0) -> None:
+        """Raise RequestError for a request that could never run as asked: an empty
+        prompt, one that leaves no room to generate or does not fit in the cache, or
+        ``max_tokens`` / ``min_tokens`` beyond the context left after the prompt."""
         if num_prompt_tokens == 0:
             raise RequestError("the prompt is empty; it needs at least one token")
         if num_prompt_tokens >= self.max_model_len:
@@ -114,9 +134,16 @@ class Scheduler:
                 f"the prompt has {num_prompt_tokens} tokens, but the KV cache holds only "
                 f"{num_capacity} tokens ({bm.num_blocks} blocks of {bm.block_size}); "
                 "shorten the prompt or give the cache more memory")
+        num_left = self.max_model_len - num_prompt_tokens
+        for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens)):
+            if value is not None and value > num_left:
+                raise RequestError(
+                    f"{name} is {value}, but the prompt has {num_prompt_tokens} tokens and "
+                    f"max_model_len is {self.max_model_len}: at most {num_left} tokens can "
+                    f"be generated; lower {name} or shorten the prompt", param=name)
 
     def add_request(self, request: Request) -> None:
-        self.check_prompt(request.num_prompt_tokens)
+        """Queue a request; the caller has checked it once with ``check_request``."""
         request.max_model_len = self.max_model_len
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
@@ -193,12 +220,12 @@ class Scheduler:
         return budget
 
     # ------------------------------------------------------------------ update
-    def update(self, output: SchedulerOutput, sampled_token_ids: list[int],
-               sampled_logprobs: list | None = None) -> list[Request]:
-        """Advance each scheduled request; append one sampled token to each chunk that
-        samples (in chunk order); free finished requests. Returns the requests that got
-        a token or finished, including ``output.finished``."""
-        changed = list(output.finished)
+    def update(self, output: SchedulerOutput, runner_output: RunnerOutput) -> list[SampleUpdate]:
+        """Advance each scheduled request; give each chunk that samples its token (in
+        chunk order) and end the request if that token stops it; fail alone a request
+        whose row could not be sampled. Returns an update per request that got a token
+        or finished, including ``output.finished``."""
+        updates = [SampleUpdate(request) for request in output.finished]
         i = 0
         for chunk in output.chunks:
             request = chunk.request
@@ -210,17 +237,39 @@ class Scheduler:
                 request.seq_id, request.all_token_ids, request.num_computed_tokens)
             if not chunk.samples:
                 continue
-            logprobs = sampled_logprobs[i] if sampled_logprobs is not None else None
-            request.append_output(sampled_token_ids[i], logprobs)
+            error = runner_output.error(i)
+            if error is not None:
+                request.error = error
+                self._finish(request, RequestStatus.FINISHED_ERROR)
+                updates.append(SampleUpdate(request))
+            else:
+                token_id = runner_output.token_ids[i]
+                request.append_output(token_id)
+                self.stats.num_generation_tokens += 1
+                self._check_stop(request, token_id)
+                updates.append(SampleUpdate(request, token_id, runner_output.logprob(i)))
             i += 1
-            self.stats.num_generation_tokens += 1
-            changed.append(request)
-            if request.status.is_finished:
-                self._remove_finished(request)
-        if i != len(sampled_token_ids):
-            raise ValueError(f"got {len(sampled_token_ids)} sampled tokens for "
+        if i != len(runner_output.token_ids):
+            raise ValueError(f"got {len(runner_output.token_ids)} sampled tokens for "
                              f"{i} sampling chunks")
-        return changed
+        return updates
+
+    def finish_requests(self, stopped: Iterable[tuple[Request, str]]) -> None:
+        """End requests at a stop string (found by the output processor in their text)."""
+        for request, stop_str in stopped:
+            if not request.status.is_finished:
+                self._finish(request, RequestStatus.FINISHED_STOPPED, stop_str)
+            else:  # ended by its last token too: the stop string is what the text shows
+                request.finish(RequestStatus.FINISHED_STOPPED, stop_str)
+
+    def _check_stop(self, request: Request, token_id: int) -> None:
+        stop = check_stop(token_id, request.num_output_tokens, request.params,
+                          request.eos_token_ids, num_prompt_tokens=request.num_prompt_tokens,
+                          max_model_len=request.max_model_len)
+        if stop is not None:
+            reason, stop_reason = stop
+            self._finish(request, RequestStatus.FINISHED_STOPPED if reason == "stop"
+                         else RequestStatus.FINISHED_LENGTH, stop_reason)
 
     # ------------------------------------------------------------------ helpers
     def _outgrew_cache(self, request: Request) -> bool:
@@ -248,12 +297,13 @@ class Scheduler:
         self.running.remove(request)
         self.block_manager.free(request.seq_id)
 
-    def _finish(self, request: Request, status: RequestStatus) -> None:
+    def _finish(self, request: Request, status: RequestStatus,
+                stop_reason: int | str | None = None) -> None:
         if request in self.running:
             self._remove_finished(request)
-        else:
+        elif request in self.waiting:
             self.waiting.remove(request)
-        request.finish(status)
+        request.finish(status, stop_reason)
 
     def _apply_aborts(self) -> list[Request]:
         aborted = []

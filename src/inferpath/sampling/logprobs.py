@@ -35,11 +35,12 @@ def compute_logprobs(
     raw_logits: (num_rows, vocab) the model's logits; token_ids: (num_rows,) the chosen
     tokens; num_top: N per row (0 = the chosen token's logprob only).
     """
-    logprobs = raw_logits.float().log_softmax(dim=-1)  # (num_rows, vocab)
+    # (num_rows, vocab); a -inf logprob becomes float32's lowest, so every value is finite
+    logprobs = raw_logits.float().log_softmax(dim=-1).clamp_(min=torch.finfo(torch.float32).min)
     chosen = token_ids.unsqueeze(1)  # (num_rows, 1)
     chosen_logprobs = logprobs.gather(1, chosen)  # (num_rows, 1)
     ranks = (logprobs > chosen_logprobs).sum(dim=-1) + 1  # (num_rows,)
-    max_top = max(num_top, default=0)
+    max_top = min(max(num_top, default=0), logprobs.shape[1])  # a vocabulary may be < 20
     if max_top > 0:
         top_values, top_ids = logprobs.topk(max_top, dim=-1)  # (num_rows, max_top)
         top_values_list, top_ids_list = top_values.tolist(), top_ids.tolist()

@@ -52,7 +52,10 @@ def apply_penalties(
     if any(p != 1.0 for p in repetition_penalties):
         prompt_mask = token_counts(prompt_token_ids, vocab_size, device) > 0
         seen = prompt_mask | output_mask  # (num_rows, vocab)
-        rep = torch.tensor(repetition_penalties, dtype=logits.dtype, device=device).unsqueeze(1)
+        # a penalty beyond float32's range acts as the nearest float32 that is > 0 and finite
+        finfo = torch.finfo(logits.dtype)
+        rep = torch.tensor(repetition_penalties, dtype=torch.float64, device=device)
+        rep = rep.clamp(finfo.tiny, finfo.max).to(logits.dtype).unsqueeze(1)
         penalised = torch.where(logits > 0, logits / rep, logits * rep)
         logits = torch.where(seen, penalised, logits)
     if any(f != 0.0 for f in frequency_penalties):

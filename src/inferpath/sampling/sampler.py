@@ -13,12 +13,20 @@ one random number per row instead of V noise values, which cost ~40x the cumsum 
 CPU). A row with its own ``generator`` draws its u from it, so its token depends only on
 its logits and its generator's state, not on the batch around it. Rows without one
 share the sampler's generator.
+
+One row never fails another, and no row ever gets an id outside the vocabulary. Before
+each choice (argmax or draw) the logits are checked row by row (``_settle_rows``): a
+row holding +inf keeps only its +inf tokens (equally likely: what the limit of its
+distribution is); a row holding NaN, or with every token at -inf, cannot be sampled and
+gets an error in ``SamplerOutput.errors`` instead of a token (the engine fails that
+request alone). Extreme but valid parameters (a temperature of 1e300, a repetition
+penalty of 1e-300) are taken to the nearest float32 that means the same.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -51,10 +59,19 @@ class SamplingRow:
 
 @dataclass(slots=True)
 class SamplerOutput:
-    """One token per row, and its logprobs for rows whose params ask (else None)."""
+    """One token per row, and its logprobs for rows whose params ask (else None).
+
+    ``errors[i]`` is None, or why row i could not be sampled (then ``token_ids[i]`` is a
+    placeholder 0 and ``logprobs[i]`` None). Every token id is in [0, vocab_size).
+    """
 
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]
+    errors: list[str | None] = field(default_factory=list)
+
+    @property
+    def num_errors(self) -> int:
+        return sum(e is not None for e in self.errors)
 
 
 class Sampler:
@@ -80,6 +97,8 @@ class Sampler:
                 f"logits must have shape (num_rows={len(rows)}, vocab_size), got {tuple(logits.shape)}"
             )
         raw_logits = logits
+        vocab_size = logits.shape[1]
+        errors: list[str | None] = [None] * len(rows)
         logits = _ban_before_min_tokens(logits.float(), rows)
         penalised = [i for i, row in enumerate(rows) if row.params.has_penalties]
         if penalised:
@@ -92,35 +111,68 @@ class Sampler:
                 [rows[i].params.frequency_penalty for i in penalised],
                 [rows[i].params.presence_penalty for i in penalised],
             )
+        logits = _settle_rows(logits, errors, "after penalties and min_tokens bans")
 
         sampled = [i for i, row in enumerate(rows) if not row.params.is_greedy]
         if len(sampled) == len(rows):
-            token_ids = self._draw(logits, rows)
+            token_ids = self._draw(logits, rows, errors, sampled)
         else:
             token_ids = self.argmax(logits)  # (num_rows,)
             if sampled:
-                token_ids[sampled] = self._draw(logits[sampled], [rows[i] for i in sampled])
+                token_ids[sampled] = self._draw(logits[sampled], [rows[i] for i in sampled],
+                                                errors, sampled)
+        # NOTE: a guard, not a path: no check above lets an id out of the vocabulary.
+        outside = ((token_ids < 0) | (token_ids >= vocab_size)).nonzero().flatten().tolist()
+        for i in outside:
+            errors[i] = errors[i] or f"the sampler chose id {int(token_ids[i])}, outside the vocabulary"
+        failed = [i for i, e in enumerate(errors) if e is not None]
+        if failed:
+            token_ids = token_ids.clone()
+            token_ids[failed] = 0
 
-        wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
+        wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None
+                  and errors[i] is None]
         logprobs: list[TokenLogprobs | None] = [None] * len(rows)
+        if wanted:
+            raw = raw_logits[wanted].float()
+            unusable = (raw.isnan() | raw.isposinf()).any(dim=-1).tolist()
+            for i, bad in zip(wanted, unusable):
+                if bad:
+                    errors[i] = "the model's logits hold NaN or +inf: no logprobs can be computed"
+            wanted = [i for i in wanted if errors[i] is None]
         if wanted:
             computed = compute_logprobs(
                 raw_logits[wanted], token_ids[wanted], [rows[i].params.logprobs for i in wanted]
             )
             for i, row_logprobs in zip(wanted, computed):
                 logprobs[i] = row_logprobs
-        return SamplerOutput(token_ids=token_ids.tolist(), logprobs=logprobs)
+        for i, error in enumerate(errors):
+            if error is not None:
+                errors[i] = f"sampling failed for this request: {error} ({_describe(rows[i].params)})"
+                logprobs[i] = None
+        return SamplerOutput(token_ids=token_ids.tolist(), logprobs=logprobs, errors=errors)
 
-    def _draw(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-        """Temperature, truncation and the draw for non-greedy rows: (num_rows,) ids."""
+    def _draw(self, logits: torch.Tensor, rows: Sequence[SamplingRow], errors: list[str | None],
+              row_index: Sequence[int]) -> torch.Tensor:
+        """Temperature, truncation and the draw for non-greedy rows: (num_rows,) ids.
+
+        ``row_index[j]`` is row j's place in ``errors`` (the whole batch's).
+        """
         params = [row.params for row in rows]
-        temperatures = torch.tensor([p.temperature for p in params], device=logits.device)
+        # a temperature above float32's range divides like the largest float32 (uniform)
+        temperatures = torch.tensor([min(p.temperature, _FLOAT32_MAX) for p in params],
+                                    dtype=logits.dtype, device=logits.device)
         logits = logits / temperatures.unsqueeze(1)  # (num_rows, vocab)
         top_k = [p.top_k for p in params] if any(p.top_k > 0 for p in params) else None
         top_p = [p.top_p for p in params] if any(p.top_p < 1.0 for p in params) else None
         min_p = [p.min_p for p in params] if any(p.min_p > 0.0 for p in params) else None
+        row_errors: list[str | None] = [errors[i] for i in row_index]
+        logits = _settle_rows(logits, row_errors, "after temperature")
         if top_k is not None or top_p is not None or min_p is not None:
-            logits = apply_truncation(logits, top_k, top_p, min_p)
+            logits = _settle_rows(apply_truncation(logits, top_k, top_p, min_p), row_errors,
+                                  "after top-k/top-p/min-p")
+        for j, i in enumerate(row_index):
+            errors[i] = row_errors[j]
         probs = logits.softmax(dim=-1)  # (num_rows, vocab); 0 where masked
         return draw_from_probs(probs, self._uniforms(rows, logits.device))
 
@@ -173,3 +225,39 @@ def _ban_before_min_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) ->
         return logits
     index = (torch.tensor(row_ids, device=logits.device), torch.tensor(col_ids, device=logits.device))
     return logits.index_put(index, torch.tensor(float("-inf"), device=logits.device))
+
+
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def _settle_rows(logits: torch.Tensor, errors: list[str | None], stage: str) -> torch.Tensor:
+    """Logits every row of which can be sampled, and an error for each row that cannot.
+
+    logits: (num_rows, vocab) float. A row holding +inf keeps only its +inf tokens, set
+    to 0 (the others -inf): the limit of its distribution. A row holding NaN, or only
+    -inf, is set to 0 everywhere (any choice is in the vocabulary) and gets an error
+    naming ``stage``. Costs two reductions when every row is fine.
+    """
+    has_nan = logits.isnan().any(dim=-1)  # (num_rows,)
+    has_pos_inf = logits.isposinf().any(dim=-1)
+    all_neg_inf = logits.amax(dim=-1) == float("-inf")
+    if not bool((has_nan | has_pos_inf | all_neg_inf).any()):
+        return logits
+    ninf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+    zero = torch.zeros((), dtype=logits.dtype, device=logits.device)
+    logits = torch.where(has_pos_inf.unsqueeze(1),
+                         torch.where(logits.isposinf(), zero, ninf), logits)
+    broken = has_nan | (all_neg_inf & ~has_pos_inf)
+    for i in broken.nonzero().flatten().tolist():
+        if errors[i] is None:
+            errors[i] = (f"its logits became NaN {stage}" if has_nan[i]
+                         else f"no token is left to choose {stage} (every logit is -inf)")
+    return torch.where(broken.unsqueeze(1), zero, logits)
+
+
+def _describe(params: SamplingParams) -> str:
+    """The parameters that shape a row's logits, for an error message."""
+    return (f"temperature={params.temperature}, top_p={params.top_p}, top_k={params.top_k}, "
+            f"min_p={params.min_p}, repetition_penalty={params.repetition_penalty}, "
+            f"frequency_penalty={params.frequency_penalty}, "
+            f"presence_penalty={params.presence_penalty}")

@@ -29,22 +29,21 @@ def check_stop(
     """Whether the sequence ends with ``token_id``, its ``num_output_tokens``-th output.
 
     Returns (finish_reason, stop_reason) or None to continue:
-    - fewer than ``params.min_tokens`` outputs: never stops;
+    - fewer than ``params.min_tokens`` outputs: only the context limit stops it;
     - an EOS id (unless ``params.ignore_eos``): ("stop", None);
     - one of ``params.stop_token_ids``: ("stop", token_id);
     - ``params.max_tokens`` outputs, or prompt + outputs reaching ``max_model_len``:
-      ("length", None).
+      ("length", None); the context limit holds even before ``min_tokens``.
     The token that stopped the sequence stays in its token ids (vLLM does the same);
     whether its text is shown is the detokenizer's ``skip_special_tokens`` business.
     """
-    if num_output_tokens < params.min_tokens:
-        return None
-    if not params.ignore_eos and token_id in eos_token_ids:
-        return ("stop", None)
-    if token_id in params.stop_token_ids:
-        return ("stop", token_id)
-    if params.max_tokens is not None and num_output_tokens >= params.max_tokens:
-        return ("length", None)
+    if num_output_tokens >= params.min_tokens:
+        if not params.ignore_eos and token_id in eos_token_ids:
+            return ("stop", None)
+        if token_id in params.stop_token_ids:
+            return ("stop", token_id)
+        if params.max_tokens is not None and num_output_tokens >= params.max_tokens:
+            return ("length", None)
     if max_model_len is not None and num_prompt_tokens + num_output_tokens >= max_model_len:
         return ("length", None)
     return None

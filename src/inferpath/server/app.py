@@ -9,7 +9,10 @@ lifespan starts the engine's background loop and shuts it down. Routes:
 - ``GET /health`` (status and the engine's occupancy), ``GET /metrics`` (Prometheus)
 
 With an ``api_key``, the ``/v1`` routes and (de)tokenize need ``Authorization: Bearer
-KEY``; ``/health`` and ``/metrics`` stay open for probes and scrapers.
+KEY`` (compared as bytes, in constant time; a key that is not ASCII works when sent as
+UTF-8). ``/health`` and ``/metrics`` stay open for probes and scrapers, and so do
+``/docs`` and ``/openapi.json``, as in vLLM: they describe the API and hold no data.
+``max_n`` caps ``n`` (choices per request; OpenAI's 128 by default).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from inferpath.server.chat import create_chat_completion, encode_messages
 from inferpath.server.completions import create_completion
-from inferpath.server.engine_client import ServingContext
+from inferpath.server.engine_client import DEFAULT_MAX_N, ServingContext, encode_prompt
 from inferpath.server.errors import APIError, install_error_handlers
 from inferpath.server.metrics import ServerMetrics
 from inferpath.server.protocol import (
@@ -39,7 +42,7 @@ from inferpath.server.protocol import (
 
 
 def build_app(async_engine: Any, api_key: str | None = None,
-              served_model_name: str | None = None) -> FastAPI:
+              served_model_name: str | None = None, max_n: int = DEFAULT_MAX_N) -> FastAPI:
     """An app serving ``async_engine`` (an ``inferpath.engine.AsyncEngine``) as
     ``served_model_name`` (default: the engine's model name)."""
     engine = async_engine.engine
@@ -51,6 +54,7 @@ def build_app(async_engine: Any, api_key: str | None = None,
         max_model_len=engine.max_model_len,
         metrics=metrics,
         api_key=api_key,
+        max_n=max_n,
     )
     created = int(time.time())
 
@@ -61,20 +65,24 @@ def build_app(async_engine: Any, api_key: str | None = None,
             yield
         finally:
             await async_engine.shutdown()
+            context.executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="inferpath", lifespan=lifespan)
     app.state.context = context
     install_error_handlers(app, metrics.record_error)
 
+    expected_key = api_key.encode("utf-8") if api_key is not None else b""
+
     def check_api_key(request: Request) -> None:
         if api_key is None:
             return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
+        # the raw header bytes: Starlette decodes headers as latin-1, which is lossless
+        header = request.headers.get("authorization", "").encode("latin-1")
+        scheme, _, token = header.partition(b" ")
         if not header:
             raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), api_key):
+        if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), expected_key):
             raise APIError(401, "incorrect API key", code="invalid_api_key")
 
     api = APIRouter(dependencies=[Depends(check_api_key)])
@@ -103,7 +111,7 @@ def build_app(async_engine: Any, api_key: str | None = None,
     @api.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         context.check_model(body.model)
-        tokens = _tokenize(context, body)
+        tokens = await _tokenize(context, body)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": context.max_model_len}
 
     @api.post("/detokenize")
@@ -134,7 +142,7 @@ def build_app(async_engine: Any, api_key: str | None = None,
     return app
 
 
-def _tokenize(context: ServingContext, body: TokenizeRequest) -> list[int]:
+async def _tokenize(context: ServingContext, body: TokenizeRequest) -> list[int]:
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "send exactly one of 'prompt' and 'messages'", param="prompt")
     if body.messages is not None:
@@ -142,7 +150,7 @@ def _tokenize(context: ServingContext, body: TokenizeRequest) -> list[int]:
             messages = messages_as_dicts(body.messages)
         except ParamError as exc:
             raise APIError(400, str(exc), param=exc.param) from None
-        return encode_messages(context, messages, body.add_generation_prompt)
+        return await encode_messages(context, messages, body.add_generation_prompt)
     add_bos = None if body.add_special_tokens else False
-    return context.tokenizer.encode(body.prompt, add_bos=add_bos)
+    return await context.run_off_loop(encode_prompt, context, body.prompt, "prompt", add_bos)
 

@@ -14,21 +14,25 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from inferpath.server.engine_client import ServingContext, Submission, submit, usage
+from inferpath.server.engine_client import ServingContext, Submission, check_text, submit, usage
 from inferpath.server.errors import APIError
 from inferpath.server.logprobs import chat_logprobs
 from inferpath.server.protocol import ChatCompletionRequest, ParamError
 from inferpath.server.sse import sse_response
 
 
-def encode_messages(context: ServingContext, messages: list[dict[str, str]],
-                    add_generation_prompt: bool) -> list[int]:
-    """Token ids of the rendered chat; 400 naming ``messages`` if the template refuses."""
+async def encode_messages(context: ServingContext, messages: list[dict[str, str]],
+                          add_generation_prompt: bool) -> list[int]:
+    """Token ids of the rendered chat, rendered and tokenized off the event loop; 400
+    naming ``messages`` if the template refuses or the text is not valid Unicode."""
     if not context.tokenizer.chat_template:
         raise APIError(400, f"model {context.model_name!r} has no chat template; "
                        "use /v1/completions", param="messages")
+    for message in messages:
+        check_text(message["content"], "messages")
     try:
-        return context.tokenizer.encode_chat(messages, add_generation_prompt=add_generation_prompt)
+        return await context.run_off_loop(
+            context.tokenizer.encode_chat, messages, add_generation_prompt=add_generation_prompt)
     except ValueError as exc:
         raise APIError(400, f"chat template failed: {exc}", param="messages") from None
 
@@ -41,8 +45,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
         messages = body.chat_messages()
     except ParamError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
-    prompt_ids = encode_messages(context, messages, body.add_generation_prompt)
-    submission = submit(context, "chatcmpl", [prompt_ids], params, prompt_param="messages")
+    prompt_ids = await encode_messages(context, messages, body.add_generation_prompt)
+    renames = {"max_tokens": "max_completion_tokens"} if body.max_completion_tokens is not None else {}
+    submission = await submit(context, "chatcmpl", [prompt_ids], params, prompt_param="messages",
+                              renames=renames)
     num_top = body.top_logprobs or 0
     if body.stream:
         return sse_response(_stream_chunks(body, context, submission, num_top),

@@ -28,7 +28,7 @@ async def create_completion(body: CompletionRequest, request: Request,
     except ParamError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
     prompts = body.prompts()
-    submission = submit(context, "cmpl", prompts, params, prompt_param="prompt")
+    submission = await submit(context, "cmpl", prompts, params, prompt_param="prompt")
     echoes = [_prompt_text(context, p) if body.echo else "" for p in prompts]
     if body.stream:
         chunks = _stream_chunks(body, context, submission, echoes, params.n)

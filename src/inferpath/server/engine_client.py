@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from fastapi import Request
 
@@ -27,6 +28,10 @@ from inferpath.server.metrics import ServerMetrics
 
 #: How often a non-streaming handler checks whether its client is still connected.
 DISCONNECT_POLL_SECONDS = 0.25
+#: OpenAI's limit on choices per request; ``build_app(max_n=...)`` / ``--max-n`` change it.
+DEFAULT_MAX_N = 128
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -39,6 +44,22 @@ class ServingContext:
     max_model_len: int
     metrics: ServerMetrics
     api_key: str | None = None
+    max_n: int = DEFAULT_MAX_N
+    # CPU work on request input (tokenizing, chat templates) runs here, never on the
+    # event loop: /health and every stream stay responsive during a 1 MB prompt
+    executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
+        max_workers=2, thread_name_prefix="inferpath-input"))
+
+    async def run_off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` in the input thread pool, awaited."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+
+    def check_n(self, n: int) -> None:
+        if n > self.max_n:
+            raise APIError(400, f"n is {n}, but this server allows at most {self.max_n} "
+                           "choices per request (inferpath serve --max-n)", param="n",
+                           code="invalid_value")
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -73,7 +94,8 @@ class Submission:
         """(prompt index, RequestOutput) as the engine produces them, all prompts merged.
 
         Finished outputs are recorded in the metrics. If the consumer stops early or is
-        cancelled, unfinished requests are aborted.
+        cancelled, unfinished requests are aborted. A request that failed alone (its
+        sampling: NaN logits) raises a 400 APIError naming why; the others are aborted.
         """
         queue: asyncio.Queue[tuple[int, Any] | BaseException | None] = asyncio.Queue()
 
@@ -97,6 +119,11 @@ class Submission:
                 if isinstance(item, BaseException):
                     raise item
                 index, output = item
+                if output.error is not None:  # this request alone failed (its sampling)
+                    if output.finished and index not in self.finished:
+                        self.finished.add(index)
+                        self.context.metrics.record_finished(output)
+                    raise APIError(400, output.error, code="sampling_failed")
                 if output.finished and index not in self.finished:
                     self.finished.add(index)
                     self.context.metrics.record_finished(output)
@@ -133,11 +160,35 @@ class Submission:
         return finals
 
 
-def submit(context: ServingContext, prefix: str, prompts: list[str | list[int]],
-           params: SamplingParams, prompt_param: str) -> Submission:
+def check_text(text: str, param: str) -> None:
+    """400 naming ``param`` for text that is not valid Unicode (a lone surrogate such as
+    ``\\ud800``, which JSON can carry but UTF-8 cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise APIError(400, f"{param} holds {text[exc.start]!r} at character {exc.start}, a "
+                       "lone surrogate that is not valid Unicode; send UTF-8 text",
+                       param=param, code="invalid_text") from None
+
+
+def encode_prompt(context: ServingContext, prompt: str, param: str,
+                  add_bos: bool | None = None) -> list[int]:
+    """Token ids of a text prompt (run in the input pool: see ``run_off_loop``)."""
+    check_text(prompt, param)
+    return context.tokenizer.encode(prompt, add_bos=add_bos)
+
+
+async def submit(context: ServingContext, prefix: str, prompts: list[str | list[int]],
+                 params: SamplingParams, prompt_param: str,
+                 renames: dict[str, str] | None = None) -> Submission:
     """Add one engine request per prompt; all or none (earlier ones are aborted if a later
-    one is refused). Engine refusals become 400 (naming ``prompt_param``: too long, token
-    ids out of range) or 429 (queue full); a stopped engine 503."""
+    one is refused). Text prompts are tokenized off the event loop first. Engine
+    refusals become 400 (naming ``prompt_param``: too long, token ids out of range; or
+    the field at fault, as the client spelled it through ``renames``) or 429 (queue
+    full); a stopped engine 503."""
+    context.check_n(params.n)
+    prompts = [await context.run_off_loop(encode_prompt, context, p, prompt_param)
+               if isinstance(p, str) else p for p in prompts]
     base_id = new_request_id(prefix)
     submission = Submission(context, base_id, [], [], params.n)
     for i, prompt in enumerate(prompts):
@@ -149,7 +200,11 @@ def submit(context: ServingContext, prefix: str, prompts: list[str | list[int]],
             raise APIError(429, str(exc), code="queue_full") from None
         except RequestError as exc:
             submission.abort_unfinished()
-            raise APIError(400, str(exc), param=prompt_param, code="invalid_prompt") from None
+            if exc.param is None:
+                raise APIError(400, str(exc), param=prompt_param, code="invalid_prompt") from None
+            param = (renames or {}).get(exc.param, exc.param)
+            raise APIError(400, str(exc).replace(exc.param, param), param=param,
+                           code="invalid_value") from None
         except RuntimeError as exc:  # EngineDeadError: the loop is not running
             submission.abort_unfinished()
             raise APIError(503, f"the engine is not running: {exc}",

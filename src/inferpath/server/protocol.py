@@ -6,6 +6,8 @@ parameter. ``to_sampling_params`` maps a request onto it and translates the para
 name back into the one the client sent (``top_logprobs``, ``max_completion_tokens``).
 
 Unknown fields are ignored, as OpenAI's own clients send fields servers may not know.
+Types are strict (``STRICT``): ``"yes"`` is not a boolean, ``"2"`` or ``2.0`` not an
+integer, ``"0.5"`` not a number (an integer is a number).
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from inferpath.sampling.params import SamplingParams
 
 
+#: Every request model's config: unknown fields ignored, no coercion between types.
+STRICT = ConfigDict(extra="ignore", strict=True)
+
+
 class ParamError(ValueError):
     """A request parameter is out of range; ``param`` is the name the client used."""
 
@@ -26,14 +32,14 @@ class ParamError(ValueError):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     include_usage: bool = False
 
 
 class _SamplingFields(BaseModel):
     """Parameters shared by completions and chat completions."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     model: str | None = None
     temperature: float | None = None
@@ -122,13 +128,13 @@ class CompletionRequest(_SamplingFields):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     type: str
     text: str | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -177,7 +183,7 @@ class ChatCompletionRequest(_SamplingFields):
 class TokenizeRequest(BaseModel):
     """POST /tokenize: a prompt, or chat messages rendered with the chat template."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -186,7 +192,7 @@ class TokenizeRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     model: str | None = None
     tokens: list[int]
 

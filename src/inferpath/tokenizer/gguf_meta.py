@@ -16,6 +16,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from inferpath.errors import ModelFileError
+
 # value type -> (struct format, size) for fixed-size scalars
 _SCALARS = {
     0: ("<B", 1),
@@ -41,7 +43,7 @@ class _Cursor:
 
     def unpack(self, fmt: str, size: int):
         if self.offset + size > len(self.buffer):
-            raise ValueError(
+            raise ModelFileError(
                 f"GGUF file {self.path} is truncated at byte {self.offset} (metadata incomplete)"
             )
         (value,) = struct.unpack_from(fmt, self.buffer, self.offset)
@@ -52,7 +54,7 @@ class _Cursor:
         length = self.unpack("<Q", 8)
         end = self.offset + length
         if end > len(self.buffer):
-            raise ValueError(
+            raise ModelFileError(
                 f"GGUF file {self.path}: a string of {length} bytes runs past the end of the file"
             )
         text = bytes(self.buffer[self.offset : end]).decode("utf-8", errors="replace")
@@ -73,7 +75,7 @@ class _Cursor:
                 fmt, size = _SCALARS[item_type]
                 end = self.offset + size * count
                 if end > len(self.buffer):
-                    raise ValueError(
+                    raise ModelFileError(
                         f"GGUF file {self.path}: an array of {count} values runs past the end"
                     )
                 values = list(
@@ -82,7 +84,7 @@ class _Cursor:
                 self.offset = end
                 return values
             return [self.value(item_type) for _ in range(count)]
-        raise ValueError(
+        raise ModelFileError(
             f"GGUF file {self.path}: unknown value type {value_type} at byte {self.offset}"
         )
 
@@ -92,7 +94,7 @@ def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     with open(path, "rb") as file:
         if file.read(4) != b"GGUF":
-            raise ValueError(
+            raise ModelFileError(
                 f"{path} is not a GGUF file (the first 4 bytes are not b'GGUF')"
             )
         with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
@@ -101,7 +103,7 @@ def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
                 cursor.offset = 4
                 version = cursor.unpack("<I", 4)
                 if version not in (2, 3):
-                    raise ValueError(
+                    raise ModelFileError(
                         f"GGUF file {path} has version {version}; supported: 2, 3"
                     )
                 cursor.unpack("<Q", 8)  # tensor count

@@ -16,6 +16,7 @@ import base64
 import binascii
 from pathlib import Path
 
+from inferpath.errors import ModelFileError
 from inferpath.tokenizer.bpe import BytePairEncoder, bytes_to_piece
 from inferpath.tokenizer.gguf_meta import read_gguf_metadata
 from inferpath.tokenizer.pretokenize import LLAMA3_PATTERN, PreTokenizer, patterns_for
@@ -89,7 +90,7 @@ def end_of_turn_ids(
 
 def _require(metadata: dict, key: str, path: Path):
     if key not in metadata:
-        raise ValueError(
+        raise ModelFileError(
             f"GGUF file {path} has no {key!r}; a byte-level BPE tokenizer needs it"
         )
     return metadata[key]
@@ -97,11 +98,14 @@ def _require(metadata: dict, key: str, path: Path):
 
 def load_gguf(path: str | Path) -> Tokenizer:
     """A Tokenizer from GGUF metadata (``tokenizer.ggml.model`` must be ``gpt2``)."""
+    from inferpath.weights.gguf_check import check_gguf  # counts against the file size first
+
     path = Path(path)
+    check_gguf(path)
     metadata = read_gguf_metadata(path)
     model = _require(metadata, "tokenizer.ggml.model", path)
     if model != "gpt2":
-        raise ValueError(
+        raise ModelFileError(
             f"GGUF file {path}: tokenizer.ggml.model is {model!r}; supported: 'gpt2' (byte-level BPE). "
             "SentencePiece ('llama') and WordPiece ('bert') vocabularies are not"
         )
@@ -109,7 +113,7 @@ def load_gguf(path: str | Path) -> Tokenizer:
     merges = _require(metadata, "tokenizer.ggml.merges", path)
     token_types = metadata.get("tokenizer.ggml.token_type") or [1] * len(pieces)
     if len(token_types) != len(pieces):
-        raise ValueError(
+        raise ModelFileError(
             f"GGUF file {path}: tokenizer.ggml.token_type has {len(token_types)} entries, "
             f"tokenizer.ggml.tokens has {len(pieces)}"
         )
@@ -117,7 +121,7 @@ def load_gguf(path: str | Path) -> Tokenizer:
     try:
         patterns = patterns_for(pre)
     except ValueError as exc:
-        raise ValueError(f"GGUF file {path}: tokenizer.ggml.pre: {exc}") from None
+        raise ModelFileError(f"GGUF file {path}: tokenizer.ggml.pre: {exc}") from None
     added = [
         AddedToken(piece, i, special=(kind == _GGUF_CONTROL))
         for i, (piece, kind) in enumerate(zip(pieces, token_types))
@@ -132,7 +136,7 @@ def load_gguf(path: str | Path) -> Tokenizer:
     for rank, merge in enumerate(merges):
         left, sep, right = merge.partition(" ")
         if not sep:
-            raise ValueError(
+            raise ModelFileError(
                 f"GGUF file {path}: tokenizer.ggml.merges[{rank}] = {merge!r} is not 'left right'"
             )
         merge_ranks.setdefault((left, right), rank)
@@ -145,7 +149,7 @@ def load_gguf(path: str | Path) -> Tokenizer:
     ]
     for token_id in [metadata.get("tokenizer.ggml.bos_token_id"), eos_id, *extra_eos]:
         if token_id is not None and not 0 <= token_id < len(pieces):
-            raise ValueError(
+            raise ModelFileError(
                 f"GGUF file {path}: special token id {token_id} is outside the {len(pieces)} tokens"
             )
     return Tokenizer(
@@ -178,12 +182,12 @@ def load_tiktoken(path: str | Path) -> Tokenizer:
                     rank
                 )
             except (ValueError, binascii.Error):
-                raise ValueError(
+                raise ModelFileError(
                     f"{path}: line {line_number} is not '<base64 token> <rank>' ({line[:60]!r}); "
                     "supported tokenizer files: .gguf, tokenizer.json, tiktoken rank files"
                 ) from None
     if sorted(vocab.values()) != list(range(len(vocab))):
-        raise ValueError(
+        raise ModelFileError(
             f"{path}: tiktoken ranks must be 0..{len(vocab) - 1} without gaps or repeats"
         )
     pieces = [""] * len(vocab)

@@ -4,7 +4,7 @@ Supported: a ``BPE`` model (``ignore_merges`` honoured) made byte-level by a ``B
 pre-tokenizer or decoder; pre-tokenizers ``ByteLevel``, ``Split`` (regex or string,
 ``Isolated``), ``Digits`` and ``Sequence`` of them; normalizers ``NFC``/``NFKC``/``NFD``/
 ``NFKD``; added tokens with their ``special`` flag; a ``TemplateProcessing`` post-processor
-that prepends BOS. Anything else raises ValueError naming the field.
+that prepends BOS. Anything else raises ModelFileError (a ValueError) naming the field.
 """
 
 from __future__ import annotations
@@ -14,18 +14,22 @@ from pathlib import Path
 
 import regex
 
+from inferpath.errors import ModelFileError
 from inferpath.tokenizer.bpe import BytePairEncoder
 from inferpath.tokenizer.load import end_of_turn_ids
 from inferpath.tokenizer.pretokenize import DIGITS_PATTERN, GPT2_PATTERN, PreTokenizer
 from inferpath.tokenizer.tokenizer import AddedToken, Tokenizer
 
 _NORMALIZERS = ("NFC", "NFKC", "NFD", "NFKD")
+#: Token ids must be below this (the largest real vocabularies hold ~256k tokens): the
+#: token table is a list indexed by id, so an id of 10^9 must not size it.
+MAX_TOKEN_ID = 2**21
 _BOS_GUESSES = ("<|begin_of_text|>", "<s>", "<|im_start|>")
 _EOS_GUESSES = ("<|end_of_text|>", "<|endoftext|>", "<|im_end|>", "</s>")
 
 
-def _fail(path: Path, field: str, value, supported: str) -> ValueError:
-    return ValueError(f"{path}: {field} is {value!r}; supported: {supported}")
+def _fail(path: Path, field: str, value, supported: str) -> ModelFileError:
+    return ModelFileError(f"{path}: {field} is {value!r}; supported: {supported}")
 
 
 def _pre_tokenizer(spec: dict | None, path: Path) -> tuple[list[str], bool, bool]:
@@ -137,19 +141,72 @@ def _token_text(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
+def _check_id(path: Path, field: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_TOKEN_ID:
+        raise _fail(path, field, value, f"an integer id in [0, {MAX_TOKEN_ID})")
+    return value
+
+
+def _check_types(spec, path: Path) -> None:
+    """The fields read below have the JSON types they must have (ids in range)."""
+    if not isinstance(spec, dict):
+        raise _fail(path, "the top level", type(spec).__name__, "a JSON object")
+    for name in ("model", "pre_tokenizer", "normalizer", "decoder", "post_processor"):
+        if spec.get(name) is not None and not isinstance(spec[name], dict):
+            raise _fail(path, name, type(spec[name]).__name__, "a JSON object or null")
+    model = spec.get("model") or {}
+    if model.get("type", "BPE") != "BPE":
+        raise _fail(path, "model.type", model.get("type"), "BPE (byte-level)")
+    vocab = model.get("vocab")
+    if vocab is not None and not isinstance(vocab, dict):
+        raise _fail(path, "model.vocab", type(vocab).__name__, "a token -> id object")
+    for piece, token_id in (vocab or {}).items():
+        _check_id(path, f"model.vocab[{piece!r}]", token_id)
+    merges = model.get("merges")
+    if merges is not None and not isinstance(merges, list):
+        raise _fail(path, "model.merges", type(merges).__name__, "a list")
+    for rank, merge in enumerate(merges or []):
+        if not (isinstance(merge, str) or (isinstance(merge, list)
+                                           and all(isinstance(m, str) for m in merge))):
+            raise _fail(path, f"model.merges[{rank}]", merge,
+                        "'left right' strings or [left, right] pairs")
+    added = spec.get("added_tokens")
+    if added is not None and not isinstance(added, list):
+        raise _fail(path, "added_tokens", type(added).__name__, "a list")
+    for i, token in enumerate(added or []):
+        if not isinstance(token, dict) or not isinstance(token.get("content"), str):
+            raise _fail(path, f"added_tokens[{i}]", token, 'an object with a string "content"')
+        _check_id(path, f"added_tokens[{i}].id", token.get("id"))
+
+
 def load_tokenizer_json(
     path: str | Path,
     config: dict | None = None,
     chat_template: str | None = None,
     extra_eos_ids: list[int] = (),
 ) -> Tokenizer:
-    """A Tokenizer from tokenizer.json; ``config`` is tokenizer_config.json's content if any."""
+    """A Tokenizer from tokenizer.json; ``config`` is tokenizer_config.json's content if any.
+
+    Every malformed file raises ModelFileError naming it: fields of the wrong JSON type,
+    ids outside [0, MAX_TOKEN_ID), text that is not UTF-8, JSON nested too deep.
+    """
     path = Path(path)
-    config = config or {}
     try:
-        spec = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+        return _load_tokenizer_json(path, config or {}, chat_template, extra_eos_ids)
+    except ModelFileError:
+        raise
+    except (TypeError, KeyError, AttributeError, IndexError, ValueError, RecursionError) as exc:
+        # NOTE: a guard behind the checks above, for shapes deeper than they look
+        raise ModelFileError(f"{path}: malformed tokenizer file ({type(exc).__name__}: "
+                             f"{str(exc)[:200]})") from None
+
+
+def _load_tokenizer_json(path: Path, config: dict, chat_template: str | None,
+                         extra_eos_ids) -> Tokenizer:
+    if not isinstance(config, dict):
+        raise _fail(path, "tokenizer_config.json", type(config).__name__, "a JSON object")
+    spec = _read_json(path, required=True)
+    _check_types(spec, path)
     model = spec.get("model") or {}
     if model.get("type", "BPE") != "BPE":
         raise _fail(path, "model.type", model.get("type"), "BPE (byte-level)")
@@ -224,23 +281,50 @@ def load_hf_directory(directory: str | Path) -> Tokenizer:
         raise FileNotFoundError(
             f"{directory} has no tokenizer.json (only byte-level BPE tokenizer.json is supported)"
         )
+    try:
+        return _load_hf_directory(directory, tokenizer_json)
+    except ModelFileError:
+        raise
+    except (TypeError, KeyError, AttributeError, IndexError, ValueError, RecursionError) as exc:
+        raise ModelFileError(f"{directory}: malformed tokenizer files ({type(exc).__name__}: "
+                             f"{str(exc)[:200]})") from None
+
+
+def _load_hf_directory(directory: Path, tokenizer_json: Path) -> Tokenizer:
     config = _read_json(directory / "tokenizer_config.json")
+    if not isinstance(config, dict):
+        raise _fail(directory / "tokenizer_config.json", "the top level", type(config).__name__,
+                    "a JSON object")
     template = config.get("chat_template")
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
         template = next(
             (t["template"] for t in template if t.get("name") == "default"), None
         )
     if (directory / "chat_template.jinja").is_file():
-        template = (directory / "chat_template.jinja").read_text(encoding="utf-8")
-    eos = _read_json(directory / "generation_config.json").get("eos_token_id")
+        try:
+            template = (directory / "chat_template.jinja").read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ModelFileError(f"{directory / 'chat_template.jinja'} is not UTF-8 text "
+                                 f"({exc.reason} at byte {exc.start})") from None
+    if template is not None and not isinstance(template, str):
+        raise _fail(directory / "tokenizer_config.json", "chat_template", type(template).__name__,
+                    "a string, or a list of {name, template} objects")
+    generation = _read_json(directory / "generation_config.json")
+    eos = generation.get("eos_token_id") if isinstance(generation, dict) else None
     extra_eos = [eos] if isinstance(eos, int) else list(eos or [])
+    for i, token_id in enumerate(extra_eos):
+        _check_id(directory / "generation_config.json", f"eos_token_id[{i}]", token_id)
     return load_tokenizer_json(tokenizer_json, config, template, extra_eos)
 
 
-def _read_json(path: Path) -> dict:
-    if not path.is_file():
+def _read_json(path: Path, required: bool = False):
+    if not required and not path.is_file():
         return {}
     try:
         return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ModelFileError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+        raise ModelFileError(f"{path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ModelFileError(f"{path}: JSON nested too deep to be a tokenizer file") from None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from inferpath.errors import ModelFileError
 
-class WeightsError(ValueError):
+
+class WeightsError(ModelFileError):
     """A checkpoint file is unreadable, truncated, or lacks a tensor of the right shape.
 
     The message always names the file, and where one is to blame, the tensor and the

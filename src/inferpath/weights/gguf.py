@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from inferpath.config import ConfigError, ModelConfig
 from inferpath.weights.errors import WeightsError
+from inferpath.weights.gguf_check import check_gguf
 from inferpath.weights.names import IGNORED_GGUF_TENSORS, hf_name, stacked_expert_names
 from inferpath.weights.quantized import QUANTIZED_TYPES, QuantizedTensor
 from inferpath.weights.rope_freqs import rope_scaling_from_freqs
@@ -75,6 +76,7 @@ class _CheckedGGUFReader(GGUFReader):
 
 def open_gguf(path: Path) -> GGUFReader:
     """Memory-map a GGUF file, turning any parse failure into a WeightsError naming it."""
+    check_gguf(path)  # counts against the file size, before GGUFReader trusts them
     try:
         return _CheckedGGUFReader(path)
     except WeightsError as exc:

@@ -1,0 +1,64 @@
+"""Engine builder: everything decided once before the loop runs.
+
+Loading the checkpoint and tokenizer, building the model, applying the CPU kernels or
+tensor parallelism, sizing the KV cache and choosing the sampler's argmax live here, so
+that the loop (engine/llm_engine.py) imports neither ``kernels/`` nor ``parallel/`` and
+reads as schedule -> execute -> update.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inferpath.cache.kv import KVCache
+from inferpath.config import EngineConfig, ModelConfig
+from inferpath.sampling.sampler import Sampler
+
+
+def build_kv_cache(model_config: ModelConfig, engine_config: EngineConfig,
+                   dtype: torch.dtype | None = None) -> KVCache:
+    """The KV cache: ``num_kv_blocks`` blocks, or as many as ``kv_cache_memory_bytes`` holds,
+    in ``dtype`` (the model's compute dtype; by default ``engine_config.dtype``, float32
+    for "auto").
+
+    With tensor parallelism each rank caches num_kv_heads / N heads of every token.
+    """
+    from inferpath.parallel.tp import shard_config
+
+    if dtype is None:
+        dtype = torch.float32 if engine_config.dtype == "auto" else getattr(torch, engine_config.dtype)
+    bs = engine_config.block_size
+    cache_config = shard_config(model_config, engine_config.tensor_parallel_size)
+    num_blocks = engine_config.num_kv_blocks or KVCache.num_blocks_for_budget(
+        cache_config, bs, dtype, engine_config.kv_cache_memory_bytes)
+    return KVCache(cache_config, num_blocks, bs, dtype)
+
+
+def build_sampler(engine_config: EngineConfig) -> Sampler:
+    """The sampler; greedy rows use the native argmax when the CPU kernels are on."""
+    argmax = None
+    if engine_config.cpu_kernels:
+        from inferpath.kernels import argmax_rows as argmax
+    return Sampler(engine_config.seed, argmax=argmax)
+
+
+def build_engine(model: str, engine_config: EngineConfig | None = None, progress: bool = False):
+    """Load an alias (pulled on first use), a .gguf file or a Hugging Face directory and
+    return an LLMEngine over it."""
+    from inferpath.engine.llm_engine import LLMEngine
+    from inferpath.engine.load import build_for_engine, load_weights
+    from inferpath.models import resolve_model
+    from inferpath.threads import configure_threads
+    from inferpath.tokenizer import load_tokenizer
+
+    engine_config = engine_config or EngineConfig()
+    configure_threads(engine_config.threads)
+    # dtype "auto": quantized GGUF weights stay quantized, floats bf16 or fp32 (engine/load.py)
+    checkpoint, dtype = load_weights(resolve_model(model), engine_config, progress)
+    tokenizer = load_tokenizer(checkpoint.tokenizer_path)
+    transformer = build_for_engine(checkpoint, dtype, engine_config)
+    return LLMEngine(transformer, tokenizer, checkpoint.config, engine_config,
+                     eos_token_ids=checkpoint.eos_token_ids,
+                     model_name=checkpoint.config.name or str(model),
+                     kv_cache=build_kv_cache(checkpoint.config, engine_config, dtype),
+                     sampler=build_sampler(engine_config))

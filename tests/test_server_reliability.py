@@ -1,0 +1,224 @@
+"""One bad request never hurts another, and no input gets a 5xx (issue 13).
+
+A real SmolLM2 server on 127.0.0.1: lone surrogates and non-ASCII API keys are 4xx,
+strict types, limits on max_tokens and n name both numbers, requests with every sampling
+parameter at its extremes complete or fail alone beside streams that keep their text,
+/health answers while a huge prompt is tokenized, and a fuzz of request bodies never
+gets a 5xx.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import string
+import threading
+import time
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from server_harness import read_metrics, start_server
+
+API_KEY = "clé-secrète"  # not ASCII: compared as UTF-8 bytes
+AUTH = {"Authorization": b"Bearer " + API_KEY.encode("utf-8")}
+MAX_MODEL_LEN = 128
+MAX_N = 4
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = start_server(api_key=API_KEY, max_model_len=MAX_MODEL_LEN, max_n=MAX_N,
+                       num_kv_blocks=64, max_num_seqs=32)
+    yield srv
+    srv.stop()
+
+
+def post(server, path, body, headers=AUTH, timeout=120):
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(server.url + path, content=content, timeout=timeout,
+                      headers={**headers, "Content-Type": "application/json"})
+
+
+def stream_texts(server, body):
+    """The text deltas of a streamed completion (raw SSE: the key is not ASCII, which
+    the openai client cannot send)."""
+    texts = []
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True},
+                      headers=AUTH, timeout=120) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                event = json.loads(line[6:])
+                assert "error" not in event, event
+                texts += [c["text"] for c in event["choices"]]
+    return texts
+
+
+def error_of(response):
+    return response.json()["error"]
+
+
+def test_lone_surrogates_are_400_naming_the_field(server):
+    surrogate = '"abc \\ud800 def"'  # valid JSON, not valid Unicode
+    for path, body in [
+        ("/v1/completions", f'{{"prompt": {surrogate}, "max_tokens": 1}}'),
+        ("/v1/completions", f'{{"prompt": ["ok", {surrogate}], "max_tokens": 1}}'),
+        ("/tokenize", f'{{"prompt": {surrogate}}}'),
+        ("/v1/chat/completions", f'{{"messages": [{{"role": "user", "content": {surrogate}}}]}}'),
+    ]:
+        response = post(server, path, body)
+        assert response.status_code == 400, (path, response.text)
+        assert "surrogate" in error_of(response)["message"]
+
+
+def test_api_keys_compare_as_bytes(server):
+    for header in (b"Bearer \xc3\xa9t\xc3\xa9", "Bearer clé-secrète".encode("latin-1"),
+                   b"Bearer \xff\xfe", b"\xc3\xa9 x", b"Bearer"):
+        response = httpx.get(server.url + "/v1/models", headers={"Authorization": header})
+        assert response.status_code == 401, (header, response.text)
+    assert httpx.get(server.url + "/v1/models", headers=AUTH).status_code == 200
+
+
+def test_docs_health_and_metrics_stay_open_under_an_api_key(server):
+    """Decided as vLLM does: probes, scrapers and the API's own description are open."""
+    for path in ("/health", "/metrics", "/openapi.json", "/docs"):
+        assert httpx.get(server.url + path).status_code == 200, path
+    assert httpx.get(server.url + "/v1/models").status_code == 401
+
+
+def test_max_tokens_beyond_the_context_left_is_400_naming_both_numbers(server):
+    num_prompt = len(httpx.post(server.url + "/tokenize", json={"prompt": "Hello there"},
+                                headers=AUTH).json()["tokens"])
+    left = MAX_MODEL_LEN - num_prompt
+    response = post(server, "/v1/completions", {"prompt": "Hello there", "max_tokens": left + 1})
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["param"] == "max_tokens"
+    assert f"max_tokens is {left + 1}" in error["message"] and f"max_model_len is {MAX_MODEL_LEN}" in error["message"]
+    assert f"{num_prompt} tokens" in error["message"]
+    chat = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                 "max_completion_tokens": 10**6})
+    assert chat.status_code == 400 and error_of(chat)["param"] == "max_completion_tokens"
+    assert "max_completion_tokens is 1000000" in error_of(chat)["message"]
+
+
+def test_n_above_the_cap_is_400(server):
+    response = post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 1, "n": MAX_N + 1})
+    assert response.status_code == 400 and error_of(response)["param"] == "n"
+    assert f"at most {MAX_N}" in error_of(response)["message"]
+    ok = post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 1, "n": MAX_N})
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == MAX_N
+
+
+@pytest.mark.parametrize("field,value", [("stream", "yes"), ("echo", "true"), ("n", "2"),
+                                         ("max_tokens", 2.0), ("temperature", "0.5"),
+                                         ("ignore_eos", 1), ("seed", True)])
+def test_types_are_strict(server, field, value):
+    response = post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 1, field: value})
+    assert response.status_code == 400 and error_of(response)["param"] == field, response.text
+
+
+EXTREMES = [
+    {"repetition_penalty": 1e-300}, {"repetition_penalty": 1e300}, {"temperature": 1e-5},
+    {"temperature": 1e300}, {"top_p": 1e-300}, {"min_p": 1.0}, {"top_k": 1},
+    {"top_k": 10**9}, {"frequency_penalty": 2, "presence_penalty": -2},
+    {"logprobs": 20, "temperature": 1e300, "repetition_penalty": 1e-300},
+    {"min_tokens": 4, "repetition_penalty": 1e-300}, {"seed": -(2**63)}, {"seed": 2**63 - 1},
+]
+
+
+def test_extreme_sampling_values_never_disturb_other_streams(server):
+    """While two greedy streams decode, requests with every sampling parameter at its
+    extreme accepted values complete (200) or fail alone (400); the streams' text is
+    what it is alone, and no KV block is left behind."""
+    prompts = ["The capital of France is", "1, 2, 3, 4,"]
+
+    def greedy(prompt):
+        return "".join(stream_texts(server, {"prompt": prompt, "max_tokens": 24, "temperature": 0,
+                                             "ignore_eos": True}))
+
+    alone = [greedy(p) for p in prompts]
+    together: dict[int, str] = {}
+    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, greedy(prompts[i])))
+               for i in range(2)]
+    for t in threads:
+        t.start()
+    statuses = [post(server, "/v1/completions", {"prompt": "Tell me a story", "max_tokens": 6,
+                                                 **extreme}).status_code for extreme in EXTREMES]
+    for t in threads:
+        t.join()
+    assert [together[0], together[1]] == alone
+    assert set(statuses) <= {200, 400}, list(zip(EXTREMES, statuses))
+    assert read_metrics(server)["inferpath_kv_blocks_used"] == 0
+
+
+def test_health_answers_while_a_huge_prompt_is_tokenized(server):
+    """A ~1 MB prompt of 150k distinct words (no BPE cache hits: ~1.5 s of tokenizing on
+    a quiet machine) is tokenized off the event loop: /health keeps answering meanwhile
+    (on the loop, it waited for the whole tokenization)."""
+    rng = random.Random(0)
+    prompt = " ".join("".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 9)))
+                      for _ in range(150_000))
+    done = threading.Event()
+    result = {}
+
+    def big():
+        result["response"] = post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 1},
+                                  timeout=600)
+        done.set()
+
+    thread = threading.Thread(target=big)
+    thread.start()
+    latencies = []
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        while not done.is_set():
+            start = time.perf_counter()
+            assert http.get("/health").status_code == 200
+            latencies.append(time.perf_counter() - start)
+            time.sleep(0.05)
+    thread.join()
+    assert result["response"].status_code == 400  # far beyond max_model_len, after tokenizing
+    assert "max_model_len" in error_of(result["response"])["message"]
+    assert len(latencies) >= 5, latencies  # answered many times during the tokenization
+    assert statistics.median(latencies) < 0.1, latencies
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70)
+    | st.sampled_from([0.0, -0.0, 1e-300, 1e300, 0.5, -1.5, 1e-5, 2.0])
+    | st.sampled_from(["NaN", "Infinity", "-Infinity"]).map(lambda s: _RawNumber(s))
+    | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3),
+    max_leaves=6)
+_FIELDS = ["prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
+           "stop_token_ids", "logprobs", "seed", "repetition_penalty", "frequency_penalty",
+           "presence_penalty", "min_tokens", "echo", "ignore_eos", "stream", "messages",
+           "max_completion_tokens", "top_logprobs", "skip_special_tokens"]
+
+
+class _RawNumber(str):
+    """A JSON number token Python's json writes bare (NaN, Infinity)."""
+
+
+def _dump(value) -> str:
+    if isinstance(value, _RawNumber):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ",".join(_dump(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(json.dumps(k) + ":" + _dump(v) for k, v in value.items()) + "}"
+    return json.dumps(value)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(st.sampled_from(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]),
+       st.dictionaries(st.sampled_from(_FIELDS), _JSON_VALUES, max_size=5))
+def test_no_request_body_gets_a_5xx(server, path, fields):
+    body = {"prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+            "tokens": [1, 2], **fields}
+    response = post(server, path, _dump(body), timeout=120)
+    assert response.status_code < 500, (path, _dump(body), response.text)
