@@ -7,7 +7,8 @@ shares the embedding's blocks); the model file knows nothing of them. The weight
 in the memory-mapped file's block layout: nothing is dequantized at load, and a decode
 step reads the file's bytes (Q4_1 SmolLM2: ~97 MB instead of 538 MB of float32).
 
-- ``QuantLinear``: float32 activations, quantized per 32 values to int8 inside the
+- ``QuantLinear``: float32 activations, quantized per 32 values to int8 (plus an int8
+  residual) inside the
   kernel, integer dot products against the weight blocks (csrc/quant/matmul.c) for up to
   ``ops.QUANT_MATMUL_MAX_ROWS`` rows; more rows (prefill, large batches) dequantize a
   weight tile at a time and reuse it for every row through PyTorch's GEMM.
