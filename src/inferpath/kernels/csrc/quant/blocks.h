@@ -42,9 +42,16 @@ typedef struct {
     float min;
 } block_params;
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 static inline float half_to_float(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);  /* one instruction (avx2 and avx512 levels) */
+#endif
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, bits;
     if (exp == 0x1f) bits = sign | 0x7f800000u | (mant << 13);
     else if (exp != 0) bits = sign | ((exp + 112) << 23) | (mant << 13);
