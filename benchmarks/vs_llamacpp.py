@@ -86,10 +86,12 @@ def worker_inferpath(path: str, task: str, threads: int) -> dict:
     from inferpath.engine.llm_engine import LLMEngine
     from inferpath.sampling.params import SamplingParams
 
+    # KV cache sized like llama.cpp's n_ctx=1024 context (its resident memory includes it too)
+    kv_bytes = (96 if task.startswith("batch") else 32) * 2**20
     start = time.perf_counter()
-    engine = LLMEngine.from_model(path, EngineConfig(threads=threads, max_num_seqs=64))
+    engine = LLMEngine.from_model(path, EngineConfig(threads=threads, max_num_seqs=64, kv_cache_memory_bytes=kv_bytes))
     result = {"load_s": time.perf_counter() - start, "format": engine.weight_format.describe(),
-              "decode_bytes": engine.weight_format.decode_bytes}
+              "decode_bytes": engine.weight_format.decode_bytes, "kv_mb": kv_bytes / 2**20}
 
     def run(prompts, max_tokens):
         params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
