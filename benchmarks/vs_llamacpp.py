@@ -80,7 +80,7 @@ def worker_llamacpp(path: str, task: str, threads: int) -> dict:
     return result
 
 
-def worker_inferpath(path: str, task: str, threads: int) -> dict:
+def worker_inferpath(path: str, task: str, threads: int, dtype: str = "auto") -> dict:
     import inferpath  # noqa: F401  (before torch: the thread wait policy, threads.py)
     from inferpath.config import EngineConfig
     from inferpath.engine.llm_engine import LLMEngine
@@ -89,7 +89,8 @@ def worker_inferpath(path: str, task: str, threads: int) -> dict:
     # KV cache sized like llama.cpp's n_ctx=1024 context (its resident memory includes it too)
     kv_bytes = (96 if task.startswith("batch") else 32) * 2**20
     start = time.perf_counter()
-    engine = LLMEngine.from_model(path, EngineConfig(threads=threads, max_num_seqs=64, kv_cache_memory_bytes=kv_bytes))
+    engine = LLMEngine.from_model(path, EngineConfig(threads=threads, max_num_seqs=64, kv_cache_memory_bytes=kv_bytes,
+                                                     dtype=dtype))
     result = {"load_s": time.perf_counter() - start, "format": engine.weight_format.describe(),
               "decode_bytes": engine.weight_format.decode_bytes, "kv_mb": kv_bytes / 2**20}
 
@@ -122,13 +123,23 @@ def worker_inferpath(path: str, task: str, threads: int) -> dict:
 
 
 # ---------------------------------------------------------------- driver
-def measure(engine: str, path: str, task: str, threads: int, isa: str | None, busy: bool) -> dict:
+# engine key -> (worker, INFERPATH_ISA, dtype)
+ENGINES = {
+    "llamacpp": ("llamacpp", None, None),
+    "inferpath": ("inferpath", None, "auto"),
+    "inferpath-avx2": ("inferpath", "avx2", "auto"),
+    "inferpath-fp32": ("inferpath", None, "float32"),  # the file dequantized: inferpath before this work
+}
+
+
+def measure(key: str, path: str, task: str, threads: int, busy: bool) -> dict:
+    worker, isa, dtype = ENGINES[key]
     env = dict(os.environ)
     env.pop("INFERPATH_ISA", None)
     if isa:
         env["INFERPATH_ISA"] = isa
-    command = [sys.executable, __file__, "--worker", engine, "--model", path, "--task", task,
-               "--threads", str(threads)]
+    command = [sys.executable, __file__, "--worker", worker, "--model", path, "--task", task,
+               "--threads", str(threads)] + (["--dtype", dtype] if dtype else [])
     hog = subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"]) if busy else None
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
@@ -137,7 +148,7 @@ def measure(engine: str, path: str, task: str, threads: int, isa: str | None, bu
             hog.kill()
             hog.wait()
     if done.returncode != 0:
-        raise RuntimeError(f"{engine} {task} on {path} failed:\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"{key} {task} on {path} failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -177,11 +188,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--busy", action="store_true", help="a niced busy loop beside every run")
     parser.add_argument("--formats", default="Q4_1,Q8_0,BF16")
+    parser.add_argument("--engines", default="llamacpp,inferpath,inferpath-avx2",
+                        help=f"comma-separated, of {', '.join(ENGINES)}")
+    parser.add_argument("--dtype", default="auto", help="(worker) inferpath's dtype")
     parser.add_argument("--out", default=str(RESULTS / "vs_llamacpp.json"))
     args = parser.parse_args()
     if args.worker:
-        fn = worker_llamacpp if args.worker == "llamacpp" else worker_inferpath
-        print(json.dumps(fn(args.model, args.task, args.threads)))
+        if args.worker == "llamacpp":
+            print(json.dumps(worker_llamacpp(args.model, args.task, args.threads)))
+        else:
+            print(json.dumps(worker_inferpath(args.model, args.task, args.threads, args.dtype)))
         return
 
     from inferpath.models import resolve_model
@@ -189,8 +205,9 @@ def main() -> None:
     info = machine()
     workdir = Path(os.environ.get("INFERPATH_CACHE", "~/.cache/inferpath")).expanduser() / "bench"
     workdir.mkdir(parents=True, exist_ok=True)
-    files = make_files(Path(resolve_model("smollm2-135m-instruct")), workdir)
-    runs = [("llamacpp", None), ("inferpath", None), ("inferpath", "avx2")]
+    keys = args.engines.split(",")
+    source = Path(resolve_model("smollm2-135m-instruct"))
+    files = make_files(source, workdir) if "llamacpp" in keys else {"Q4_1": str(source)}
     results: dict = {"machine": info, "threads": args.threads, "busy": args.busy, "repeats": args.repeats,
                      "files": {}}
     for fmt in args.formats.split(","):
@@ -198,11 +215,10 @@ def main() -> None:
         samples: dict = {}
         tasks = {"decode", "prefill"}
         for repeat in range(args.repeats):
-            for engine, isa in runs:
-                key = engine + (f"-{isa}" if isa else "")
-                for task in sorted(tasks) + (["batch8", "batch32"] if engine == "inferpath" and isa is None
+            for key in keys:
+                for task in sorted(tasks) + (["batch8", "batch32"] if key == "inferpath"
                                              and fmt == "Q4_1" and not args.busy else []):
-                    got = measure(engine, path, task, args.threads, isa, args.busy)
+                    got = measure(key, path, task, args.threads, args.busy)
                     for name, value in got.items():
                         samples.setdefault(key, {}).setdefault(name, []).append(value)
                     print(f"{fmt} {key} {task} #{repeat}: {got}", file=sys.stderr, flush=True)
@@ -224,11 +240,12 @@ def print_table(results: dict) -> None:
     print(f"{info['cpu']} ({', '.join(info['flags'])}), {results['threads']} threads"
           f"{', one busy process beside' if results['busy'] else ''}; read bandwidth "
           f"{info['read_bandwidth'] / 1e9:.1f} GB/s; medians of {results['repeats']}")
+    print("ratios: against llama.cpp (or, without it, inferpath-fp32: the file dequantized)")
     header = f"{'file':6} {'engine':16} {'decode tok/s':>12} {'ratio':>6} {'prefill tok/s':>13} {'ratio':>6} " \
              f"{'load s':>7} {'RSS MB':>7} {'floor':>6}"
     print(header)
     for fmt, entry in results["files"].items():
-        base = entry["engines"].get("llamacpp", {})
+        base = entry["engines"].get("llamacpp") or entry["engines"].get("inferpath-fp32", {})
         for key, m in entry["engines"].items():
             dr = m.get("decode_tok_s", 0) / base["decode_tok_s"] if base.get("decode_tok_s") else float("nan")
             pr = m.get("prefill_tok_s", 0) / base["prefill_tok_s"] if base.get("prefill_tok_s") else float("nan")
