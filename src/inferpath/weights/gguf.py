@@ -214,6 +214,9 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
             )
         shape = tuple(reversed([int(d) for d in t.shape]))  # numpy order: (rows, cols)
         kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
+        if arch in _PERMUTED_ARCHITECTURES and kind in heads_of and shape[0] % (2 * heads_of[kind]):
+            raise WeightsError(f"{path}: tensor {t.name!r} has {shape[0]} rows, not a whole number of "
+                               f"row pairs for its {heads_of[kind]} heads; the file is inconsistent")
         if keep_quantized and t.tensor_type in QUANTIZED_TYPES and len(shape) == 2:
             quantized = QuantizedTensor.from_gguf(t.data, t.tensor_type, shape)
             if arch in _PERMUTED_ARCHITECTURES and kind in heads_of:
