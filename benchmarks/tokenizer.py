@@ -1,10 +1,13 @@
-"""Encode throughput of our pure-Python BPE against Hugging Face ``tokenizers`` (one thread).
+"""Encode throughput of our BPE against Hugging Face ``tokenizers`` (one thread).
 
-Text: 1 MB of English (the Python documentation's topic help, then standard-library
-docstrings), tokenized with SmolLM2's tokenizer: ours from its GGUF, the reference built
-from the same vocabulary and merges with the same pre-tokenizers. Both run in this process,
-one after the other, best of ``--repeats``; the ratio is what to read (the machine is
-shared). "cold" clears our per-pre-token cache first; "warm" encodes the text a second time.
+Two workloads, with SmolLM2's and Qwen2.5's tokenizers (ours from the GGUF, the reference
+built from the same vocabulary and merges with the same pre-tokenizers): 1 MB of English
+as one string (the Python documentation's topic help, then standard-library docstrings),
+and the tests' mixed-language corpus (English, code, many scripts, emoji, digit runs) one
+document per paragraph, through ``encode`` per document and ``encode_batch`` (ours against
+tokenizers' ``encode`` and ``encode_batch`` on one thread). Both run in this process, best
+of ``--repeats``; the ratio is what to read (the machine is shared). "cold" clears our
+per-pre-token cache first; "warm" encodes the text a second time. Ids must be equal.
 
     python benchmarks/tokenizer.py [--repeats 3] [--out benchmarks/results/tokenizer.json]
 """
@@ -27,7 +30,7 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from tokenizer_fixtures import model_gguf, smollm2_reference
+from tokenizer_fixtures import model_gguf, qwen2_reference, read_corpus, smollm2_reference
 
 from inferpath.tokenizer import load_tokenizer
 
@@ -64,68 +67,91 @@ def best_time(fn, repeats: int, before=lambda: None) -> tuple[float, object]:
     return best, result
 
 
+def mixed_documents() -> list[str]:
+    """The tests' multilingual corpus (English, Python code, CJK, Arabic, Hebrew, Cyrillic,
+    Greek, emoji, digit runs...) cut into its paragraphs: one document each."""
+    return [d for d in read_corpus().split("\n\n") if d.strip()]
+
+
+def compare(name: str, ours, reference, repeats: int) -> dict:
+    """One tokenizer on both workloads: 1 MB of English as one string, and the mixed corpus
+    per document (one encode call each) and batched (one encode_batch call); cold cache."""
+    clear = ours.encoder.cache.clear
+    text = english_text(ARGS.num_bytes)
+    docs = mixed_documents()
+    results: dict[str, dict] = {"tokenizer": name}
+
+    cold_s, ids = best_time(lambda: ours.encode(text, add_bos=False), repeats, before=clear)
+    warm_s, _ = best_time(lambda: ours.encode(text, add_bos=False), repeats)
+    ref_s, ref_ids = best_time(lambda: reference.encode(text, add_special_tokens=False).ids, repeats)
+    check(ids == ref_ids, name, "English")
+    results["english_one_string"] = {"megabytes": len(text.encode()) / 1e6, "num_tokens": len(ids),
+                                     "ours_cold_s": cold_s, "ours_warm_s": warm_s, "tokenizers_s": ref_s,
+                                     "ratio_cold": ref_s / cold_s, "ratio_warm": ref_s / warm_s}
+
+    per_doc_s, doc_ids = best_time(lambda: [ours.encode(d, add_bos=False) for d in docs], repeats, before=clear)
+    batch_s, batch_ids = best_time(lambda: ours.encode_batch(docs, add_bos=False), repeats, before=clear)
+    ref_doc_s, ref_doc_ids = best_time(
+        lambda: [reference.encode(d, add_special_tokens=False).ids for d in docs], repeats)
+    ref_batch_s, ref_batch_ids = best_time(
+        lambda: [e.ids for e in reference.encode_batch(docs, add_special_tokens=False)], repeats)
+    check(doc_ids == batch_ids == ref_doc_ids == ref_batch_ids, name, "mixed corpus")
+    results["mixed_per_document"] = {
+        "num_documents": len(docs), "megabytes": sum(len(d.encode()) for d in docs) / 1e6,
+        "num_tokens": sum(map(len, doc_ids)), "ours_encode_cold_s": per_doc_s,
+        "ours_encode_batch_cold_s": batch_s, "tokenizers_encode_s": ref_doc_s,
+        "tokenizers_encode_batch_s": ref_batch_s,
+        "ratio_encode": ref_doc_s / per_doc_s, "ratio_encode_batch": ref_batch_s / batch_s}
+    return results
+
+
+def check(same: bool, name: str, what: str) -> None:
+    if not same:
+        raise SystemExit(f"{name}: ids differ from tokenizers on {what}: fix the tokenizer before timing it")
+
+
 def main() -> int:
+    global ARGS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--num-bytes", type=int, default=1_000_000)
-    parser.add_argument(
-        "--out", default=str(ROOT / "benchmarks" / "results" / "tokenizer.json")
-    )
-    args = parser.parse_args()
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "tokenizer.json"))
+    ARGS = parser.parse_args()
 
-    text = english_text(args.num_bytes)
-    megabytes = len(text.encode("utf-8")) / 1e6
-    path = model_gguf("smollm2-135m-instruct")
-    ours = load_tokenizer(path)
-    reference = smollm2_reference(path)
+    rows = []
+    for alias, reference in (("smollm2-135m-instruct", smollm2_reference),
+                             ("qwen2.5-coder-0.5b-instruct", qwen2_reference)):
+        path = model_gguf(alias)
+        rows.append(compare(alias, load_tokenizer(path), reference(path), ARGS.repeats))
 
-    cold_s, ids = best_time(
-        lambda: ours.encode(text), args.repeats, before=ours.encoder.cache.clear
-    )
-    warm_s, _ = best_time(lambda: ours.encode(text), args.repeats)
-    reference_s, reference_ids = best_time(
-        lambda: reference.encode(text, add_special_tokens=False).ids, args.repeats
-    )
-    if ids != reference_ids:
-        raise SystemExit(
-            "ids differ from the reference: fix the tokenizer before timing it"
-        )
-
-    def rates(seconds):
-        return {
-            "seconds": round(seconds, 4),
-            "mb_per_s": round(megabytes / seconds, 3),
-            "tokens_per_s": round(len(ids) / seconds),
-        }
-
-    result = {
-        "benchmark": "tokenizer_encode",
-        "tokenizer": "SmolLM2-135M-Instruct (GGUF)",
-        "text_megabytes": round(megabytes, 3),
-        "num_tokens": len(ids),
-        "repeats": args.repeats,
-        "ours_cold": rates(cold_s),
-        "ours_warm": rates(warm_s),
-        "hf_tokenizers_single_thread": rates(reference_s),
-        "ratio_cold": round(reference_s / cold_s, 3),
-        "ratio_warm": round(reference_s / warm_s, 3),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-    }
-    for name in ("ours_cold", "ours_warm", "hf_tokenizers_single_thread"):
-        r = result[name]
-        print(
-            f"{name:28s} {r['mb_per_s']:7.3f} MB/s {r['tokens_per_s']:>10,d} tokens/s"
-        )
-    print(
-        f"ours / tokenizers: {result['ratio_cold']:.2f}x cold cache, {result['ratio_warm']:.2f}x warm cache "
-        f"({len(ids):,} tokens, {megabytes:.2f} MB)"
-    )
-    out = Path(args.out)
+    print(f"{'tokenizer':28s} {'English 1 MB cold':>18s} {'warm':>6s} {'mixed encode':>13s} {'encode_batch':>13s}"
+          "   (x = tokenizers' time / ours, one thread, cold cache)")
+    for r in rows:
+        e, m = r["english_one_string"], r["mixed_per_document"]
+        print(f"{r['tokenizer']:28s} {e['ratio_cold']:17.2f}x {e['ratio_warm']:5.2f}x "
+              f"{m['ratio_encode']:12.2f}x {m['ratio_encode_batch']:12.2f}x")
+    native = load_tokenizer(model_gguf("smollm2-135m-instruct")).encoder._native is not None
+    result = {"benchmark": "tokenizer_encode", "repeats": ARGS.repeats, "native_merge": native,
+              "python": platform.python_version(), "machine": platform.machine(),
+              "cpu": cpu_name(), "load_average": os.getloadavg(), "rows": rows}
+    out = Path(ARGS.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"saved {out}")
     return 0
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+ARGS: argparse.Namespace
 
 
 if __name__ == "__main__":

@@ -35,12 +35,14 @@ def smollm2() -> tuple:
     return checkpoint, tokenizer, model
 
 
-def start_server(api_key: str | None = None, max_n: int = 128, **engine_config) -> ServerThread:
+def start_server(api_key: str | None = None, max_n: int = 128, served_model_name: str = MODEL,
+                 **engine_config) -> ServerThread:
     """A started server over a fresh engine (EngineConfig(**engine_config)) on a free port."""
     checkpoint, tokenizer, model = smollm2()
     engine = LLMEngine(model, tokenizer, checkpoint.config, EngineConfig(**engine_config),
                        eos_token_ids=checkpoint.eos_token_ids, model_name=MODEL)
-    app = build_app(AsyncEngine(engine), api_key=api_key, served_model_name=MODEL, max_n=max_n)
+    app = build_app(AsyncEngine(engine), api_key=api_key, served_model_name=served_model_name,
+                    max_n=max_n)
     return ServerThread(app).start(timeout=120)
 
 
@@ -56,12 +58,17 @@ def async_client(server: ServerThread, api_key: str = "unused") -> openai.AsyncO
 
 
 def read_metrics(server: ServerThread) -> dict[str, float]:
-    """/metrics as {'name{label="v"}': value} (label-less samples as plain 'name')."""
+    """/metrics as {'name{label="v"}': value} (label-less samples as plain 'name'). Every
+    sample must carry the served model's ``model_name`` (vLLM's label); it is left out of
+    the keys."""
     text = httpx.get(server.url + "/metrics", timeout=30).text
     values = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            if family.name.startswith("inferpath:"):
+                assert sample.labels.get("model_name") == MODEL, sample
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items())
+                              if k != "model_name")
             values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
     return values
 

@@ -238,25 +238,31 @@ def test_request_joining_mid_decode_shares_a_mixed_step_and_equals_alone(parts, 
 
 # ---------------------------------------------------------------- fault isolation
 EXTREMES = [
-    dict(repetition_penalty=1e-300), dict(repetition_penalty=1e300),
-    dict(temperature=1e-5), dict(temperature=1e300), dict(temperature=5e-6),
-    dict(top_p=1e-300), dict(min_p=1.0), dict(top_k=1), dict(top_k=10**9),
-    dict(frequency_penalty=2.0, presence_penalty=-2.0), dict(frequency_penalty=-2.0),
-    dict(logprobs=20, temperature=1e300, repetition_penalty=1e-300),
-    dict(min_tokens=5, repetition_penalty=1e-300, temperature=1e-4),
+    {"repetition_penalty": 1e-300}, {"repetition_penalty": 1e300},
+    {"temperature": 1e-5}, {"temperature": 1e300}, {"temperature": 5e-6},
+    {"top_p": 1e-300}, {"min_p": 1.0}, {"top_k": 1}, {"top_k": 10**9},
+    {"frequency_penalty": 2.0, "presence_penalty": -2.0}, {"frequency_penalty": -2.0},
+    {"logprobs": 20, "temperature": 1e300, "repetition_penalty": 1e-300},
+    {"min_tokens": 3, "repetition_penalty": 1e-300, "temperature": 1e-4},
 ]
 
 
-def test_extreme_sampling_values_complete_or_fail_alone(parts):
+@pytest.fixture(scope="module")
+def alone_greedy(parts):
+    """PROMPTS[:2] run alone, greedy (the reference of the fault-isolation tests)."""
+    return run(make_engine(parts), PROMPTS[:2])[0]
+
+
+def test_extreme_sampling_values_complete_or_fail_alone(parts, alone_greedy):
     """Requests with every sampling parameter at its extreme accepted values run beside
     greedy ones: each completes (in-vocabulary tokens, finite logprobs) or fails alone
     with an error; the greedy ones produce exactly their tokens alone."""
     engine = make_engine(parts, num_kv_blocks=128, max_num_seqs=32)
-    alone, _ = run(engine, PROMPTS[:2])
+    alone = alone_greedy
     for i, prompt in enumerate(PROMPTS[:2]):
         engine.add_request(f"g{i}", prompt, GREEDY)
     for i, extreme in enumerate(EXTREMES):
-        engine.add_request(f"x{i}", PROMPTS[2], SamplingParams(max_tokens=6, seed=i, **extreme))
+        engine.add_request(f"x{i}", PROMPTS[3], SamplingParams(max_tokens=4, seed=i, **extreme))
     finals = {}
     while engine.has_unfinished_requests():
         for output in engine.step():
@@ -274,11 +280,11 @@ def test_extreme_sampling_values_complete_or_fail_alone(parts):
     assert engine.stats().num_kv_blocks_used == 0
 
 
-def test_a_request_whose_logits_become_nan_fails_alone(parts):
+def test_a_request_whose_logits_become_nan_fails_alone(parts, alone_greedy):
     """A NaN row (forced here for requests with seed 666) fails that request with a
     clear error; the rest of the batch, in the same steps, is untouched."""
     engine = make_engine(parts, num_kv_blocks=96)
-    alone, _ = run(engine, PROMPTS[:2])
+    alone = alone_greedy
     sampler = engine.runner.sampler
     real_call = type(sampler).__call__
 
@@ -292,7 +298,7 @@ def test_a_request_whose_logits_become_nan_fails_alone(parts):
     engine.runner.sampler = type("Poisoned", (type(sampler),), {"__call__": poisoned})(seed=0)
     for i, prompt in enumerate(PROMPTS[:2]):
         engine.add_request(f"g{i}", prompt, GREEDY)
-    engine.add_request("bad", PROMPTS[0], SamplingParams(max_tokens=8, seed=666, n=2))
+    engine.add_request("bad", PROMPTS[3], SamplingParams(max_tokens=4, seed=666, n=2))
     finals = {}
     while engine.has_unfinished_requests():
         for output in engine.step():

@@ -221,7 +221,7 @@ def test_matmul_flops_match_torch_flop_counter_on_the_real_model(config):
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    from inferpath.explain.trace import one_sequence_metadata
+    from inferpath.model.metadata import one_sequence_metadata
     from inferpath.model import Transformer
 
     model = Transformer(config)

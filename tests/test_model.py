@@ -20,11 +20,12 @@ from inferpath.config import ModelConfig
 from inferpath.kernels import accelerate
 from inferpath.model import AttentionMetadata, Transformer, WeightLoadError
 from inferpath.model.rope import RopeScalingError, RopeTable, RotaryEmbedding
+from inferpath.weights.names import split_fused
 
 import transformers  # test-only reference; a hard dependency of the test extras
 
 BLOCK_SIZE = 4
-NUM_DECODE_STEPS = 16
+NUM_DECODE_STEPS = 8
 
 
 class PagedRunner:
@@ -89,14 +90,73 @@ CASES = {
     "qwen2-bias": lambda: _tiny(transformers.Qwen2Config, num_attention_heads=8, num_key_value_heads=2),
     "mistral-sliding-window": lambda: _tiny(transformers.MistralConfig, sliding_window=8),
     "mixtral": lambda: _tiny(transformers.MixtralConfig, num_local_experts=4, num_experts_per_tok=2),
+    # config fields that change the math (issue 12): each implemented, each against transformers
+    "llama-attention-bias": lambda: _tiny(transformers.LlamaConfig, attention_bias=True),
+    "llama-mlp-bias": lambda: _tiny(transformers.LlamaConfig, mlp_bias=True),
+    "llama-gelu": lambda: _tiny(transformers.LlamaConfig, hidden_act="gelu"),
+    "llama-gelu-tanh": lambda: _tiny(transformers.LlamaConfig, hidden_act="gelu_pytorch_tanh"),
+    "llama-head-dim-32": lambda: _tiny(transformers.LlamaConfig, head_dim=32),
+    "qwen2-window-layers": lambda: _tiny(transformers.Qwen2Config, use_sliding_window=True,
+                                         sliding_window=6, max_window_layers=1),
+    "qwen2-layer-types": lambda: _tiny(transformers.Qwen2Config, use_sliding_window=True, sliding_window=5,
+                                       layer_types=["sliding_attention", "full_attention"]),
+    "llama-yarn": lambda: _tiny(transformers.LlamaConfig, rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+    "qwen2-yarn-mscale": lambda: _tiny(transformers.Qwen2Config, rope_scaling={
+        "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32, "beta_fast": 16,
+        "beta_slow": 2, "mscale": 1.0, "mscale_all_dim": 0.5}),
+    # length-dependent RoPE: the prompt (12) passes the original length, decoding goes further
+    "llama-dynamic": lambda: _tiny(transformers.LlamaConfig, max_position_embeddings=10,
+                                   rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+    "phi3-longrope": lambda: _tiny(transformers.Phi3Config, pad_token_id=0, eos_token_id=2,
+                                   max_position_embeddings=64, original_max_position_embeddings=15, rope_scaling={
+        "rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
+        "long_factor": [1.0 + 0.7 * i for i in range(8)]}),
+    "phi3-sliding-window": lambda: _tiny(transformers.Phi3Config, pad_token_id=0, eos_token_id=2, sliding_window=6),
+    "olmoe-qk-norm": lambda: _tiny(transformers.OlmoeConfig, intermediate_size=32, num_experts=4,
+                                   num_experts_per_tok=2, pad_token_id=0, eos_token_id=1),
+    "olmoe-bias-norm-topk": lambda: _tiny(transformers.OlmoeConfig, intermediate_size=32, num_experts=4,
+                                          num_experts_per_tok=3, norm_topk_prob=True, attention_bias=True,
+                                          pad_token_id=0, eos_token_id=1),
+    "qwen2-moe-shared-expert": lambda: _tiny(transformers.Qwen2MoeConfig, num_hidden_layers=3, intermediate_size=96,
+                                             moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                                             num_experts=4, num_experts_per_tok=2, mlp_only_layers=[1]),
+    "qwen2-moe-sparse-step": lambda: _tiny(transformers.Qwen2MoeConfig, intermediate_size=96, moe_intermediate_size=32,
+                                           shared_expert_intermediate_size=48, num_experts=4,
+                                           num_experts_per_tok=2, decoder_sparse_step=2, norm_topk_prob=True),
+    "gemma3": lambda: _tiny(transformers.Gemma3TextConfig, head_dim=32, query_pre_attn_scalar=24,
+                            num_hidden_layers=3, sliding_window=5, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+                            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                            final_logit_softcapping=3.0, rope_parameters={
+                                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6}}),
+    "llama-longrope": lambda: _tiny(transformers.LlamaConfig, max_position_embeddings=64, rope_scaling={
+        "rope_type": "longrope", "original_max_position_embeddings": 15,
+        "short_factor": [1.0 + 0.1 * i for i in range(8)], "long_factor": [1.0 + 0.7 * i for i in range(8)]}),
 }
+# RoPE whose frequencies follow the sequence length: transformers rotates every prompt key at
+# the whole prompt's length, so these prefill in one chunk (chunking changes the math)
+UNCHUNKED = {"llama-dynamic", "llama-longrope", "phi3-longrope"}
 
 
 def hf_to_checkpoint_names(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """transformers 5 fuses Mixtral experts; split them back into the checkpoint layout."""
+    """transformers 5 fuses Mixtral experts; split them back into the checkpoint layout.
+    Phi-3's fused projections are split as the loader splits them (weights/names.py)."""
     if not config.is_moe:
-        return dict(state)
-    out, inter = {}, config.intermediate_size
+        return split_fused(dict(state), config)
+    out, inter = {}, config.expert_intermediate_size
+    if config.architecture in ("olmoe", "qwen2_moe"):  # experts under mlp, Llama names
+        for name, tensor in state.items():
+            if name.endswith("mlp.experts.gate_up_proj"):
+                for e in range(tensor.shape[0]):
+                    out[name.replace("gate_up_proj", f"{e}.gate_proj.weight")] = tensor[e, :inter]
+                    out[name.replace("gate_up_proj", f"{e}.up_proj.weight")] = tensor[e, inter:]
+            elif name.endswith("mlp.experts.down_proj"):
+                for e in range(tensor.shape[0]):
+                    out[name.replace("down_proj", f"{e}.down_proj.weight")] = tensor[e]
+            else:
+                out[name] = tensor
+        return out
     for name, tensor in state.items():
         if ".mlp.gate." in name:
             out[name.replace(".mlp.gate.", ".block_sparse_moe.gate.")] = tensor
@@ -119,7 +179,8 @@ def build_pair(case: str, cpu_kernels: bool = False):
     with ``cpu_kernels`` our linears dispatch to the native GEMV for decode rows."""
     hf_config = CASES[case]()
     torch.manual_seed(0)
-    hf = getattr(transformers, type(hf_config).__name__.replace("Config", "ForCausalLM"))(hf_config).eval()
+    name = type(hf_config).__name__.replace("TextConfig", "Config").replace("Config", "ForCausalLM")
+    hf = getattr(transformers, name)(hf_config).eval()
     with torch.no_grad():  # transformers initialises norms to 1 and biases to 0: make them count
         for name, p in hf.named_parameters():
             if name.endswith("norm.weight"):
@@ -155,9 +216,12 @@ def test_logits_match_transformers_prefill_and_decode(case, cpu_kernels):
     prompt = torch.randint(0, hf.config.vocab_size, (12,), generator=torch.Generator().manual_seed(1)).tolist()
     ref = hf(torch.tensor([prompt]), use_cache=True)
     runner = PagedRunner(ours)
-    first = runner.step([(0, prompt[:5])])  # chunked prefill: 5 tokens, then 7 on top of them
-    assert rel_err(first[0], ref.logits[0, 4]) < 1e-4
-    logits = runner.step([(0, prompt[5:])])
+    if case in UNCHUNKED:
+        logits = runner.step([(0, prompt)])
+    else:
+        first = runner.step([(0, prompt[:5])])  # chunked prefill: 5 tokens, then 7 on top of them
+        assert rel_err(first[0], ref.logits[0, 4]) < 1e-4
+        logits = runner.step([(0, prompt[5:])])
     assert rel_err(logits[0], ref.logits[0, -1]) < 1e-4
     cache = ref.cache
     for step in range(NUM_DECODE_STEPS):
@@ -217,8 +281,8 @@ def test_tied_head_shares_the_embedding():
 
 def test_unknown_rope_scaling_is_rejected():
     config = ModelConfig.from_hf_config(CASES["qwen2-bias"]().to_dict())
-    bad = replace(config, rope_scaling=(("factor", 2.0), ("rope_type", "yarn")))
-    with pytest.raises(RopeScalingError, match="yarn"):
+    bad = replace(config, rope_scaling=(("factor", 2.0), ("rope_type", "su")))
+    with pytest.raises(RopeScalingError, match="'su'"):
         Transformer(bad)
 
 

@@ -252,7 +252,7 @@ def test_fuzzed_tokenizer_json_loads_or_raises_model_file_error(tmp_path, change
 
 # ---------------------------------------------------------------- chat templates
 
-from inferpath.tokenizer.chat import ChatRenderer, ChatTemplateError  # noqa: E402
+from inferpath.tokenizer.chat import ChatRenderer, ChatTemplateError
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

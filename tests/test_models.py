@@ -125,7 +125,7 @@ def test_resolve_paths_and_unknown_names(fake_index: list[list[str]], tmp_path: 
     model_file.write_bytes(b"GGUF")
     assert models.resolve_model(str(model_file)) == model_file
     assert models.resolve_model(tmp_path) == tmp_path
-    with pytest.raises(UnknownModelError, match=r"'nope' is neither .* aliases: two, one, bad"):
+    with pytest.raises(UnknownModelError, match=r"'nope' is neither .* alias \(two, one, bad\)"):
         models.resolve_model("nope")
     with pytest.raises(UnknownModelError, match="unknown model alias 'nope'"):
         models.pull("nope")
@@ -161,3 +161,47 @@ def test_real_alias_resolves_to_its_checksum(name: str) -> None:
     path = models.resolve_model(name)
     assert path.is_file() and path.read_bytes()[:4] == b"GGUF"
     assert sha256_of(path) == models.ALIASES[name].sha256
+
+
+# ---------------------------------------------------------------- model ids
+
+
+def test_aliases_answer_to_their_hugging_face_ids():
+    assert models.alias_of("HuggingFaceTB/SmolLM2-135M-Instruct") == "smollm2-135m-instruct"
+    assert models.alias_of("qwen/qwen2.5-coder-0.5b-instruct") == "qwen2.5-coder-0.5b-instruct"
+    assert models.served_model_name("smollm2-135m-instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert models.served_model_name("Qwen/Qwen2.5-Coder-0.5B-Instruct") == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    assert models.served_model_name("/x/SmolLM2-135M-Instruct.Q4_1.gguf") == "SmolLM2-135M-Instruct.Q4_1"
+    local = models.local_path("smollm2-135m-instruct")
+    if local is not None:  # pulled (CI pulls it before the tests)
+        assert models.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == local
+
+
+def _hf_cache_run(tmp_path: Path, code: str, **env: str):
+    """Run ``code`` in a fresh interpreter whose huggingface_hub uses a cache in tmp_path."""
+    import os
+    import subprocess
+    import sys
+
+    environ = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=environ, timeout=120)
+
+
+def test_other_hugging_face_ids_resolve_from_the_local_cache_and_honour_offline(tmp_path):
+    snapshot = tmp_path / "hub" / "models--someorg--tiny-model" / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    refs = tmp_path / "hub" / "models--someorg--tiny-model" / "refs"
+    refs.mkdir()
+    (refs / "main").write_text("0123abcd")
+    found = _hf_cache_run(tmp_path, "from inferpath.models import resolve_model, served_model_name\n"
+                                    "p = resolve_model('someorg/tiny-model'); print(p)\n"
+                                    "print(served_model_name(p))")
+    assert found.returncode == 0, found.stderr
+    path, name = found.stdout.split()
+    assert Path(path).resolve() == snapshot.resolve() and name == "someorg/tiny-model"
+    missing = _hf_cache_run(tmp_path, "from inferpath.models import resolve_model\n"
+                                      "resolve_model('someorg/not-cached')")
+    assert missing.returncode != 0
+    assert "UnknownModelError" in missing.stderr and "HF_HUB_OFFLINE" in missing.stderr

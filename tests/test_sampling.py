@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from inferpath.sampling import Sampler, SamplerOutput, SamplingParams, SamplingRow, TokenLogprobs
+from inferpath.sampling import (
+    Sampler,
+    SamplerOutput,
+    SamplingParams,
+    SamplingRow,
+    TokenLogprobs,
+)
 from inferpath.sampling.penalties import apply_penalties
 from inferpath.sampling.sampler import draw_from_probs
 from inferpath.sampling.truncation import apply_truncation
@@ -306,8 +312,8 @@ def test_valid_parameters_are_normalised():
 
 # ---------------------------------------------------------------- hostile logits
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 _HOSTILE_VALUES = st.sampled_from([float("nan"), float("inf"), float("-inf"), 3.0e38, -3.0e38,
                                    1e30, -1e30, 0.0, 1.0, -1.0, 1e-38])

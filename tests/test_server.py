@@ -142,12 +142,12 @@ def test_tokenize_detokenize_health_and_metrics(server):
     health = httpx.get(server.url + "/health").json()
     assert health["status"] == "ok" and health["num_kv_blocks_total"] > 0
     metrics = read_metrics(server)
-    assert metrics['inferpath_request_success_total{finish_reason="length"}'] >= 1
-    assert metrics["inferpath_time_to_first_token_seconds_count"] >= 1
-    assert metrics["inferpath_e2e_request_latency_seconds_count"] >= 1
-    assert metrics["inferpath_generation_tokens_total"] >= 8
-    assert metrics["inferpath_prompt_tokens_computed_total"] >= len(ids)
-    assert 0 <= metrics["inferpath_kv_cache_usage_perc"] <= 100
+    assert metrics['inferpath:request_success_total{finished_reason="length"}'] >= 1
+    assert metrics["inferpath:time_to_first_token_seconds_count"] >= 1
+    assert metrics["inferpath:e2e_request_latency_seconds_count"] >= 1
+    assert metrics["inferpath:generation_tokens_total"] >= 8
+    assert metrics["inferpath:prompt_tokens_computed_total"] >= len(ids)
+    assert 0 <= metrics["inferpath:kv_cache_usage_perc"] <= 1
 
 
 # ---------------------------------------------------------------- errors
@@ -214,7 +214,8 @@ def test_too_long_prompt_is_400_with_both_numbers(server, oai):
 
 def test_serve_flags_reach_the_engine_config():
     from inferpath.cli import build_parser
-    from inferpath.cli.serve import engine_config_from_args, run_serve, served_name
+    from inferpath.cli.serve import engine_config_from_args, model_argument, run_serve
+    from inferpath.models import served_model_name
 
     args = build_parser().parse_args([
         "serve", MODEL, "--max-model-len", "512", "--max-num-seqs", "8", "--num-kv-blocks", "40",
@@ -223,5 +224,57 @@ def test_serve_flags_reach_the_engine_config():
     assert (config.max_model_len, config.max_num_seqs, config.num_kv_blocks,
             config.max_waiting_requests, config.max_num_batched_tokens) == (512, 8, 40, 3, 256)
     assert (args.func, args.api_key, args.host, args.port) == (run_serve, "k", "127.0.0.1", 8000)
-    assert served_name(MODEL, "SmolLM2 135M") == MODEL
-    assert served_name("/models/x.gguf", "SmolLM2 135M") == "SmolLM2 135M"
+    assert served_model_name(MODEL) == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert served_model_name("/models/My Model.Q4_0.gguf") == "My Model.Q4_0"
+    as_option = build_parser().parse_args(["serve", "--model", "Qwen/Qwen2.5-Coder-0.5B-Instruct"])
+    assert model_argument(as_option) == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    assert model_argument(build_parser().parse_args(["serve"])) == MODEL
+
+
+def test_serve_refuses_a_taken_port_before_loading_the_model(tmp_path):
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "inferpath", "serve", "--model", "no/such-model",
+                             "--port", str(port)], capture_output=True, text=True, timeout=60)
+    taken.close()
+    assert result.returncode == 1
+    assert f"cannot bind 127.0.0.1:{port}" in result.stderr
+    assert "loading" not in result.stderr  # refused before any model work
+    assert time.monotonic() - start < 30
+
+
+def test_version_and_cors_only_when_asked(server):
+    import httpx
+
+    assert httpx.get(server.url + "/version", timeout=30).json()["version"]
+    preflight = httpx.options(server.url + "/v1/models", timeout=30, headers={
+        "Origin": "http://example.com", "Access-Control-Request-Method": "GET"})
+    assert "access-control-allow-origin" not in preflight.headers
+
+
+def test_engine_flags_come_from_engine_config_fields_for_every_command():
+    import dataclasses
+
+    from inferpath.cli import build_parser
+    from inferpath.cli.engine_flags import engine_config_from_args
+    from inferpath.config import EngineConfig
+
+    flags = ["--dtype", "bfloat16", "--kv-cache-memory", "0.25", "--max-num-seqs", "8",
+             "--no-prefix-caching", "--tp", "1", "--engine-seed", "7"]
+    configs = [engine_config_from_args(build_parser().parse_args(argv + flags))
+               for argv in (["serve"], ["generate", "hi"], ["chat"])]
+    assert configs[0] == configs[1] == configs[2]
+    assert (configs[0].dtype, configs[0].kv_cache_memory_bytes, configs[0].max_num_seqs,
+            configs[0].enable_prefix_caching, configs[0].seed) == ("bfloat16", 2**28, 8, False, 7)
+    assert engine_config_from_args(build_parser().parse_args(["chat"])) == EngineConfig()
+    for command in (["serve"], ["generate", "hi"], ["chat"]):
+        dests = vars(build_parser().parse_args(command))
+        assert {f.name for f in dataclasses.fields(EngineConfig)} <= set(dests)

@@ -74,9 +74,9 @@ def _wait_until_idle(srv, timeout=60.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         metrics = read_metrics(srv)
-        idle = (metrics["inferpath_num_requests_running"] == 0
-                and metrics["inferpath_num_requests_waiting"] == 0
-                and metrics["inferpath_kv_blocks_used"] == 0)
+        idle = (metrics["inferpath:num_requests_running"] == 0
+                and metrics["inferpath:num_requests_waiting"] == 0
+                and metrics["inferpath:kv_blocks_used"] == 0)
         if idle or time.monotonic() > deadline:
             return metrics
         time.sleep(0.1)
@@ -100,10 +100,10 @@ def test_shared_prefix_computes_only_unshared_tokens(server, tiny):
     after = read_metrics(server)
     num_cached = reply.usage.prompt_tokens_details.cached_tokens
     assert num_cached == len(prefix) // 16 * 16 > 0  # every full block of the shared prefix
-    computed = (after["inferpath_prompt_tokens_computed_total"]
-                - before["inferpath_prompt_tokens_computed_total"])
+    computed = (after["inferpath:prompt_tokens_computed_total"]
+                - before["inferpath:prompt_tokens_computed_total"])
     assert computed == len(second) - num_cached
-    hits = after["inferpath_prefix_cache_hits_total"] - before["inferpath_prefix_cache_hits_total"]
+    hits = after["inferpath:prefix_cache_hits_total"] - before["inferpath:prefix_cache_hits_total"]
     assert hits == num_cached
     cold = _greedy(client(tiny), second, max_tokens=6)  # a server that never saw the prefix
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
@@ -115,9 +115,9 @@ def test_tiny_kv_budget_preempts_and_keeps_outputs(tiny, alone):
     before = read_metrics(tiny)
     together = asyncio.run(_stream_all(tiny, PROMPTS[:4], NEW_TOKENS, ignore_eos=True))
     after = _wait_until_idle(tiny)
-    assert after["inferpath_num_preemptions_total"] > before["inferpath_num_preemptions_total"]
+    assert after["inferpath:num_preemptions_total"] > before["inferpath:num_preemptions_total"]
     assert together == alone[:4]
-    assert after["inferpath_kv_blocks_used"] == 0
+    assert after["inferpath:kv_blocks_used"] == 0
 
 
 def test_full_queue_is_429_and_disconnects_free_blocks(tiny):
@@ -139,8 +139,8 @@ def test_full_queue_is_429_and_disconnects_free_blocks(tiny):
     assert refused.body["code"] == "queue_full"
     assert "max_waiting_requests=4" in refused.body["message"]
     metrics = _wait_until_idle(tiny)
-    assert metrics["inferpath_kv_blocks_used"] == 0
-    assert metrics['inferpath_request_errors_total{status="429"}'] >= 1
+    assert metrics["inferpath:kv_blocks_used"] == 0
+    assert metrics['inferpath:request_errors_total{status="429"}'] >= 1
 
 
 def test_disconnected_streams_are_aborted_and_free_their_blocks(server):
@@ -152,16 +152,16 @@ def test_disconnected_streams_are_aborted_and_free_their_blocks(server):
     for stream in streams:
         iterator = iter(stream)
         next(iterator), next(iterator)  # two tokens arrived: the request holds blocks
-    assert read_metrics(server)["inferpath_kv_blocks_used"] > 0
+    assert read_metrics(server)["inferpath:kv_blocks_used"] > 0
     for stream in streams:
         stream.close()
     with pytest.raises(httpx.ReadTimeout):  # a non-streaming client that gives up
         httpx.post(server.url + "/v1/completions", timeout=1.0, json={
             "model": MODEL, "prompt": PROMPTS[3], "max_tokens": 480, "ignore_eos": True})
     after = _wait_until_idle(server)
-    assert after["inferpath_kv_blocks_used"] == 0
-    aborted = 'inferpath_request_success_total{finish_reason="abort"}'
+    assert after["inferpath:kv_blocks_used"] == 0
+    aborted = 'inferpath:request_success_total{finished_reason="abort"}'
     assert after.get(aborted, 0) - before.get(aborted, 0) == 4
-    generated = (after["inferpath_generation_tokens_total"]
-                 - before["inferpath_generation_tokens_total"])
+    generated = (after["inferpath:generation_tokens_total"]
+                 - before["inferpath:generation_tokens_total"])
     assert generated < 3 * 300 + 480  # stopped well before max_tokens

@@ -152,7 +152,7 @@ def test_extreme_sampling_values_never_disturb_other_streams(server):
         t.join()
     assert [together[0], together[1]] == alone
     assert set(statuses) <= {200, 400}, list(zip(EXTREMES, statuses))
-    assert read_metrics(server)["inferpath_kv_blocks_used"] == 0
+    assert read_metrics(server)["inferpath:kv_blocks_used"] == 0
 
 
 def test_health_answers_while_a_huge_prompt_is_tokenized(server):

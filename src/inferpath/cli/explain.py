@@ -22,9 +22,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                  f"(default {model})")
         parser.add_argument("--hardware", default=hardware, metavar="H",
                             help=f"one of {', '.join(hardware_names())} (default {hardware})")
-        parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_BYTES],
+        parser.add_argument("--dtype", default="auto",
+                            choices=["auto", *DTYPE_BYTES, "float32", "bfloat16", "float16"],
                             help="weight dtype; auto (default): a GGUF file's own formats, as inferpath "
-                                 "runs them (quantized blocks, fp32 activations), else bf16")
+                                 "runs them (quantized blocks, fp32 activations), else bf16; the engine's "
+                                 "spellings float32, bfloat16, float16 are the same as fp32, bf16, fp16")
         parser.add_argument("--json", action="store_true", help="print JSON for programs")
 
     p = subparsers.add_parser("explain", help="what every stage reads, writes and costs, and its bound")
@@ -47,17 +49,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--context", type=int, default=1024, help="context of the decode steps (default 1024)")
     r.set_defaults(func=_roofline)
 
-    t = subparsers.add_parser("trace", help="run a real model and time every stage against the cost model")
+    t = subparsers.add_parser("trace", help="serve one request through the engine and time every stage "
+                                            "beside the cost model")
     t.add_argument("prompt", nargs="?", default="What is a quadratic equation?")
     t.add_argument("--model", default="smollm2-135m-instruct")
     t.add_argument("--max-tokens", type=int, default=8, help="tokens to generate (default 8)")
     t.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--top", type=int, default=5, help="candidates shown per sampled step")
+    t.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="the engine's dtype (default auto: a quantized GGUF runs quantized, its bytes counted)")
+    t.add_argument("--no-cpu-kernels", action="store_true", help="trace PyTorch's kernels instead of the native ones")
     t.add_argument("--show-steps", type=int, default=3, help="sampled steps whose candidates are shown")
     t.add_argument("--no-chat", action="store_true", help="encode the prompt as is, without the chat template")
+    t.add_argument("--reprobe", action="store_true", help="measure this machine again instead of reading the cache")
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=_trace)
+    for parser in (p, r):
+        parser.add_argument("--reprobe", action="store_true",
+                            help="with --hardware this-machine: measure again instead of reading the cache")
 
 
 def _precision(dtype: str, model: str):
@@ -87,7 +96,7 @@ def _explain(args: argparse.Namespace) -> int:
     from inferpath.explain.request import RequestSpec, estimate_request
 
     spec = RequestSpec(
-        config=resolve_model_config(args.model), hardware=get_hardware(args.hardware),
+        config=resolve_model_config(args.model), hardware=get_hardware(args.hardware, refresh=args.reprobe),
         precision=_precision(args.dtype, args.model), prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens, batch=args.batch, devices=args.devices,
         ends_with_stop=not args.no_stop_token, fused_attention=args.fused_attention,
@@ -107,7 +116,7 @@ def _roofline(args: argparse.Namespace) -> int:
     from inferpath.explain.presets import resolve_model_config
     from inferpath.explain.roofline import plot_roofline, roofline_points
 
-    config, hardware = resolve_model_config(args.model), get_hardware(args.hardware)
+    config, hardware = resolve_model_config(args.model), get_hardware(args.hardware, refresh=args.reprobe)
     precision = _precision(args.dtype, args.model)
     points = roofline_points(config, hardware, precision, decode_context=args.context)
     if args.json:
@@ -120,20 +129,32 @@ def _roofline(args: argparse.Namespace) -> int:
     title = (f"{config.name or config.architecture} on {hardware.name}, {precision.description} weights "
              f"(decode at context {args.context})")
     out = plot_roofline(points, hardware, precision.compute_dtype, args.out, title)
-    print(f"wrote {out} ({len(points)} points; ridge {hardware.ridge_point(precision.compute_dtype):.0f} FLOP/byte)")
+    print(f"wrote {out} ({len(points)} points; ridge {hardware.ridge_point(precision.compute_dtype):.3g} FLOP/byte)")
     return 0
 
 
 def _trace(args: argparse.Namespace) -> int:
-    from inferpath.explain.trace import run_trace
-    from inferpath.explain.trace_report import trace_json, trace_text
+    """A thin client of the engine's trace: one request through LLM, then its recorded steps."""
+    from inferpath import LLM, SamplingParams
+    from inferpath.engine.trace import trace
+    from inferpath.explain.probe import probe_this_machine
+    from inferpath.explain.trace import request_trace
+    from inferpath.explain.trace_report import trace_text
 
-    result = run_trace(args.prompt, model=args.model, max_tokens=args.max_tokens,
-                       temperature=args.temperature, seed=args.seed, top=args.top,
-                       chat=not args.no_chat,
-                       progress=lambda message: print(message, file=sys.stderr))
+    print(f"loading {args.model} ...", file=sys.stderr)
+    llm = LLM(args.model, dtype=args.dtype, cpu_kernels=not args.no_cpu_kernels)
+    print("probing this machine (cached after the first run) ...", file=sys.stderr)
+    hardware = probe_this_machine(refresh=args.reprobe)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    prompt = args.prompt if args.no_chat else llm.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
+    with trace(llm.engine) as tracer:
+        (output,) = llm.generate(prompt, params)
+    result = request_trace(tracer, output.request_id, llm.engine, hardware)
+    result["output_text"] = output.outputs[0].text
     if args.json:
-        print(json.dumps(trace_json(result), indent=2))
-    else:
-        print(trace_text(result, show_steps=args.show_steps))
+        print(json.dumps(result, indent=2))
+        return 0
+    ids = output.prompt_token_ids
+    print(trace_text(result, [llm.tokenizer.decode([i]) for i in ids], show_steps=args.show_steps))
+    print(f"answer: {output.outputs[0].text!r}")
     return 0

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from inferpath.cli.engine_flags import add_engine_flags, engine_config_from_args
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -33,21 +35,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help=f"alias, .gguf file or model directory (default {DEFAULT_MODEL})")
     parser.add_argument("--system", default=None, help="a system message to start with")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                        help="auto (default): a quantized GGUF runs quantized, float weights bf16 where "
-                             "the CPU has native bf16, else float32; a dtype: every weight in it")
-    parser.add_argument("--quantization", default=None, choices=["q8_0", "q4_0", "q4_k"],
-                        help="quantize float weights on load (a Hugging Face directory or an F32/F16/BF16 GGUF)")
-    parser.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="compute threads (default: the physical cores)")
-    parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, metavar="N",
-                        help="shard the model over N local processes (torch.distributed)")
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="context limit in tokens (default: the model's)")
-    parser.add_argument("--no-cpu-kernels", action="store_true",
-                        help="run PyTorch's ops only, not inferpath's native CPU kernels")
-    parser.add_argument("--kv-cache-mb", type=int, default=256,
-                        help="memory for the KV cache in MiB (default 256)")
+    add_engine_flags(parser)
     sampling = parser.add_argument_group("sampling")
     sampling.add_argument("--max-tokens", type=int, default=256)
     sampling.add_argument("--temperature", type=float, default=0.0,
@@ -75,14 +63,9 @@ def _sampling_params(args: argparse.Namespace):
 
 
 def _load_engine(args: argparse.Namespace):
-    from inferpath.config import EngineConfig
     from inferpath.engine.llm_engine import LLMEngine
 
-    config = EngineConfig(dtype=args.dtype, max_model_len=args.max_model_len,
-                          kv_cache_memory_bytes=args.kv_cache_mb * 1024 * 1024,
-                          tensor_parallel_size=args.tensor_parallel_size,
-                          cpu_kernels=not args.no_cpu_kernels, quantization=args.quantization,
-                          threads=args.threads)
+    config = engine_config_from_args(args)
     print(f"loading {args.model} ...", file=sys.stderr, flush=True)
     return LLMEngine.from_model(args.model, config, progress=True)
 

@@ -47,7 +47,7 @@ def build_engine(model: str, engine_config: EngineConfig | None = None, progress
     return an LLMEngine over it."""
     from inferpath.engine.llm_engine import LLMEngine
     from inferpath.engine.load import build_for_engine, load_weights
-    from inferpath.models import resolve_model
+    from inferpath.models import resolve_model, served_model_name
     from inferpath.threads import configure_threads
     from inferpath.tokenizer import load_tokenizer
 
@@ -59,6 +59,6 @@ def build_engine(model: str, engine_config: EngineConfig | None = None, progress
     transformer = build_for_engine(checkpoint, dtype, engine_config)
     return LLMEngine(transformer, tokenizer, checkpoint.config, engine_config,
                      eos_token_ids=checkpoint.eos_token_ids,
-                     model_name=checkpoint.config.name or str(model),
+                     model_name=served_model_name(model),
                      kv_cache=build_kv_cache(checkpoint.config, engine_config, dtype),
                      sampler=build_sampler(engine_config))

@@ -76,4 +76,6 @@ class RequestGroup:
         )
         return RequestOutput(self.request_id, self.first.prompt_token_ids, outputs, finished,
                              num_cached_tokens=self.first.num_cached_tokens, metrics=metrics,
-                             prompt=self.prompt)
+                             prompt=self.prompt,
+                             prompt_logprobs=(list(self.first.prompt_logprobs)
+                                              if self.first.prompt_logprobs is not None else None))

@@ -33,6 +33,7 @@ from inferpath.engine.outputs import EngineStats, RequestOutput
 from inferpath.engine.request import Request, RequestStatus
 from inferpath.engine.runner import ModelRunner
 from inferpath.engine.scheduler import SampleUpdate, Scheduler
+from inferpath.model.batch_invariant import make_batch_invariant
 from inferpath.sampling.params import SamplingParams
 from inferpath.sampling.sampler import Sampler
 
@@ -67,6 +68,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=engine_config.max_num_seqs,
                                    max_num_batched_tokens=engine_config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len)
+        if engine_config.batch_invariant:  # after accelerate(): the native linears stay
+            make_batch_invariant(model)
         self.runner = ModelRunner(model, self.kv_cache, self.block_manager, sampler,
                                   self.eos_token_ids)
         self.output_processor = OutputProcessor()
@@ -77,10 +80,12 @@ class LLMEngine:
         self._new: deque[RequestGroup] = deque()
         self._to_abort: set[str] = set()
         self._num_finished = 0
+        self._grammar_compiler = None  # structured output: built on the first request asking
+        self.tracer = None  # an engine.trace.StepTracer while a trace is on; None: nothing attached
 
     @classmethod
     def from_model(cls, model: str, engine_config: EngineConfig | None = None,
-                   progress: bool = False) -> "LLMEngine":
+                   progress: bool = False) -> LLMEngine:
         """Load an alias (pulled on first use), a .gguf file or a Hugging Face directory."""
         from inferpath.engine.builder import build_engine
 
@@ -93,10 +98,12 @@ class LLMEngine:
         params = params or SamplingParams()
         prompt_ids = self._prompt_token_ids(prompt)
         self.scheduler.check_request(len(prompt_ids), params.max_tokens, params.min_tokens)
+        self._check_logit_bias(params)
         arrival_time = time.monotonic() if arrival_time is None else arrival_time
         texts = [SampleText(Request(request_id, prompt_ids, params, index=i,
                                     eos_token_ids=self.eos_token_ids,
                                     generator=self._generator(params, i),
+                                    grammar=self._grammar_matcher(params),
                                     arrival_time=arrival_time),
                             self.tokenizer.detokenizer(params.skip_special_tokens))
                  for i in range(params.n)]
@@ -127,7 +134,8 @@ class LLMEngine:
         """Schedule, execute, update and process once; returns the requests that advanced."""
         touched = self._take_intake()
         scheduled = self.scheduler.schedule()
-        executed = self.runner.execute(scheduled)
+        tracer = self.tracer
+        executed = tracer.execute(scheduled) if tracer else self.runner.execute(scheduled)
         updates = self.scheduler.update(scheduled, executed)
         self.scheduler.finish_requests(self.output_processor.process(updates))  # stop strings
         return self._make_outputs(touched, updates)
@@ -210,6 +218,26 @@ class LLMEngine:
             if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < vocab_size:
                 raise RequestError(f"prompt token id {token_id!r} is not in [0, {vocab_size})")
         return list(prompt)
+
+    def _check_logit_bias(self, params: SamplingParams) -> None:
+        vocab_size = self.model_config.vocab_size
+        for token_id, _ in params.logit_bias:
+            if token_id >= vocab_size:
+                raise RequestError(f"logit_bias token id {token_id} is not in [0, {vocab_size})",
+                                   param="logit_bias")
+
+    def _grammar_matcher(self, params: SamplingParams):
+        """A fresh GrammarMatcher when the params ask for structured output (the compiler
+        is built on first use: ~0.1-0.4 s for the vocabulary); GrammarError if the spec does
+        not compile."""
+        if params.structured is None:
+            return None
+        if self._grammar_compiler is None:
+            from inferpath.structured.compiler import GrammarCompiler
+
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
+                                                     self.eos_token_ids)
+        return self._grammar_compiler.new_matcher(params.structured)
 
     def _generator(self, params: SamplingParams, index: int) -> torch.Generator | None:
         """The sample's own RNG, kept across preemptions; greedy samples need none."""

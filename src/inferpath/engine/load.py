@@ -30,6 +30,9 @@ class WeightFormat:
     dtype: torch.dtype
     kernel_level: str
     decode_bytes: int
+    weight_bytes: int = 0  # all matrices (linear and embedding), each once
+    num_weights: int = 0  # their values
+    quantized: bool = False
 
     def describe(self) -> str:
         activations = str(self.dtype).removeprefix("torch.")
@@ -118,11 +121,11 @@ def weight_format(model: nn.Module) -> WeightFormat:
             nbytes = weight.numel() * weight.element_size()
         else:
             continue
-        entry = weights.setdefault(id(weight), [name, nbytes, weight.shape[0], False])
+        entry = weights.setdefault(id(weight), [name, nbytes, weight.shape[0], False, weight.shape[0] * weight.shape[1]])
         entry[3] |= isinstance(module, (nn.Linear, QuantLinear))
     formats: Counter = Counter()
     decode_bytes = 0
-    for name, nbytes, rows, whole in weights.values():
+    for name, nbytes, rows, whole, _ in weights.values():
         formats[name] += nbytes
         decode_bytes += nbytes if whole else nbytes // rows
     linear_ids = {id(p) for p in model.parameters()} & set(weights)
@@ -131,4 +134,6 @@ def weight_format(model: nn.Module) -> WeightFormat:
     dtype = getattr(model, "dtype", torch.float32)
     uses_kernels = any(isinstance(m, (CPULinear, QuantLinear)) for m in model.modules())
     level = (build.kernel_level("quantized" if quantized else dtype) if uses_kernels else None) or "PyTorch"
-    return WeightFormat(" + ".join(name for name, _ in formats.most_common()), dtype, level, decode_bytes)
+    return WeightFormat(" + ".join(name for name, _ in formats.most_common()), dtype, level, decode_bytes,
+                        weight_bytes=sum(entry[1] for entry in weights.values()),
+                        num_weights=sum(entry[4] for entry in weights.values()), quantized=quantized)

@@ -26,8 +26,19 @@ class CompletionOutput:
     with the length they had, and a read returns that prefix. ``delta_*`` cost nothing.
     """
 
-    __slots__ = ("index", "text", "_token_ids", "_num_tokens", "delta_text", "delta_token_ids",
-                 "_logprobs", "delta_logprobs", "finish_reason", "stop_reason", "error")
+    __slots__ = (
+        "_logprobs",
+        "_num_tokens",
+        "_token_ids",
+        "delta_logprobs",
+        "delta_text",
+        "delta_token_ids",
+        "error",
+        "finish_reason",
+        "index",
+        "stop_reason",
+        "text",
+    )
 
     def __init__(self, index: int, text: str, token_ids: list[int], delta_text: str = "",
                  delta_token_ids: list[int] | None = None, logprobs: list[Any] | None = None,
@@ -94,6 +105,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     prompt: str | None = None
+    prompt_logprobs: list[Any] | None = None  # None, then TokenLogprobs per prompt token
 
     @property
     def error(self) -> str | None:

@@ -47,12 +47,17 @@ class Request:
 
     ``seq_id == (request_id, index)`` names it to the scheduler and the block manager.
     ``generator`` is the sampler's per-sequence RNG (a torch.Generator, or None).
-    ``error`` says why a request finished with status FINISHED_ERROR.
+    ``grammar`` is the sequence's ``GrammarMatcher`` (structured output) or None; every
+    output token is fed to it. ``prompt_logprobs`` (sample 0 of a request that asks) holds
+    None for prompt token 0, then the runner appends one entry per prompt token
+    (engine/prompt_logprobs.py). ``error`` says why a request finished with status
+    FINISHED_ERROR.
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  *, index: int = 0, eos_token_ids: frozenset[int] = frozenset(),
-                 generator: Any = None, arrival_time: float | None = None):
+                 generator: Any = None, grammar: Any = None,
+                 arrival_time: float | None = None):
         self.request_id = request_id
         self.index = index
         self.seq_id = (request_id, index)
@@ -61,8 +66,11 @@ class Request:
         self.eos_token_ids = eos_token_ids
         self.max_model_len: int | None = None  # set by the scheduler when added
         self.generator = generator
+        self.grammar = grammar
         self.all_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
+        self.prompt_logprobs: list | None = (
+            [None] if params.prompt_logprobs is not None and index == 0 else None)
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-cache hit at first admission
         self.num_preemptions = 0
@@ -97,6 +105,10 @@ class Request:
         self.all_token_ids.append(token_id)
         if self.first_token_time is None:
             self.first_token_time = time.monotonic()
+        if self.grammar is not None:
+            # NOTE: the sampler masked every other token, so this only fails on EOS after a
+            # complete grammar; that token ends the request anyway.
+            self.grammar.accept(token_id)
 
     def finish(self, status: RequestStatus, stop_reason: int | str | None = None) -> None:
         """Mark finished. The first call wins, except that a stop string found in the last

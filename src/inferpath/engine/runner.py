@@ -26,7 +26,9 @@ import torch
 from inferpath.cache.blocks import BlockManager
 from inferpath.cache.kv import KVCache
 from inferpath.engine.outputs import RunnerOutput
+from inferpath.engine.prompt_logprobs import PromptLogprobsPlan
 from inferpath.engine.scheduler import SchedulerOutput
+from inferpath.model.batch_invariant import row_invariant_dispatch
 from inferpath.model.metadata import AttentionMetadata
 from inferpath.sampling.sampler import Sampler, SamplingRow
 
@@ -40,6 +42,7 @@ class BatchInputs:
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # (num_samples,)
     sampling_rows: list[SamplingRow]
+    prompt_logprobs: PromptLogprobsPlan | None = None  # rows scoring prompt tokens, if asked
 
 
 class ModelRunner:
@@ -59,11 +62,15 @@ class ModelRunner:
         if scheduled.is_empty:
             return RunnerOutput([], [])
         batch = self.prepare(scheduled)
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_cache, batch.meta)
-        # hidden: (num_tokens, hidden_size); logits only where a token is sampled
-        if not batch.sampling_rows:
-            return RunnerOutput([], [])
-        logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
+        # batch-invariant models (model/batch_invariant.py) run every linear row by row
+        with row_invariant_dispatch(getattr(self.model, "batch_invariant", False)):
+            hidden = self.model(batch.input_ids, batch.positions, self.kv_cache, batch.meta)
+            # hidden: (num_tokens, hidden_size); logits only where a token is sampled
+            if batch.prompt_logprobs is not None:
+                batch.prompt_logprobs.score(self.model, hidden)  # appends to the requests' lists
+            if not batch.sampling_rows:
+                return RunnerOutput([], [])
+            logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
         sampled = self.sampler(logits, batch.sampling_rows)  # logits: (num_samples, vocab)
         return RunnerOutput(sampled.token_ids, sampled.logprobs, sampled.errors)
 
@@ -79,6 +86,7 @@ class ModelRunner:
         tables: list[list[int]] = []
         logits_indices: list[int] = []
         rows: list[SamplingRow] = []
+        prompt_plan = PromptLogprobsPlan()
         for chunk in scheduled.chunks:
             request = chunk.request
             start, end = chunk.start, chunk.end
@@ -91,6 +99,7 @@ class ModelRunner:
                 base = table[pos // bs] * bs - (pos // bs) * bs
                 slots += range(base + pos, base + block_end)
                 pos = block_end
+            prompt_plan.add_chunk(request, start, end, query_start_loc[-1])
             query_lens.append(end - start)
             query_start_loc.append(query_start_loc[-1] + end - start)
             seq_lens.append(end)
@@ -99,7 +108,7 @@ class ModelRunner:
                 logits_indices.append(query_start_loc[-1] - 1)
                 rows.append(SamplingRow(request.params, request.prompt_token_ids,
                                         request.output_token_ids, request.generator,
-                                        self.eos_token_ids))
+                                        self.eos_token_ids, request.grammar))
         num_tokens = len(input_ids)
         num_seqs = len(query_lens)
         # one host-to-tensor conversion per index space
@@ -121,4 +130,4 @@ class ModelRunner:
             block_size=bs,
         )
         return BatchInputs(per_token[:num_tokens], per_token[num_tokens:2 * num_tokens], meta,
-                           per_seq[2 * num_seqs + 1:], rows)
+                           per_seq[2 * num_seqs + 1:], rows, prompt_plan if prompt_plan.rows else None)

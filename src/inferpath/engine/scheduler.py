@@ -54,7 +54,7 @@ class ScheduledChunk:
     samples: bool
 
     @classmethod
-    def of(cls, request: Request, num_new_tokens: int) -> "ScheduledChunk":
+    def of(cls, request: Request, num_new_tokens: int) -> ScheduledChunk:
         start = request.num_computed_tokens
         return cls(request, start, num_new_tokens, start + num_new_tokens == request.num_tokens)
 
@@ -201,7 +201,10 @@ class Scheduler:
             if self._outgrew_cache(request):
                 scheduled_finished.append(request)
                 continue
-            cached = bm.find_cached_prefix(request.all_token_ids)
+            # prompt logprobs need every prompt position computed (engine/prompt_logprobs.py)
+            cached = ([] if request.prompt_logprobs is not None
+                      and len(request.prompt_logprobs) < request.num_prompt_tokens
+                      else bm.find_cached_prefix(request.all_token_ids))
             num_computed = len(cached) * bm.block_size
             num_new = min(request.num_tokens - num_computed, budget)
             if not bm.can_allocate(num_computed + num_new, cached):

@@ -3,7 +3,8 @@
 - ``cost.pass_cost`` / ``request.estimate_request``: the per-stage cost model for any
   ModelConfig on any HardwareSpec (presets in ``hardware``, ``this-machine`` via ``probe``).
 - ``seed.seed_figures``: the seed article's Llama-3-70B figures beside the exact values.
-- ``trace.run_trace``: a real model run, each stage timed beside the prediction.
+- ``trace.request_trace``: a request the engine served (engine/trace.py), each stage timed
+  beside the prediction.
 - ``roofline.plot_roofline``: the stages on a roofline chart.
 
 Importing this package does not import torch; the probe and the trace do, when used.

@@ -113,14 +113,15 @@ def hardware_names() -> list[str]:
     return [*HARDWARE_PRESETS, THIS_MACHINE]
 
 
-def get_hardware(name: str) -> HardwareSpec:
-    """A preset by name (or alias), or ``this-machine`` (probed once, then cached)."""
+def get_hardware(name: str, refresh: bool = False) -> HardwareSpec:
+    """A preset by name (or alias), or ``this-machine`` (probed once, then cached;
+    ``refresh`` measures it again)."""
     key = name.lower()
     key = _ALIASES.get(key, key)
     if key == THIS_MACHINE:
         from inferpath.explain.probe import probe_this_machine
 
-        return probe_this_machine()
+        return probe_this_machine(refresh=refresh)
     try:
         return HARDWARE_PRESETS[key]
     except KeyError:

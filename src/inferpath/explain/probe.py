@@ -1,20 +1,31 @@
-"""Measure ``this-machine``: memory bandwidth (read, copy) and matmul FLOP/s (fp32, bf16).
+"""Measure ``this-machine`` as the engine will use it: read bandwidth and matmul rates.
 
-Each figure is the best of a few repeats of one large operation, so it approximates what
-the machine can do, not what a busy moment gave:
-- read bandwidth: ``x.sum()`` over a large fp32 tensor reads ``x.nbytes``;
+Each figure is the best of a few repeats, so it approximates what the machine can do,
+not what a busy moment gave:
+- read bandwidth: ``x.sum()`` over a large fp32 tensor reads ``x.nbytes`` (the roof);
 - copy bandwidth: ``y.copy_(x)`` reads and writes ``x.nbytes`` each (counted twice);
-- matmul: ``a @ b`` with square ``n x n`` operands does ``2 n^3`` FLOPs.
+- GEMM FLOP/s per dtype (fp32, bf16): an ``n x n`` activation against an ``n x n`` weight
+  through the engine's own linear (``kernels.ops.small_batch_linear`` with the kernels the
+  engine would choose for that weight: the native ones where this CPU and build have them,
+  oneDNN/MKL otherwise), ``2 n^3`` FLOPs;
+- GEMV bandwidth per dtype: one row against the same weight through the same call, the
+  weight's bytes over the time (what a batch-1 decode step's matmuls attain).
 
-The roofline uses the read bandwidth (weights are read, not copied). Results are cached as
-JSON under ``$INFERPATH_CACHE`` (default ``~/.cache/inferpath``), keyed by device,
-thread count and sizes, since they cost seconds to measure and change rarely.
+A dtype this machine has no fast kernel for (bf16 on a CPU without AVX512-BF16) is
+measured as slow, so its ridge point (peak / bandwidth) is small but positive and most
+stages come out compute-bound, which is what they are here.
+
+Results are cached as JSON under ``$INFERPATH_CACHE`` (default ``~/.cache/inferpath``),
+keyed by what changes them: CPU model and flags, torch version, kernel level, thread
+count and sizes (``probe_key``). ``refresh=True`` (``--reprobe``) measures again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import platform
 import time
 from pathlib import Path
 
@@ -23,11 +34,63 @@ from inferpath.explain.hardware import THIS_MACHINE, HardwareSpec
 DEFAULT_BANDWIDTH_BYTES = 256 * 2**20
 DEFAULT_MATMUL_N = 1024
 _REPEATS = 5
+_DTYPES = (("fp32", "float32"), ("bf16", "bfloat16"))
 
 
 def cache_dir() -> Path:
     """``$INFERPATH_CACHE`` or ``~/.cache/inferpath`` (the same root as inferpath.models)."""
     return Path(os.environ.get("INFERPATH_CACHE") or "~/.cache/inferpath").expanduser()
+
+
+def kernel_level() -> str:
+    """The kernel level the engine runs at: ``$INFERPATH_ISA`` if set (forced), else
+    detected from the CPU flags: "amx", "avx512bf16", "avx512", "avx2" or "generic";
+    "off" with ``INFERPATH_KERNELS=0``."""
+    forced = os.environ.get("INFERPATH_ISA")
+    if forced:
+        return forced.strip().lower()
+    if os.environ.get("INFERPATH_KERNELS", "1") == "0":
+        return "off"
+    flags = cpu_flags()
+    if {"amx_tile", "amx_bf16"} <= flags:
+        return "amx"
+    if {"avx512f", "avx512_bf16"} <= flags:
+        return "avx512bf16"
+    if "avx512f" in flags:
+        return "avx512"
+    if "avx2" in flags:
+        return "avx2"
+    return "generic"
+
+
+def cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def probe_key(device: str, threads: int, bandwidth_bytes: int, matmul_n: int) -> str:
+    """The cache key: everything that changes what the probe measures."""
+    import torch
+
+    flags = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:12]
+    return (f"{device}|{cpu_model()}|flags-{flags}|torch-{torch.__version__}|isa-{kernel_level()}"
+            f"|t{threads}|b{bandwidth_bytes}|n{matmul_n}")
 
 
 def probe_this_machine(device: str = "cpu", bandwidth_bytes: int | None = None,
@@ -38,57 +101,73 @@ def probe_this_machine(device: str = "cpu", bandwidth_bytes: int | None = None,
 
     bandwidth_bytes = bandwidth_bytes or DEFAULT_BANDWIDTH_BYTES
     matmul_n = matmul_n or DEFAULT_MATMUL_N
-
     threads = torch.get_num_threads()
-    key = f"{device}-t{threads}-b{bandwidth_bytes}-n{matmul_n}"
+    key = probe_key(device, threads, bandwidth_bytes, matmul_n)
     path = cache_path or cache_dir() / "probe.json"
     cached = _load(path)
     if not refresh and key in cached:
         return spec_from_measurement(cached[key])
     measured = measure(device, bandwidth_bytes, matmul_n)
     measured["threads"] = threads
+    measured["kernel_level"] = kernel_level()
     cached[key] = measured
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(cached, indent=2))
     tmp.replace(path)  # atomic: a concurrent reader sees the old or the new file
     return spec_from_measurement(measured)
 
 
 def spec_from_measurement(m: dict) -> HardwareSpec:
+    """The HardwareSpec of a measurement; every figure must be positive (a zero rate would
+    make a ridge of 0 and call everything compute-bound)."""
+    for name in ("read_bandwidth", "fp32_flops", "bf16_flops"):
+        if not m.get(name, 0) > 0:
+            raise ValueError(f"probe measurement {name}={m.get(name)!r} is not a positive rate; "
+                             "run with --reprobe")
+    gemv = "".join(f", {d} GEMV {m[f'{d}_gemv_bandwidth'] / 1e9:.1f} GB/s" for d, _ in _DTYPES
+                   if f"{d}_gemv_bandwidth" in m)
     return HardwareSpec(
         name=THIS_MACHINE, memory_bandwidth=m["read_bandwidth"],
         peak_flops={"fp32": m["fp32_flops"], "bf16": m["bf16_flops"]},
         memory_bytes=m["memory_bytes"],
-        source=(f"measured on {m['device']} with {m.get('threads', '?')} threads: read "
-                f"{m['read_bandwidth'] / 1e9:.1f} GB/s, copy {m['copy_bandwidth'] / 1e9:.1f} GB/s, "
-                f"fp32 {m['fp32_flops'] / 1e9:.1f} GFLOP/s, bf16 {m['bf16_flops'] / 1e9:.1f} GFLOP/s"),
+        source=(f"measured on {m['device']} with {m.get('threads', '?')} threads, kernels "
+                f"{m.get('kernel_level', '?')}: read {m['read_bandwidth'] / 1e9:.1f} GB/s, copy "
+                f"{m['copy_bandwidth'] / 1e9:.1f} GB/s, fp32 GEMM {m['fp32_flops'] / 1e9:.1f} GFLOP/s, "
+                f"bf16 GEMM {m['bf16_flops'] / 1e9:.1f} GFLOP/s{gemv}"),
     )
 
 
 def measure(device: str, bandwidth_bytes: int, matmul_n: int) -> dict:
     import torch
 
+    from inferpath.kernels.ops import linear_kernels, small_batch_linear
+
     numel = bandwidth_bytes // 4
     x = torch.ones(numel, dtype=torch.float32, device=device)  # (numel,)
     y = torch.empty_like(x)
-    read_s = _best_time(lambda: x.sum(), device)
-    copy_s = _best_time(lambda: y.copy_(x), device)
-    flops = {}
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        a = torch.randn(matmul_n, matmul_n, device=device).to(dtype)  # (n, n)
-        b = torch.randn(matmul_n, matmul_n, device=device).to(dtype)  # (n, n)
-        flops[name] = 2 * matmul_n**3 / _best_time(lambda a=a, b=b: a @ b, device)
-    return {
+    result = {
         "device": device,
-        "read_bandwidth": x.nbytes / read_s,
-        "copy_bandwidth": 2 * x.nbytes / copy_s,
-        "fp32_flops": flops["fp32"],
-        "bf16_flops": flops["bf16"],
+        "read_bandwidth": x.nbytes / _best_time(lambda: x.sum(), device),
+        "copy_bandwidth": 2 * x.nbytes / _best_time(lambda: y.copy_(x), device),
         "memory_bytes": _memory_bytes(device),
         "bandwidth_bytes": bandwidth_bytes,
         "matmul_n": matmul_n,
     }
+    del x, y
+    n = matmul_n
+    with torch.inference_mode():
+        for name, dtype_name in _DTYPES:
+            dtype = getattr(torch, dtype_name)
+            weight = torch.randn(n, n, device=device).to(dtype)  # (out, in), as nn.Linear holds it
+            kernels = linear_kernels(weight, None)
+            rows = torch.randn(n, n, device=device).to(dtype)  # (n tokens, in)
+            one = rows[:1].contiguous()  # (1, in)
+            gemm_s = _best_time(lambda: small_batch_linear(rows, weight, None, kernels), device)
+            gemv_s = _best_time(lambda: small_batch_linear(one, weight, None, kernels), device)
+            result[f"{name}_flops"] = 2 * n**3 / gemm_s
+            result[f"{name}_gemv_bandwidth"] = weight.nbytes / gemv_s
+    return result
 
 
 def _best_time(fn, device: str) -> float:

@@ -68,7 +68,7 @@ def summary_lines(cost: RequestCost) -> list[str]:
     stop = " + a stop token" if spec.ends_with_stop else ""
     lines = [
         f"{cfg.name or cfg.architecture} on {hw.name}: {fmt_bytes(hw.memory_bandwidth)}/s, "
-        f"{fmt_flops(hw.flops_for(dtype))}FLOP/s {dtype}, ridge {hw.ridge_point(dtype):.0f} FLOP/byte; "
+        f"{fmt_flops(hw.flops_for(dtype))}FLOP/s {dtype}, ridge {hw.ridge_point(dtype):.3g} FLOP/byte; "
         f"{spec.precision.description} weights",
         f"request: {spec.prompt_tokens} prompt tokens, an answer of {spec.output_tokens} tokens{stop}, "
         f"batch {spec.batch}",
@@ -112,7 +112,7 @@ def phase_sentence(p: PassCost, hw: HardwareSpec, dtype: str, phase: str) -> str
     what = "per token" if p.num_new_tokens == 1 else f"for {p.num_new_tokens} tokens"
     return (f"{phase} is {p.bound}-bound: {fmt_bytes(p.weight_bytes, 4)} of weights read {what}, "
             f"{p.layer_matmul_intensity:.3g} FLOP/byte in the layers' matrices against a ridge of "
-            f"{hw.ridge_point(dtype):.0f}, {fmt_time(p.time_s)} at {fmt_bytes(hw.memory_bandwidth)}/s")
+            f"{hw.ridge_point(dtype):.3g}, {fmt_time(p.time_s)} at {fmt_bytes(hw.memory_bandwidth)}/s")
 
 
 def tables_text(cost: RequestCost) -> list[str]:

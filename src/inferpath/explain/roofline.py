@@ -70,7 +70,7 @@ def plot_roofline(points: list[dict], hardware: HardwareSpec, compute_dtype: str
     fig, ax = plt.subplots(figsize=(10, 6.5), dpi=110)
     ax.plot(xs, np.minimum(peak, bw * xs), color="black", lw=2, label="roof: min(peak, bandwidth x I)")
     ax.axvline(ridge, color="grey", ls=":", lw=1)
-    ax.annotate(f"ridge {ridge:.0f} FLOP/B", (ridge, peak), xytext=(-8, 8), ha="right",
+    ax.annotate(f"ridge {ridge:.3g} FLOP/B", (ridge, peak), xytext=(-8, 8), ha="right",
                 textcoords="offset points", color="grey")
     labels = list(dict.fromkeys(p["pass"] for p in points))
     prefill = [lab for lab in labels if lab.startswith("prefill")]

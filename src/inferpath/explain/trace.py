@@ -1,226 +1,176 @@
-"""A live trace of one request: the seed's walk-through, measured on a real model.
+"""A request's trace as the seed tells it: the engine's measured steps beside the cost model.
 
-The request is driven directly (no engine, no scheduler), so every step is exactly one
-sequence's pass: checkpoint -> model -> KV cache -> one prefill pass over the prompt ->
-decode passes of one token each. Each pass is timed per stage (hooks.StageTimer) and
-beside it the cost model predicts the same pass on ``this-machine`` (probe.py), at the
-model's run dtype (fp32 on the CPU) with a fused attention kernel (the model calls
-``scaled_dot_product_attention``, which never writes the scores to memory).
+The measurements come from the engine that served the request (engine/trace.py: the
+scheduler's batch, the runner, the model with its kernels and fused projections, the
+sampler); this module runs nothing. It joins each recorded step with the cost model's
+prediction of that same step on ``hardware`` and turns it into one JSON-able dict that
+``inferpath trace`` prints and the web page draws.
 
-Sampling here is deliberately plain: softmax(logits / temperature), the top candidates
-shown with their probabilities, then argmax (temperature 0) or a draw from a seeded
-generator. A step's wall time covers the forward pass, the LM head and the draw.
+A step's prediction covers the whole batch the step ran, as the measurement does:
+``step_cost`` adds the cost of each chunk (one ``pass_cost`` per sequence) and counts the
+weights once, since every sequence of a step shares one read of them. A row's predicted
+figures are the sums of the cost-model stages it covers (engine/trace_stages.py
+``COVERS``); its bound is that of its longest stage.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
-import time
-from dataclasses import dataclass, field
-from typing import Callable
-
-import torch
+from dataclasses import replace
 
 from inferpath.config import ModelConfig
-from inferpath.explain.cost import PassCost, Precision, pass_cost
+from inferpath.engine.trace_stages import COVERS, ROW_ORDER
+from inferpath.explain.cost import PassCost, Precision, StageCost, pass_cost
 from inferpath.explain.hardware import HardwareSpec
-from inferpath.explain.hooks import StageTimer
-from inferpath.model.metadata import AttentionMetadata
 
-BLOCK_SIZE = 16
-
-
-@dataclass
-class Candidate:
-    token_id: int
-    text: str
-    probability: float
+_PER_TOKEN_WEIGHTS = ("embedding",)  # rows of the table read per token, not once per step
+_SAMPLED_ONLY = ("lm_head", "sampling")
 
 
-@dataclass
-class StepTrace:
-    """One forward pass: what went in, how long each stage took, what came out."""
+def step_cost(config: ModelConfig, hardware: HardwareSpec, precision: Precision,
+              chunks: list[tuple[int, int, bool]]) -> PassCost:
+    """Cost of one engine step of ``chunks`` = [(num_new_tokens, context_len, samples)].
 
-    index: int
-    phase: str  # "prefill" or "decode"
-    num_new_tokens: int
-    context_len: int  # tokens in the KV cache after this pass
-    step_s: float  # wall time: forward + LM head + sampling
-    measured: dict[str, float]  # measured row -> seconds (see hooks.py), incl. "sampling", "other"
-    predicted: PassCost
-    candidates: list[Candidate]
-    token_id: int
-    token_text: str
-    kv_bytes: int  # the cache in use after the pass
-
-    @property
-    def hooked_s(self) -> float:
-        """Time inside the hooked stage modules and the timed sampling code."""
-        return sum(v for k, v in self.measured.items() if k not in ("residual", "other"))
-
-
-@dataclass
-class TraceResult:
-    model: str
-    config: ModelConfig
-    hardware: HardwareSpec
-    prompt: str
-    prompt_ids: list[int]
-    prompt_pieces: list[str]
-    tokenize_s: float
-    load_s: float
-    steps: list[StepTrace] = field(default_factory=list)
-    output_text: str = ""
-    finish_reason: str = "length"
-
-    @property
-    def prefill_s(self) -> float:
-        return self.steps[0].step_s
-
-    @property
-    def decode_s(self) -> float:
-        return sum(s.step_s for s in self.steps[1:])
-
-    @property
-    def prefill_share(self) -> float:
-        return self.prefill_s / (self.prefill_s + self.decode_s)
-
-
-def one_sequence_metadata(start: int, num_tokens: int, num_blocks: int) -> AttentionMetadata:
-    """Metadata for one sequence whose slots are its positions (blocks 0, 1, 2, ... in order)."""
-    slots = torch.arange(start, start + num_tokens, dtype=torch.int64)  # (num_tokens,)
-    return AttentionMetadata(
-        slot_mapping=slots,
-        query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int64),
-        seq_lens=torch.tensor([start + num_tokens], dtype=torch.int64),
-        block_tables=torch.arange(num_blocks, dtype=torch.int64).unsqueeze(0),  # (1, num_blocks)
-        query_lens=[num_tokens], seq_lens_list=[start + num_tokens], block_size=BLOCK_SIZE,
-    )
-
-
-@dataclass
-class LoadedModel:
-    """A real model ready to trace: its checkpoint, the built Transformer, its tokenizer."""
-
-    name: str
-    checkpoint: object  # inferpath.weights.Checkpoint
-    net: torch.nn.Module
-    tokenizer: object  # inferpath.tokenizer.Tokenizer
-    load_s: float
-    precision: Precision = Precision("fp32")  # what runs, for the predictions
-
-
-def load_for_trace(model: str) -> LoadedModel:
-    """Resolve an alias or path, load the checkpoint with fp32 activations and build the
-    model; a GGUF's quantized weights stay quantized where the kernels run, as the engine
-    runs them, and the predictions count their bytes."""
-    from inferpath.kernels.quantized import build_quantized_model, quantized_kernels_available
-    from inferpath.model import build_model
-    from inferpath.models import resolve_model
-    from inferpath.tokenizer import load_tokenizer
-    from inferpath.weights import load_checkpoint
-
-    start = time.perf_counter()
-    path = resolve_model(model)
-    checkpoint = load_checkpoint(path, dtype=torch.float32, keep_quantized=quantized_kernels_available())
-    quantized = bool(checkpoint.quantized_tensors)
-    net = build_quantized_model(checkpoint) if quantized else build_model(checkpoint, torch.float32)
-    tokenizer = load_tokenizer(checkpoint.tokenizer_path)
-    precision = Precision.of_gguf(path) if quantized else Precision("fp32")
-    return LoadedModel(model, checkpoint, net, tokenizer, time.perf_counter() - start, precision)
-
-
-def run_trace(prompt: str, model: str = "smollm2-135m-instruct", max_tokens: int = 8,
-              temperature: float = 0.0, seed: int = 0, top: int = 5, chat: bool = True,
-              hardware: HardwareSpec | None = None,
-              progress: Callable[[str], None] | None = None) -> TraceResult:
-    """Load ``model`` and trace one request (see ``trace_request``)."""
-    say = progress or (lambda message: None)
-    say(f"loading {model} ...")
-    loaded = load_for_trace(model)
-    if hardware is None:
-        from inferpath.explain.probe import probe_this_machine
-
-        say("probing this machine (cached after the first run) ...")
-        hardware = probe_this_machine()
-    return trace_request(loaded, prompt, hardware, max_tokens, temperature, seed, top, chat, say)
-
-
-def trace_request(loaded: LoadedModel, prompt: str, hardware: HardwareSpec, max_tokens: int = 8,
-                  temperature: float = 0.0, seed: int = 0, top: int = 5, chat: bool = True,
-                  progress: Callable[[str], None] | None = None, timed: bool = True) -> TraceResult:
-    """Generate up to ``max_tokens`` tokens for ``prompt``, timing every stage of every pass.
-
-    ``timed=False`` runs the same loop without hooks (the reference a test compares with).
+    One chunk alone is exactly ``pass_cost``; several share one read of the weights.
     """
-    from inferpath.cache.kv import KVCache
-
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    say = progress or (lambda message: None)
-    net, tokenizer, checkpoint = loaded.net, loaded.tokenizer, loaded.checkpoint
-    t0 = time.perf_counter()
-    ids = tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat else tokenizer.encode(prompt)
-    tokenize_s = time.perf_counter() - t0
-    config = checkpoint.config
-    limit = config.max_position_embeddings
-    if len(ids) + max_tokens > limit:
-        raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the "
-                         f"model's context of {limit} tokens")
-    num_blocks = math.ceil((len(ids) + max_tokens) / BLOCK_SIZE)
-    cache = KVCache(config, num_blocks, BLOCK_SIZE, torch.float32)
-    result = TraceResult(loaded.name, config, hardware, prompt, ids,
-                         [tokenizer.decode([i]) for i in ids], tokenize_s, loaded.load_s)
-    generator = torch.Generator().manual_seed(seed)
-    eos = set(checkpoint.eos_token_ids) | set(tokenizer.eos_token_ids)
-    new_ids: list[int] = []
-    tokens, position = ids, 0
-    timer = StageTimer(net) if timed else None
-    with torch.inference_mode(), (timer or contextlib.nullcontext()):
-        for index in range(max_tokens):
-            say(f"step {index}: {len(tokens)} token(s) at position {position}")
-            meta = one_sequence_metadata(position, len(tokens), num_blocks)
-            input_ids = torch.tensor(tokens, dtype=torch.int64)  # (num_tokens,)
-            positions = torch.arange(position, position + len(tokens), dtype=torch.int64)
-            if timer:
-                timer.take()  # discard anything timed outside a step
-            step_start = time.perf_counter()
-            hidden = net(input_ids, positions, cache, meta)  # (num_tokens, hidden_size)
-            logits = net.compute_logits(hidden[-1:])[0]  # (vocab,) float32: the last position only
-            sample_start = time.perf_counter()
-            top_probs, top_ids, token_id = _sample(logits, temperature, top, generator)
-            step_end = time.perf_counter()
-            candidates = [Candidate(i, tokenizer.decode([i]), p) for i, p in zip(top_ids, top_probs, strict=True)]
-            measured = timer.take() if timer else {}
-            measured["sampling"] = step_end - sample_start
-            timed_s = sum(measured.values())
-            measured["other"] = max(0.0, (step_end - step_start) - timed_s)
-            context = position + len(tokens)
-            predicted = pass_cost(config, hardware, loaded.precision, len(tokens), context, fused_attention=True)
-            result.steps.append(StepTrace(
-                index, "prefill" if index == 0 else "decode", len(tokens), context,
-                step_end - step_start, measured, predicted, candidates, token_id,
-                tokenizer.decode([token_id]), cache.bytes_per_token * context,
-            ))
-            new_ids.append(token_id)
-            if token_id in eos:
-                result.finish_reason = "stop"
-                break
-            tokens, position = [token_id], context
-    result.output_text = tokenizer.decode(new_ids, skip_special_tokens=True)
-    return result
+    passes = [(pass_cost(config, hardware, precision, n, ctx, fused_attention=True), samples)
+              for n, ctx, samples in chunks]
+    peak, bw = hardware.flops_for(precision.compute_dtype), hardware.memory_bandwidth
+    merged: dict[str, list[StageCost]] = {}
+    for p, samples in passes:
+        for stage in p.stages:
+            if stage.name in _SAMPLED_ONLY and not samples:
+                continue
+            merged.setdefault(stage.name, []).append(stage)
+    stages = []
+    for name, parts in merged.items():
+        first = parts[0]
+        if len(parts) == 1:
+            stages.append(first)
+            continue
+        weights = (sum(s.weight_bytes for s in parts) if name in _PER_TOKEN_WEIGHTS
+                   else max(s.weight_bytes for s in parts))
+        read = sum(s.bytes_read - s.weight_bytes for s in parts) + weights
+        written = sum(s.bytes_written for s in parts)
+        flops = sum(s.flops for s in parts)
+        stages.append(replace(first, weight_bytes=weights, bytes_read=read, bytes_written=written,
+                              flops=flops, compute_time_s=flops / peak if first.on_accelerator else 0.0,
+                              memory_time_s=(read + written) / bw if first.on_accelerator else 0.0))
+    first = passes[0][0]
+    phase = "prefill" if any(p.phase == "prefill" for p, _ in passes) else "decode"
+    return PassCost(phase=phase, batch=len(chunks), num_new_tokens=sum(n for n, _, _ in chunks),
+                    context_len=max(ctx for _, ctx, _ in chunks), stages=tuple(stages),
+                    weight_bytes_per_param=first.weight_bytes_per_param)
 
 
-def _sample(logits: torch.Tensor, temperature: float, top: int,
-            generator: torch.Generator) -> tuple[list[float], list[int], int]:
-    """Top candidates' probabilities and ids (at this temperature; at 0, at 1.0) and the drawn id."""
-    probs = torch.softmax(logits / (temperature or 1.0), dim=-1)  # (vocab,)
-    top_probs, top_ids = torch.topk(probs, top)
-    if temperature == 0:
-        token_id = int(torch.argmax(logits))
-    else:
-        token_id = int(torch.multinomial(probs, 1, generator=generator))
-    return top_probs.tolist(), top_ids.tolist(), token_id
+def row_prediction(row: str, predicted: PassCost) -> dict:
+    """Predicted seconds, bytes moved (read + written) and read, FLOPs, intensity (FLOPs per
+    byte moved) and bound of one measured row."""
+    stages = [s for s in predicted.stages if s.name in COVERS[row]]
+    if not stages:
+        return {"predicted_s": None, "bytes": None, "bytes_read": None, "flops": None, "intensity": None,
+                "bound": ""}
+    moved = sum(s.bytes_moved for s in stages)
+    flops = sum(s.flops for s in stages)
+    return {"predicted_s": sum(s.time_s for s in stages), "bytes": moved,
+            "bytes_read": sum(s.bytes_read for s in stages), "flops": flops,
+            "intensity": flops / moved if moved else 0.0,
+            "bound": max(stages, key=lambda s: s.time_s).bound}
+
+
+def precision_of(engine) -> Precision:
+    """The cost model's precision of what the engine runs: its compute dtype, and for
+    weights kept in GGUF blocks (dtype auto) their bytes per weight (engine.weight_format)."""
+    weights = engine.weight_format
+    dtype = str(weights.dtype).removeprefix("torch.")
+    base = Precision.parse(dtype)
+    if not weights.quantized:
+        return base
+    return Precision(base.weights, weights.weight_bytes / weights.num_weights, weights.formats)
+
+
+def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> dict:
+    """One request's recorded steps with predictions (the JSON of the CLI and the page).
+
+    ``tracer`` is the engine's StepTracer; ``request_id`` the engine request id.
+    """
+    config: ModelConfig = engine.model_config
+    tokenizer = engine.tokenizer
+    precision = precision_of(engine)
+    kv_bytes_per_token = engine.kv_cache.bytes_per_token
+    records = tracer.steps_of(request_id)
+    steps = []
+    for record in records:
+        mine = record.chunk_of(request_id)
+        predicted = step_cost(config, hardware, precision,
+                              [(c.num_new_tokens, c.context_len, c.token_id is not None) for c in record.chunks])
+        rows = []
+        for row in ROW_ORDER:
+            if row not in record.stages:
+                continue
+            rows.append({"stage": row, "measured_s": record.stages[row], "covers": list(COVERS[row]),
+                         "note": tracer.fusions.get(row, ""), **row_prediction(row, predicted)})
+        token = None
+        if mine.token_id is not None:
+            token = {"id": mine.token_id, "text": tokenizer.decode([mine.token_id]),
+                     "top": [{"id": i, "text": tokenizer.decode([i]), "probability": p}
+                             for i, p in zip(mine.top_ids, mine.top_probs)]}
+        steps.append({
+            "index": record.index, "phase": "prefill" if mine.is_prefill else "decode",
+            "step_s": record.step_s, "predicted_s": predicted.time_s,
+            "num_seqs": record.num_seqs, "num_prefill_tokens": record.num_prefill_tokens,
+            "num_decode_tokens": record.num_decode_tokens,
+            "num_new_tokens": mine.num_new_tokens, "context_len": mine.context_len,
+            "kv_bytes": mine.context_len * kv_bytes_per_token,
+            "num_kv_blocks_used": record.num_kv_blocks_used, "num_kv_blocks_total": record.num_kv_blocks_total,
+            "flops": predicted.flops, "bytes": predicted.bytes_moved, "intensity": predicted.intensity,
+            "bound": predicted.bound, "token": token, "stages": rows,
+        })
+    prefill_s = sum(s["step_s"] for s in steps if s["phase"] == "prefill")
+    decode_s = sum(s["step_s"] for s in steps if s["phase"] == "decode")
+    total = prefill_s + decode_s
+    return {
+        "request_id": request_id, "model": engine.model_name,
+        "config": {"num_layers": config.num_layers, "hidden_size": config.hidden_size,
+                   "num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads,
+                   "vocab_size": config.vocab_size},
+        "dtype": engine.engine_config.dtype, "precision": precision.description,
+        "hardware": hardware_json(hardware, precision),
+        "fusions": dict(tracer.fusions),
+        "num_prompt_tokens": records[0].chunk_of(request_id).num_prompt_tokens if records else 0,
+        "prefill_s": prefill_s, "decode_s": decode_s,
+        "prefill_share": prefill_s / total if total else 0.0,
+        "summary": summary_rows(steps),
+        "steps": steps,
+    }
+
+
+def summary_rows(steps: list[dict]) -> list[dict]:
+    """Per row: measured and predicted seconds, intensity and bound over the request's
+    prefill steps and over its decode steps; bytes read and FLOPs over all its steps."""
+    out = []
+    for row in ROW_ORDER:
+        cells = [r for s in steps for r in s["stages"] if r["stage"] == row]
+        if not cells:
+            continue
+        entry = {"stage": row, "covers": cells[0]["covers"], "note": cells[0]["note"]}
+        for phase in ("prefill", "decode"):
+            mine = [r for s in steps if s["phase"] == phase for r in s["stages"] if r["stage"] == row]
+            predicted = [c for c in mine if c["predicted_s"] is not None]
+            entry[f"{phase}_measured_s"] = sum(c["measured_s"] for c in mine)
+            entry[f"{phase}_predicted_s"] = sum(c["predicted_s"] for c in predicted) if predicted else None
+            moved, flops = sum(c["bytes"] for c in predicted), sum(c["flops"] for c in predicted)
+            entry[f"{phase}_flops"] = flops if predicted else None
+            entry[f"{phase}_intensity"] = flops / moved if moved else None
+            entry[f"{phase}_bound"] = predicted[-1]["bound"] if predicted else ""
+        predicted = [c for c in cells if c["predicted_s"] is not None]
+        entry["bytes_read"] = sum(c["bytes_read"] for c in predicted) if predicted else None
+        entry["flops"] = sum(c["flops"] for c in predicted) if predicted else None
+        out.append(entry)
+    return out
+
+
+def hardware_json(hardware: HardwareSpec, precision: Precision) -> dict:
+    dtype = precision.compute_dtype
+    return {"name": hardware.name, "source": hardware.source,
+            "memory_bandwidth": hardware.memory_bandwidth, "peak_flops": hardware.flops_for(dtype),
+            "compute_dtype": dtype, "ridge": hardware.ridge_point(dtype)}

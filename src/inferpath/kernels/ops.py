@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from inferpath.kernels import build
+from inferpath.model.batch_invariant import rows_must_be_invariant, rowwise_linear
 
 GEMV_MAX_ROWS = {torch.float32: 32, torch.bfloat16: 8}
 # The portable GEMV (generic and avx2 levels) meets x four rows at a time with no register
@@ -63,9 +64,18 @@ def linear_kernels(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernels: tuple):
     """x @ weight.T + bias through the kernel that serves x's row count best (AMX for bf16
     from AMX_MIN_ROWS to AMX_MAX_ROWS rows, else the GEMV up to its level's cutoff), else
-    ``F.linear``. ``kernels`` comes from ``linear_kernels``."""
+    ``F.linear``. ``kernels`` comes from ``linear_kernels``. Inside
+    ``row_invariant_dispatch`` (model/batch_invariant.py): the GEMV for any number of rows
+    (each output is one FMA chain over k then one lane reduction, csrc/avx512/gemv.c, whatever m
+    is), else ``rowwise_linear``; never AMX or oneDNN, whose blocking follows the row count.
+    NOTE: the portable GEMV (generic, avx2 levels) vectorises its 4-row and 1-row loops
+    separately; the compiler does not promise them the same summation order."""
     gemv_fn, amx_fn, gemv_max_rows = kernels
     rows = x.shape[0]
+    if rows_must_be_invariant():
+        if gemv_fn is not None and x.dtype == weight.dtype and x.dim() == 2:
+            return run_gemv(gemv_fn, x.contiguous(), weight, bias)
+        return rowwise_linear(x, weight, bias)
     if x.dtype == weight.dtype and x.dim() == 2:
         if amx_fn is not None and AMX_MIN_ROWS <= rows <= AMX_MAX_ROWS:
             return run_gemv(amx_fn, x.contiguous(), weight, bias)
@@ -191,7 +201,7 @@ def quantized_linear(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
     """x (m, cols) float32 contiguous -> (m, rows) float32 against a quantized weight: the
     fused kernel for up to QUANT_MATMUL_MAX_ROWS rows, else dequantized tiles and F.linear."""
     rows = data.shape[0]
-    if x.shape[0] <= QUANT_MATMUL_MAX_ROWS:
+    if x.shape[0] <= QUANT_MATMUL_MAX_ROWS or rows_must_be_invariant():  # rows independent in the kernel
         return run_quant_matmul(matmul_fn, x, data, qtype, bias, rows)
     out = torch.empty((x.shape[0], rows), dtype=torch.float32)
     tile = max(1, DEQUANT_TILE_VALUES // cols)

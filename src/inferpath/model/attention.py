@@ -36,6 +36,9 @@ class DecodeGroup:
     mask: torch.Tensor | None  # (num_decodes, 1, 1, key_end - key_start) bool; None = all
     seq_lens: torch.Tensor  # (num_decodes,) context length of each, this step's token included
     sliding_window: int  # 0 = none; else each sequence reads its last sliding_window keys
+    # batch-invariant plans: the host copy of seq_lens; each row then attends over exactly
+    # its own keys (no padding, no mask), so its sums never depend on the other rows
+    exact_lens: list[int] | None = None
 
 
 @dataclass
@@ -60,8 +63,16 @@ class AttentionPlan:
     scale: float
 
 
-def build_attention_plan(meta: AttentionMetadata, head_dim: int, sliding_window: int | None) -> AttentionPlan:
-    """Split the flat batch into a decode group and prefill chunks, without host syncs."""
+def build_attention_plan(meta: AttentionMetadata, head_dim: int, sliding_window: int | None,
+                         batch_invariant: bool = False, scale: float | None = None) -> AttentionPlan:
+    """Split the flat batch into a decode group and prefill chunks, without host syncs.
+
+    With ``batch_invariant`` every token, prefill or decode, is its own row of one exact
+    decode group (``per_token_plan``). ``scale`` multiplies q . k (default head_dim ** -0.5).
+    """
+    scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
+    if batch_invariant:
+        return per_token_plan(meta, scale, sliding_window)
     block_size = meta.block_size
     window = sliding_window or 0
     token_starts = [0]
@@ -111,7 +122,30 @@ def build_attention_plan(meta: AttentionMetadata, head_dim: int, sliding_window:
         if context_len > 0 or needs_window:
             mask = causal_mask(query_len, seq_len, window, device)
         prefills.append(PrefillChunk(token_starts[i], query_len, seq_len, block_ids, mask, mask is None))
-    return AttentionPlan(meta.slot_mapping, decode, prefills, 1.0 / math.sqrt(head_dim))
+    return AttentionPlan(meta.slot_mapping, decode, prefills, scale)
+
+
+def per_token_plan(meta: AttentionMetadata, scale: float, sliding_window: int | None) -> AttentionPlan:
+    """Every token as a one-query "sequence" over its own context, keys 0..position.
+
+    NOTE: this is what makes a token's attention independent of the step it runs in:
+    alone or batched, prompt row or decode, before or after a prefix hit or preemption, a
+    token at position p reads exactly keys 0..p (the last ``sliding_window`` of them) of
+    its sequence, in the same order, through one code path. Its K/V are already in the
+    cache (written before attention). The cost: prompt rows read the cache like decodes.
+    """
+    lens: list[int] = []  # (num_tokens,) context length of each token: its position + 1
+    for query_len, seq_len in zip(meta.query_lens, meta.seq_lens_list):
+        lens.extend(range(seq_len - query_len + 1, seq_len + 1))
+    device = meta.block_tables.device
+    seq_of_token = torch.repeat_interleave(torch.arange(meta.num_seqs, device=device),
+                                           torch.tensor(meta.query_lens, device=device))
+    max_len = max(lens)
+    blocks_per_seq = -(-max_len // meta.block_size)
+    tables = meta.block_tables.index_select(0, seq_of_token)[:, :blocks_per_seq]  # (num_tokens, blocks)
+    decode = DecodeGroup(None, tables.reshape(-1), blocks_per_seq, 0, max_len, None,
+                         torch.tensor(lens, device=device), sliding_window or 0, exact_lens=lens)
+    return AttentionPlan(meta.slot_mapping, decode, [], scale)
 
 
 def causal_mask(query_len: int, seq_len: int, sliding_window: int | None, device=None) -> torch.Tensor:
@@ -168,6 +202,8 @@ class PagedAttention(nn.Module):
 
     @staticmethod
     def _decode(q, k_cache, v_cache, group: DecodeGroup, scale: float) -> torch.Tensor:
+        if group.exact_lens is not None:
+            return PagedAttention._decode_each(q, k_cache, v_cache, group, scale)
         num_seqs = q.shape[0]
         num_kv_heads, head_dim = k_cache.shape[-2:]
         context = group.blocks_per_seq * k_cache.shape[1]
@@ -184,6 +220,28 @@ class PagedAttention(nn.Module):
             grouped_q, gather(k_cache), gather(v_cache), attn_mask=group.mask, scale=scale,
         )
         return out.reshape(q.shape)  # (num_seqs, num_heads, head_dim)
+
+    @staticmethod
+    def _decode_each(q, k_cache, v_cache, group: DecodeGroup, scale: float) -> torch.Tensor:
+        """One SDPA call per row over exactly its keys: the same call for a token whatever
+        else shares the step (batch-invariant plans)."""
+        num_kv_heads, head_dim = k_cache.shape[-2:]
+        block_size = k_cache.shape[1]
+        window = group.sliding_window
+        out = torch.empty_like(q)  # (num_rows, num_heads, head_dim)
+        for row, length in enumerate(group.exact_lens):
+            first = row * group.blocks_per_seq
+            blocks = group.block_ids[first:first + -(-length // block_size)]
+            start = max(0, length - window) if window else 0
+
+            def gather(cache):  # -> (1, num_kv_heads, num_keys, head_dim)
+                keys = cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[start:length]
+                return keys.transpose(0, 1).unsqueeze(0)
+
+            grouped_q = q[row].reshape(1, num_kv_heads, -1, head_dim)  # (1, kvh, group, hd)
+            attended = F.scaled_dot_product_attention(grouped_q, gather(k_cache), gather(v_cache), scale=scale)
+            out[row] = attended.reshape(q.shape[1:])
+        return out
 
     @staticmethod
     def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, scale: float) -> torch.Tensor:

@@ -42,3 +42,16 @@ class AttentionMetadata:
     @property
     def is_decode_only(self) -> bool:
         return self.max_query_len == 1
+
+
+def one_sequence_metadata(start: int, num_tokens: int, num_blocks: int, block_size: int = 16) -> AttentionMetadata:
+    """One sequence whose slots are its positions (blocks 0, 1, 2, ... in order): for tests
+    and benchmarks that drive the model without an engine."""
+    slots = torch.arange(start, start + num_tokens, dtype=torch.int64)  # (num_tokens,)
+    return AttentionMetadata(
+        slot_mapping=slots,
+        query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int64),
+        seq_lens=torch.tensor([start + num_tokens], dtype=torch.int64),
+        block_tables=torch.arange(num_blocks, dtype=torch.int64).unsqueeze(0),  # (1, num_blocks)
+        query_lens=[num_tokens], seq_lens_list=[start + num_tokens], block_size=block_size,
+    )

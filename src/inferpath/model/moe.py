@@ -1,9 +1,15 @@
-"""Mixtral-style mixture of experts: a router picks top-k SwiGLU experts per token.
+"""Mixtures of experts: a router picks top-k SwiGLU experts per token.
 
-Names follow the Mixtral checkpoint layout (``block_sparse_moe.gate``,
-``block_sparse_moe.experts.{e}.w1/w2/w3``; w1 = gate, w3 = up, w2 = down) so tensors
-load by name. The routing weights are a softmax over the top-k router logits, which is
-the same as Mixtral's softmax over all experts renormalised over the chosen k.
+``SparseMoE`` (Mixtral): names follow the Mixtral checkpoint layout
+(``block_sparse_moe.gate``, ``block_sparse_moe.experts.{e}.w1/w2/w3``; w1 = gate, w3 = up,
+w2 = down) so tensors load by name. The routing weights are a softmax over the top-k
+router logits, which is the same as Mixtral's softmax over all experts renormalised over
+the chosen k.
+
+``RoutedMoE`` (OLMoE, Qwen2-MoE): ``mlp.gate`` is the router, ``mlp.experts.{e}`` are
+Llama-named SwiGLU MLPs; the weights are the softmax over all experts at the top k,
+renormalised only with ``norm_topk_prob``. Qwen2-MoE adds a shared expert that every
+token runs, scaled by ``sigmoid(shared_expert_gate(x))``.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inferpath.model.layers import SiluAndMul
+from inferpath.model.layers import SiluAndMul, SwiGLUMLP
 
 
 class Expert(nn.Module):
@@ -48,17 +54,58 @@ class SparseMoE(nn.Module):
         router_logits = self.gate(x)  # (num_tokens, num_experts)
         top_logits, top_experts = torch.topk(router_logits, self.top_k, dim=-1)  # (num_tokens, top_k)
         weights = F.softmax(top_logits.float(), dim=-1).to(x.dtype)
-        flat_experts = top_experts.reshape(-1)  # (num_tokens * top_k,)
-        order = torch.argsort(flat_experts, stable=True)
-        counts = torch.bincount(flat_experts, minlength=len(self.experts)).tolist()
-        token_of = order // self.top_k  # token row of each routed (token, slot) pair, grouped by expert
-        weight_of = weights.reshape(-1).index_select(0, order)
-        out = torch.zeros_like(x)
-        start = 0
-        for expert, count in zip(self.experts, counts):
-            if count:
-                tokens = token_of[start:start + count]
-                y = expert(x.index_select(0, tokens)) * weight_of[start:start + count, None]
-                out.index_add_(0, tokens, y)
-            start += count
+        return run_experts(x, self.experts, top_experts, weights)
+
+
+def run_experts(x: torch.Tensor, experts: nn.ModuleList, top_experts: torch.Tensor,
+                weights: torch.Tensor) -> torch.Tensor:
+    """Sum over each token's chosen experts of weight * expert(x), tokens grouped by expert.
+
+    x: (num_tokens, hidden_size); top_experts, weights: (num_tokens, top_k).
+    """
+    top_k = top_experts.shape[1]
+    flat_experts = top_experts.reshape(-1)  # (num_tokens * top_k,)
+    order = torch.argsort(flat_experts, stable=True)
+    counts = torch.bincount(flat_experts, minlength=len(experts)).tolist()
+    token_of = order // top_k  # token row of each routed (token, slot) pair, grouped by expert
+    weight_of = weights.reshape(-1).index_select(0, order)
+    out = torch.zeros_like(x)
+    start = 0
+    for expert, count in zip(experts, counts):
+        if count:
+            tokens = token_of[start:start + count]
+            y = expert(x.index_select(0, tokens)) * weight_of[start:start + count, None]
+            out.index_add_(0, tokens, y)
+        start += count
+    return out
+
+
+class RoutedMoE(nn.Module):
+    """OLMoE / Qwen2-MoE experts under ``mlp`` (module doc): router ``gate``, experts
+    ``experts.{e}`` (gate_proj, up_proj, down_proj), optional ``shared_expert`` with its
+    one-output ``shared_expert_gate``."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
+                 norm_topk_prob: bool, shared_intermediate_size: int = 0) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.norm_topk_prob = norm_topk_prob
+        self.gate = nn.Linear(hidden_size, num_experts, bias=False)  # the router
+        self.experts = nn.ModuleList(SwiGLUMLP(hidden_size, intermediate_size) for _ in range(num_experts))
+        if shared_intermediate_size:
+            self.shared_expert = SwiGLUMLP(hidden_size, shared_intermediate_size)
+            self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
+        else:
+            self.shared_expert = self.shared_expert_gate = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (num_tokens, hidden_size)
+        probs = F.softmax(self.gate(x).float(), dim=-1)  # (num_tokens, num_experts)
+        top_probs, top_experts = torch.topk(probs, self.top_k, dim=-1)  # (num_tokens, top_k)
+        if self.norm_topk_prob:
+            top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
+        out = run_experts(x, self.experts, top_experts, top_probs.to(x.dtype))
+        if self.shared_expert is not None:
+            # every token also runs the shared expert, gated by a sigmoid of one score
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

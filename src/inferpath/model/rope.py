@@ -5,63 +5,26 @@ Hugging Face's "rotate half" convention: a head vector of ``head_dim`` numbers i
 angle ``position * inv_freq[i]``. RoPE has no learned parameters; everything here is
 derived from ``ModelConfig`` (rope_theta and rope_scaling).
 
-Supported ``rope_scaling`` types: none/"default", "linear" (all frequencies divided by
-``factor``) and "llama3" (Llama-3.1: low frequencies divided by ``factor``, high ones
-kept, the band between interpolated smoothly). Any other type raises ``RopeScalingError``
-instead of silently producing a model that answers differently from its reference.
+The ``rope_scaling`` types and their frequencies live in rope_scaling.py; any other type
+raises ``RopeScalingError`` instead of silently producing a model that answers differently
+from its reference.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
 
 from inferpath.config import ModelConfig
+from inferpath.model.rope_scaling import (LENGTH_DEPENDENT, SUPPORTED_ROPE_TYPES, RopeScalingError,
+                                          rope_type, scaled_inv_freq)
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-
-
-class RopeScalingError(ValueError):
-    """The config asks for a RoPE scaling type inferpath does not implement."""
+__all__ = ["RopeScalingError", "RopeTable", "RotaryEmbedding", "SUPPORTED_ROPE_TYPES", "rope_inv_freq"]
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     """Inverse frequencies (head_dim / 2,) float32, after the config's rope_scaling."""
-    dim = config.head_dim
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
-    inv_freq = 1.0 / (config.rope_theta ** exponents)  # (head_dim / 2,)
-    scaling = config.rope_scaling_dict
-    if not scaling:
-        return inv_freq
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type == "default":
-        return inv_freq
-    if rope_type == "linear":
-        return inv_freq / float(scaling["factor"])
-    if rope_type == "llama3":
-        return _llama3_inv_freq(inv_freq, scaling, config.max_position_embeddings)
-    raise RopeScalingError(
-        f"rope_scaling type {rope_type!r} is not supported; supported types: "
-        f"{', '.join(SUPPORTED_ROPE_TYPES)}"
-    )
-
-
-def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict, max_positions: int) -> torch.Tensor:
-    """Llama-3.1 frequency rescaling (wavelengths longer than the original context shrink)."""
-    factor = float(scaling["factor"])
-    low_freq_factor = float(scaling["low_freq_factor"])
-    high_freq_factor = float(scaling["high_freq_factor"])
-    old_context_len = float(scaling.get("original_max_position_embeddings", max_positions))
-    low_freq_wavelen = old_context_len / low_freq_factor
-    high_freq_wavelen = old_context_len / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
+    return scaled_inv_freq(config)[0]
 
 
 class RopeTable:
@@ -76,7 +39,9 @@ class RopeTable:
     """
 
     def __init__(self, config: ModelConfig, initial_positions: int = 4096) -> None:
-        self.inv_freq = rope_inv_freq(config)  # (head_dim / 2,)
+        self.config = config
+        self.inv_freq, self.attention_factor = scaled_inv_freq(config)  # (head_dim / 2,), float
+        self.length_dependent = rope_type(config) in LENGTH_DEPENDENT
         self.num_positions = 0
         self._tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
         self._initial = min(initial_positions, config.max_position_embeddings)
@@ -90,22 +55,42 @@ class RopeTable:
         while size < num_positions:
             size *= 2
         positions = torch.arange(size, dtype=torch.float32)
-        freqs = torch.outer(positions, self.inv_freq)  # (size, head_dim / 2)
-        cos = torch.cat((freqs.cos(), freqs.cos()), dim=-1)  # (size, head_dim)
-        signed_sin = torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
+        cos, signed_sin = self._cos_sin(torch.outer(positions, self.inv_freq))  # (size, head_dim) each
         self._tables = {(torch.device("cpu"), torch.float32): (cos, signed_sin)}
         self.num_positions = size
 
-    def begin_step(self, positions: torch.Tensor, dtype: torch.dtype, num_positions: int) -> None:
+    def _cos_sin(self, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Angles (n, head_dim / 2) -> cos, signed sin (n, head_dim), times the attention factor."""
+        cos = torch.cat((freqs.cos(), freqs.cos()), dim=-1)
+        signed_sin = torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
+        if self.attention_factor != 1.0:
+            cos, signed_sin = cos * self.attention_factor, signed_sin * self.attention_factor
+        return cos, signed_sin
+
+    def begin_step(self, positions: torch.Tensor, dtype: torch.dtype, num_positions: int,
+                   meta=None) -> None:
         """Look up this step's rows once for all layers (``cos_sin`` then reuses them).
 
         Called by the model at the start of every forward, so a caller that refills one
-        persistent positions buffer between steps still gets fresh rows.
+        persistent positions buffer between steps still gets fresh rows. For a
+        length-dependent RoPE (rope_scaling.py) ``meta`` (AttentionMetadata) gives each
+        token's sequence length, and the rows are computed from it instead of looked up.
         """
         self.ensure(num_positions)
         self._step = None
-        cos, signed_sin = self.cos_sin(positions, dtype)
+        if self.length_dependent and meta is not None:
+            cos, signed_sin = self._length_dependent_rows(positions, meta)
+            cos, signed_sin = cos.to(dtype).unsqueeze(1), signed_sin.to(dtype).unsqueeze(1)
+        else:
+            cos, signed_sin = self.cos_sin(positions, dtype)
         self._step = (positions, dtype, cos, signed_sin)
+
+    def _length_dependent_rows(self, positions: torch.Tensor, meta) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, signed sin (num_tokens, head_dim) float32, each token at its sequence's length."""
+        by_length = {n: scaled_inv_freq(self.config, n)[0] for n in set(meta.seq_lens_list)}
+        rows = [by_length[n].expand(q, -1) for n, q in zip(meta.seq_lens_list, meta.query_lens)]
+        inv_freq = torch.cat(rows).to(positions.device)  # (num_tokens, head_dim / 2)
+        return self._cos_sin(positions.to(torch.float32).unsqueeze(1) * inv_freq)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, signed sin rows for ``positions`` (num_tokens,) -> each (num_tokens, 1, head_dim)."""

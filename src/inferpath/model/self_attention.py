@@ -12,6 +12,7 @@ from torch import nn
 
 from inferpath.config import ModelConfig
 from inferpath.model.attention import AttentionPlan, KVWrite, PagedAttention
+from inferpath.model.layers import make_norm
 from inferpath.model.rope import RopeTable, RotaryEmbedding
 
 
@@ -19,7 +20,8 @@ class SelfAttention(nn.Module):
     """Grouped-query self-attention of layer ``layer_idx`` over the paged KV cache.
 
     Q is ``num_heads * head_dim`` wide, K and V ``num_kv_heads * head_dim``; only K and V
-    are kept (in the cache), Q is discarded after use. Qwen2 adds a bias to Q, K and V.
+    are kept (in the cache), Q is discarded after use. Qwen2 adds a bias to Q, K and V, Llama's
+    ``attention_bias`` to all four projections. A sliding-window layer reads the plan of its window.
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int, rope_table: RopeTable) -> None:
@@ -35,17 +37,30 @@ class SelfAttention(nn.Module):
         self.rotary_emb = RotaryEmbedding(rope_table)
         self.kv_write = KVWrite()
         self.attn = PagedAttention()
-        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.sliding_window = config.layer_window(layer_idx)  # 0: full attention
+        # RMSNorm on Q and K before RoPE: over all heads at once (OLMoE) or per head (Gemma 3)
+        self.qk_norm = config.qk_norm
+        q_width, k_width = (config.q_size, config.kv_size) if config.qk_norm == "projection" else (
+            config.head_dim, config.head_dim)
+        self.q_norm = make_norm(q_width, config.rms_norm_eps, config.norm_weight_offset) if config.qk_norm else None
+        self.k_norm = make_norm(k_width, config.rms_norm_eps, config.norm_weight_offset) if config.qk_norm else None
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache, plan: AttentionPlan) -> torch.Tensor:
-        # x: (num_tokens, hidden_size)
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache,
+                plan: dict[int, AttentionPlan]) -> torch.Tensor:
+        # x: (num_tokens, hidden_size); plan: sliding window (0 = none) -> this step's plan
         num_tokens = x.shape[0]
         q, k, v = self.project(x)
+        if self.qk_norm == "projection":
+            q = self.q_norm(q.reshape(num_tokens, -1)).view(num_tokens, self.num_heads, self.head_dim)
+            k = self.k_norm(k.reshape(num_tokens, -1)).view(num_tokens, self.num_kv_heads, self.head_dim)
+        elif self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)  # over head_dim, each head alone
         q, k = self.rotary_emb(positions, q, k)
         k_cache = kv_cache.k_caches[self.layer_idx]  # (num_blocks, block_size, num_kv_heads, head_dim)
         v_cache = kv_cache.v_caches[self.layer_idx]
-        self.kv_write(k, v, k_cache, v_cache, plan.slot_mapping)
-        out = self.attn(q, k, v, k_cache, v_cache, plan)  # (num_tokens, num_heads, head_dim)
+        self.kv_write(k, v, k_cache, v_cache, plan[self.sliding_window].slot_mapping)
+        out = self.attn(q, k, v, k_cache, v_cache, plan[self.sliding_window])  # (num_tokens, num_heads, head_dim)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,4 +1,5 @@
-"""The decoder-only transformer (Llama, Mistral, Qwen2, Mixtral) in the seed's stage order.
+"""The decoder-only transformer (Llama, Mistral, Qwen2, Mixtral, Phi-3, OLMoE, Qwen2-MoE) in the
+seed's stage order.
 
     embed_tokens (row lookup)
     N x layer: input_layernorm -> self_attn (q/k/v_proj -> rotary_emb -> kv_write -> attn
@@ -16,11 +17,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inferpath.config import ModelConfig
+from inferpath.config import ROUTED_MOE_ARCHITECTURES, ModelConfig
 from inferpath.model.attention import build_attention_plan
-from inferpath.model.layers import RMSNorm, SwiGLUMLP
+from inferpath.model.layers import RMSNorm, gated_mlp, make_norm
 from inferpath.model.metadata import AttentionMetadata
-from inferpath.model.moe import SparseMoE
+from inferpath.model.moe import RoutedMoE, SparseMoE
 from inferpath.model.rope import RopeTable
 from inferpath.model.self_attention import SelfAttention
 
@@ -37,37 +38,57 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, config: ModelConfig, layer_idx: int, rope_table: RopeTable) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        norm = lambda: make_norm(config.hidden_size, config.rms_norm_eps, config.norm_weight_offset)  # noqa: E731
+        self.input_layernorm = norm()
         self.self_attn = SelfAttention(config, layer_idx, rope_table)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        if config.is_moe:
+        # NOTE: with sandwich norms (Gemma 3) post_attention_layernorm normalises the attention
+        # output before the residual add, and the FFN has a norm of its own on each side
+        self.post_attention_layernorm = norm()
+        self.sandwich_norms = config.sandwich_norms
+        if config.sandwich_norms:
+            self.pre_feedforward_layernorm = norm()
+            self.post_feedforward_layernorm = norm()
+        self.is_moe = config.is_moe_layer(layer_idx) and config.architecture not in ROUTED_MOE_ARCHITECTURES
+        if self.is_moe:
             self.block_sparse_moe = SparseMoE(config.hidden_size, config.intermediate_size,
                                               config.num_experts, config.num_experts_per_tok)
+        elif config.is_moe_layer(layer_idx):  # OLMoE, Qwen2-MoE: experts under ``mlp``
+            self.mlp = RoutedMoE(config.hidden_size, config.expert_intermediate_size, config.num_experts,
+                                 config.num_experts_per_tok, config.norm_topk_prob,
+                                 config.shared_expert_intermediate_size)
         else:
-            self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
-        self.is_moe = config.is_moe
+            self.mlp = gated_mlp(config.hidden_size, config.intermediate_size, config.hidden_act, config.mlp_bias)
 
     def forward(self, positions, hidden, kv_cache, plan) -> torch.Tensor:
         # hidden: (num_tokens, hidden_size), the running residual stream
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, plan)
         ffn = self.block_sparse_moe if self.is_moe else self.mlp
+        attended = self.self_attn(positions, self.input_layernorm(hidden), kv_cache, plan)
+        if self.sandwich_norms:
+            hidden = hidden + self.post_attention_layernorm(attended)
+            return hidden + self.post_feedforward_layernorm(ffn(self.pre_feedforward_layernorm(hidden)))
+        hidden = hidden + attended
         return hidden + ffn(self.post_attention_layernorm(hidden))
 
 
 class DecoderStack(nn.Module):
     """Embedding, the layers and the final norm (Hugging Face's ``model.`` prefix)."""
 
-    def __init__(self, config: ModelConfig, rope_table: RopeTable) -> None:
+    def __init__(self, config: ModelConfig, rope_tables: dict[bool, RopeTable]) -> None:
         super().__init__()
         # NOTE: an explicit (uninitialised) weight skips nn.Embedding's normal_ init, whose
         # first call on the meta device imports PyTorch's decompositions: 4-6 s of load time
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
                                          _weight=torch.empty(config.vocab_size, config.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(config, i, rope_table) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # rope_tables: is the layer sliding -> its RoPE (Gemma 3's local layers have their own)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, rope_tables[bool(config.layer_window(i))])
+                                    for i in range(config.num_layers))
+        self.norm = make_norm(config.hidden_size, config.rms_norm_eps, config.norm_weight_offset)
+        self.embedding_multiplier = config.embedding_multiplier
 
     def forward(self, input_ids, positions, kv_cache, plan) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # (num_tokens, hidden_size): rows copied, no arithmetic
+        if self.embedding_multiplier != 1.0:  # Gemma: times sqrt(hidden_size), rounded to the dtype first
+            hidden = hidden * torch.tensor(self.embedding_multiplier, dtype=hidden.dtype)
         for layer in self.layers:
             hidden = layer(positions, hidden, kv_cache, plan)
         return self.norm(hidden)
@@ -88,14 +109,19 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.rope_table = RopeTable(config)
+        self.local_rope_table = RopeTable(config.local_rope_config()) if config.local_rope_theta is not None else None
         with torch.device("meta"):
-            self.model = DecoderStack(config, self.rope_table)
+            self.model = DecoderStack(config, {False: self.rope_table,
+                                               True: self.local_rope_table or self.rope_table})
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
             self.to(dtype)
         self.to_empty(device=device)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.requires_grad_(False)  # inference only: no autograd graph even outside inference_mode
+        # every token attends through its own exact plan (attention.per_token_plan); set by
+        # model/batch_invariant.py, which also makes the linears row-independent
+        self.batch_invariant = False
 
     @property
     def dtype(self) -> torch.dtype:
@@ -109,13 +135,22 @@ class Transformer(nn.Module):
         Writes this step's K/V into ``kv_cache`` at ``meta.slot_mapping``. No host syncs:
         lengths come from the host lists in ``meta``.
         """
-        self.rope_table.begin_step(positions, self.dtype, meta.max_seq_len)
-        plan = build_attention_plan(meta, self.config.head_dim, self.config.sliding_window)
-        return self.model(input_ids, positions, kv_cache, plan)
+        self.rope_table.begin_step(positions, self.dtype, meta.max_seq_len, meta)
+        if self.local_rope_table is not None:
+            self.local_rope_table.begin_step(positions, self.dtype, meta.max_seq_len, meta)
+        # one plan per distinct sliding window (0 = full attention), shared by its layers
+        windows = {self.config.layer_window(i) for i in range(self.config.num_layers)}
+        plans = {w: build_attention_plan(meta, self.config.head_dim, w, self.batch_invariant,
+                                         self.config.attention_scale) for w in windows}
+        return self.model(input_ids, positions, kv_cache, plans)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head on the given rows only: (num_rows, hidden_size) -> (num_rows, vocab) float32."""
-        return self.lm_head(hidden).float()
+        logits = self.lm_head(hidden)
+        cap = self.config.final_logit_softcapping
+        if cap:  # Gemma: squash into (-cap, cap), in the model's dtype as transformers does
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()
 
     # ------------------------------------------------------------------ weights
     def expected_weight_shapes(self) -> dict[str, tuple[int, ...]]:

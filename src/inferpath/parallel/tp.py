@@ -34,6 +34,15 @@ def check_shardable(config: ModelConfig, world_size: int) -> None:
     """Raise ValueError naming the dimension that ``world_size`` does not divide."""
     if world_size < 1:
         raise ValueError(f"tensor parallel size must be >= 1, got {world_size}")
+    if world_size > 1:
+        # sharding implemented for Llama-style blocks and Mixtral experts only: a bias after
+        # the all-reduce would be added once per rank, a norm over all heads needs them all
+        unsupported = [name for name in ("o_proj_bias", "mlp_bias", "qk_norm") if getattr(config, name)]
+        if config.architecture in ("olmoe", "qwen2_moe", "gemma3_text"):
+            unsupported.append(f"architecture {config.architecture}")
+        if unsupported:
+            raise ValueError(f"tensor parallelism does not support {', '.join(unsupported)}; "
+                             "run with tensor parallel size 1")
     for name in ("num_heads", "num_kv_heads", "intermediate_size"):
         value = getattr(config, name)
         if value % world_size:

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
+
+from inferpath.structured.spec import StructuredOutput
 
 #: Temperatures below this are treated as greedy (argmax): dividing logits by a tiny
 #: temperature overflows float32 and would make softmax produce NaN.
 MIN_SAMPLING_TEMPERATURE = 1e-5
 #: The largest top-N of logprobs a request may ask for (OpenAI's and vLLM's limit).
 MAX_LOGPROBS = 20
+#: logit_bias values lie in [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS] (OpenAI's range).
+MAX_LOGIT_BIAS = 100.0
 
 
 def _fail(name: str, value: object, allowed: str) -> ValueError:
@@ -60,6 +65,14 @@ class SamplingParams:
       strings ignored until this many tokens have been generated.
     - ``stop``: strings that end generation; cut from the output unless
       ``include_stop_str_in_output``.
+    - ``logit_bias``: ``{token_id: bias}`` added to the logits before everything else
+      (OpenAI's; bias in [-100, 100]: -100 bans a token, +100 all but forces it); stored
+      as sorted ``(token_id, bias)`` pairs. Ids are checked against the vocabulary by the
+      engine.
+    - ``prompt_logprobs``: None = none; N = each prompt token's logprob given the tokens
+      before it, plus the top N there (vLLM's; the first token has None).
+    - ``structured``: the grammar the output must match (``inferpath.structured``); the
+      sampler masks every token the grammar does not allow next.
     """
 
     n: int = 1
@@ -79,6 +92,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     min_tokens: int = 0
+    logit_bias: Any = None
+    structured: StructuredOutput | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if _check_int("n", self.n, ">= 1") < 1:
@@ -119,6 +135,13 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(name, getattr(self, name), "True or False")
+        object.__setattr__(self, "logit_bias", _normalise_logit_bias(self.logit_bias))
+        if self.prompt_logprobs is not None and not (
+            0 <= _check_int("prompt_logprobs", self.prompt_logprobs, f"in [0, {MAX_LOGPROBS}]") <= MAX_LOGPROBS
+        ):
+            raise _fail("prompt_logprobs", self.prompt_logprobs, f"in [0, {MAX_LOGPROBS}] or None")
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise _fail("structured", self.structured, "an inferpath.structured.StructuredOutput or None")
 
     @property
     def is_greedy(self) -> bool:
@@ -159,3 +182,26 @@ def _normalise_stop_token_ids(ids: object) -> tuple[int, ...]:
         if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
             raise _fail("stop_token_ids", ids, "a list of token ids >= 0")
     return tuple(ids)
+
+
+def _normalise_logit_bias(bias: object) -> tuple[tuple[int, float], ...]:
+    if bias is None:
+        return ()
+    items = bias.items() if isinstance(bias, dict) else bias
+    if not isinstance(items, (list, tuple, type({}.items()))):
+        raise _fail("logit_bias", bias, "a {token_id: bias} mapping")
+    pairs = {}
+    for item in items:
+        if not isinstance(item, (list, tuple)) or len(item) != 2:
+            raise _fail("logit_bias", bias, "a {token_id: bias} mapping")
+        token_id, value = item
+        if isinstance(token_id, str) and token_id.strip().isdigit():
+            token_id = int(token_id)  # JSON object keys are strings
+        if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
+            raise ValueError(f"logit_bias key {token_id!r} must be a token id >= 0")
+        value = _check_float("logit_bias", value, f"in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
+        if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias value {value:g} for token {token_id} must be in "
+                             f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
+        pairs[token_id] = value
+    return tuple(sorted(pairs.items()))

@@ -1,7 +1,8 @@
 """Stage 6: the batched sampler, from the LM head's logits to one token per row.
 
-Order (design.md): min-tokens ban -> penalties -> temperature -> top-k -> top-p
--> min-p -> seeded draw (argmax for greedy rows) -> logprobs of the raw logits.
+Order (design.md): min-tokens ban -> logit_bias -> grammar mask (sampling/constraints.py)
+-> penalties -> temperature -> top-k -> top-p -> min-p -> seeded draw (argmax for greedy
+rows) -> logprobs of the raw logits.
 
 Each step does only the work some row needs: no penalty pass when no row has a
 penalty, no softmax or draw when every row is greedy, no top-k selection when no row
@@ -27,9 +28,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from inferpath.sampling.constraints import (
+    ConstraintTimer,
+    apply_grammars,
+    apply_logit_bias,
+)
 from inferpath.sampling.logprobs import TokenLogprobs, compute_logprobs
 from inferpath.sampling.params import SamplingParams
 from inferpath.sampling.penalties import apply_penalties
@@ -48,6 +55,8 @@ class SamplingRow:
     - ``eos_token_ids``: the model's EOS ids; with ``params.stop_token_ids`` they are
       banned (logit -inf) while fewer than ``params.min_tokens`` tokens have been
       generated (EOS ids only unless ``params.ignore_eos``). Default: none.
+    - ``grammar``: the sequence's ``inferpath.structured.GrammarMatcher`` when its params
+      ask for structured output (tokens the grammar forbids get -inf), else None.
     """
 
     params: SamplingParams
@@ -55,6 +64,7 @@ class SamplingRow:
     output_token_ids: Sequence[int]
     generator: torch.Generator | None = None
     eos_token_ids: Collection[int] = ()
+    grammar: Any = None
 
 
 @dataclass(slots=True)
@@ -90,6 +100,7 @@ class Sampler:
             self.shared_generator.seed()
         else:
             self.shared_generator.manual_seed(seed)
+        self.constraint_timer = ConstraintTimer()  # time spent on grammar masks
 
     def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
@@ -100,6 +111,8 @@ class Sampler:
         vocab_size = logits.shape[1]
         errors: list[str | None] = [None] * len(rows)
         logits = _ban_before_min_tokens(logits.float(), rows)
+        logits = apply_logit_bias(logits, rows)
+        logits = apply_grammars(logits, rows, self.constraint_timer)
         penalised = [i for i, row in enumerate(rows) if row.params.has_penalties]
         if penalised:
             logits = logits.clone()

@@ -6,7 +6,12 @@ lifespan starts the engine's background loop and shuts it down. Routes:
 - ``GET /v1/models``, ``GET /v1/models/{id}``
 - ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE when ``stream``)
 - ``POST /tokenize``, ``POST /detokenize``
-- ``GET /health`` (status and the engine's occupancy), ``GET /metrics`` (Prometheus)
+- ``GET /health`` (status and the engine's occupancy), ``GET /metrics`` (Prometheus),
+  ``GET /version``
+- ``GET /``: the glass-box page, and ``GET /v1/trace/{id}`` (trace_routes.py)
+
+CORS is off unless ``allowed_origins`` lists the origins a browser may call from
+(``["*"]`` for any).
 
 With an ``api_key``, the ``/v1`` routes and (de)tokenize need ``Authorization: Bearer
 KEY`` (compared as bytes, in constant time; a key that is not ASCII works when sent as
@@ -23,6 +28,7 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -39,18 +45,21 @@ from inferpath.server.protocol import (
     TokenizeRequest,
     messages_as_dicts,
 )
+from inferpath.server.trace_routes import install_trace_routes
 
 
 def build_app(async_engine: Any, api_key: str | None = None,
-              served_model_name: str | None = None, max_n: int = DEFAULT_MAX_N) -> FastAPI:
+              served_model_name: str | None = None, max_n: int = DEFAULT_MAX_N,
+              allowed_origins: list[str] | None = None) -> FastAPI:
     """An app serving ``async_engine`` (an ``inferpath.engine.AsyncEngine``) as
     ``served_model_name`` (default: the engine's model name)."""
     engine = async_engine.engine
-    metrics = ServerMetrics(engine.stats)
+    model_name = served_model_name or engine.model_name
+    metrics = ServerMetrics(engine.stats, model_name)
     context = ServingContext(
         async_engine=async_engine,
         tokenizer=engine.tokenizer,
-        model_name=served_model_name or engine.model_name,
+        model_name=model_name,
         max_model_len=engine.max_model_len,
         metrics=metrics,
         api_key=api_key,
@@ -69,6 +78,10 @@ def build_app(async_engine: Any, api_key: str | None = None,
 
     app = FastAPI(title="inferpath", lifespan=lifespan)
     app.state.context = context
+    if allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins),
+                           allow_methods=["GET", "POST", "OPTIONS"],
+                           allow_headers=["Authorization", "Content-Type"])
     install_error_handlers(app, metrics.record_error)
 
     expected_key = api_key.encode("utf-8") if api_key is not None else b""
@@ -135,10 +148,17 @@ def build_app(async_engine: Any, api_key: str | None = None,
                 "num_kv_blocks_used": stats.num_kv_blocks_used,
                 "num_kv_blocks_total": stats.num_kv_blocks_total}
 
+    @app.get("/version")
+    async def version() -> dict[str, Any]:
+        from inferpath import __version__
+
+        return {"version": __version__}
+
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    install_trace_routes(app, async_engine, api_key)  # the page at / and /v1/trace/{id}
     return app
 
 

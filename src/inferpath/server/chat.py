@@ -5,26 +5,41 @@ special ids, message content never does (a user who types ``<|im_end|>`` gets th
 characters, not an end of turn). Streaming follows OpenAI: each choice opens with a
 ``{"role": "assistant", "content": ""}`` delta, then content deltas, then an empty delta
 with the finish reason.
+
+With ``tools`` the tools are rendered by the template, ``tool_choice`` ``required`` or a
+named function is enforced by a grammar (server/tools.py), and the answer is parsed back
+into ``message.tool_calls`` (finish_reason ``tool_calls``), streamed as in tool_stream.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from inferpath.server.engine_client import ServingContext, Submission, check_text, submit, usage
+from inferpath.server.engine_client import (
+    ServingContext,
+    Submission,
+    check_text,
+    submit,
+    usage,
+    with_usage_so_far,
+)
 from inferpath.server.errors import APIError
 from inferpath.server.logprobs import chat_logprobs
 from inferpath.server.protocol import ChatCompletionRequest, ParamError
 from inferpath.server.sse import sse_response
+from inferpath.server.tool_stream import LiveHermesStream, ToolCallStream
+from inferpath.server.tools import parse_tool_calls, tool_call_grammar, tool_format
 
 
-async def encode_messages(context: ServingContext, messages: list[dict[str, str]],
-                          add_generation_prompt: bool) -> list[int]:
-    """Token ids of the rendered chat, rendered and tokenized off the event loop; 400
-    naming ``messages`` if the template refuses or the text is not valid Unicode."""
+async def encode_messages(context: ServingContext, messages: list[dict[str, Any]],
+                          add_generation_prompt: bool, tools: list[dict] | None = None) -> list[int]:
+    """Token ids of the rendered chat (and ``tools``, the template's ``tools`` variable),
+    rendered and tokenized off the event loop; 400 naming ``messages`` if the template
+    refuses or the text is not valid Unicode."""
     if not context.tokenizer.chat_template:
         raise APIError(400, f"model {context.model_name!r} has no chat template; "
                        "use /v1/completions", param="messages")
@@ -32,7 +47,8 @@ async def encode_messages(context: ServingContext, messages: list[dict[str, str]
         check_text(message["content"], "messages")
     try:
         return await context.run_off_loop(
-            context.tokenizer.encode_chat, messages, add_generation_prompt=add_generation_prompt)
+            context.tokenizer.encode_chat, messages, add_generation_prompt=add_generation_prompt,
+            tools=tools)
     except ValueError as exc:
         raise APIError(400, f"chat template failed: {exc}", param="messages") from None
 
@@ -40,30 +56,50 @@ async def encode_messages(context: ServingContext, messages: list[dict[str, str]
 async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                  context: ServingContext) -> Response:
     context.check_model(body.model)
+    fmt = tool_format(context.tokenizer.chat_template)
     try:
         params = body.to_sampling_params()
         messages = body.chat_messages()
+        forced = body.forced_tools()
+        if forced is not None:
+            if params.structured is not None:
+                raise ParamError("tool_choice 'required' or a named function cannot be combined "
+                                 f"with {params.structured.param}", "tool_choice")
+            parallel = body.parallel_tool_calls is not False and len(forced) > 1
+            params = dataclasses.replace(params, structured=tool_call_grammar(forced, fmt, parallel))
     except ParamError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
-    prompt_ids = await encode_messages(context, messages, body.add_generation_prompt)
+    prompt_ids = await encode_messages(context, messages, body.add_generation_prompt,
+                                       body.tools_for_template())
     renames = {"max_tokens": "max_completion_tokens"} if body.max_completion_tokens is not None else {}
     submission = await submit(context, "chatcmpl", [prompt_ids], params, prompt_param="messages",
                               renames=renames)
     num_top = body.top_logprobs or 0
     if body.stream:
-        return sse_response(_stream_chunks(body, context, submission, num_top),
-                            submission.abort_unfinished)
+        live_calls = forced is not None and fmt == "hermes"  # well-formed by the grammar
+        chunks = _stream_chunks(body, context, submission, num_top, fmt, live_calls)
+        if body.usage_in_every_chunk:
+            chunks = with_usage_so_far(chunks, submission)
+        return sse_response(chunks, submission.abort_unfinished)
     (final,) = await submission.final_outputs(request)
     choices = []
     for completion in final.outputs:
         logprobs = None
         if body.logprobs:
             logprobs = chat_logprobs(context.tokenizer, list(completion.logprobs or ()), num_top)
+        message: dict[str, Any] = {"role": "assistant", "content": completion.text}
+        finish_reason = completion.finish_reason
+        if body.parses_tool_calls:
+            content, calls = parse_tool_calls(completion.text, fmt)
+            if calls:
+                message = {"role": "assistant", "content": content or None,
+                           "tool_calls": [call.as_openai() for call in calls]}
+                finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
         choices.append({
             "index": completion.index,
-            "message": {"role": "assistant", "content": completion.text},
+            "message": message,
             "logprobs": logprobs,
-            "finish_reason": completion.finish_reason,
+            "finish_reason": finish_reason,
             "stop_reason": completion.stop_reason,
         })
     return JSONResponse({
@@ -77,12 +113,17 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
 
 
 async def _stream_chunks(body: ChatCompletionRequest, context: ServingContext,
-                         submission: Submission, num_top: int) -> AsyncIterator[dict[str, Any]]:
+                         submission: Submission, num_top: int,
+                         fmt: str, live_calls: bool) -> AsyncIterator[dict[str, Any]]:
     base = {"id": submission.id, "object": "chat.completion.chunk",
             "created": submission.created, "model": context.model_name}
     for index in range(body.n):
         opening = {"role": "assistant", "content": ""}
         yield {**base, "choices": [_choice(index, opening, None, None)]}
+    tool_streams: dict[int, ToolCallStream | LiveHermesStream] = {}
+    if body.parses_tool_calls:
+        tool_streams = {i: LiveHermesStream() if live_calls else ToolCallStream(fmt)
+                        for i in range(body.n)}
     num_tokens_sent: dict[int, int] = {}  # choice index -> tokens whose logprobs were sent
     done: set[int] = set()  # choice indices whose finish chunk was sent
     final = None
@@ -100,11 +141,22 @@ async def _stream_chunks(body: ChatCompletionRequest, context: ServingContext,
                 entries = list(completion.logprobs or ())[start:len(completion.token_ids)]
                 num_tokens_sent[index] = start + len(entries)
                 logprobs = chat_logprobs(context.tokenizer, entries, num_top)
-            if delta_text or logprobs and logprobs["content"]:
+            finish_reason = completion.finish_reason
+            if index in tool_streams:
+                for delta in tool_streams[index].add(delta_text):
+                    yield {**base, "choices": [_choice(index, delta, logprobs, None)]}
+                    logprobs = None
+                if finish_reason is not None:
+                    deltas, has_calls = tool_streams[index].finish()
+                    for delta in deltas:
+                        yield {**base, "choices": [_choice(index, delta, None, None)]}
+                    if has_calls and finish_reason == "stop":
+                        finish_reason = "tool_calls"
+            elif delta_text or logprobs and logprobs["content"]:
                 yield {**base, "choices": [_choice(index, {"content": delta_text}, logprobs, None)]}
-            if completion.finish_reason is not None:
+            if finish_reason is not None:
                 done.add(index)
-                yield {**base, "choices": [_choice(index, {}, None, completion.finish_reason)]}
+                yield {**base, "choices": [_choice(index, {}, None, finish_reason)]}
     if body.include_usage_in_stream and final is not None:
         yield {**base, "choices": [], "usage": usage([final])}
 

@@ -1,7 +1,9 @@
 """POST /v1/completions: prompts in, text out, streamed as SSE or in one JSON body.
 
 Choices are indexed prompt-major: prompt p's sample i is choice ``p * n + i``. With
-``echo`` the prompt's text precedes each choice's text (and the first streamed chunk).
+``echo`` the prompt's text precedes each choice's text (and the first streamed chunk);
+with ``echo`` and ``logprobs`` the logprobs cover the prompt's tokens too (the first one
+None), as vLLM does; the streamed echo chunk then waits for the prompt to be computed.
 Logprobs of each chunk are the entries of the tokens not reported before, so the
 concatenation of every chunk's logprobs equals the non-streamed logprobs.
 """
@@ -13,9 +15,19 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from inferpath.server.engine_client import ServingContext, Submission, submit, usage
+from inferpath.server.engine_client import (
+    ServingContext,
+    Submission,
+    submit,
+    usage,
+    with_usage_so_far,
+)
 from inferpath.server.errors import APIError
-from inferpath.server.logprobs import completion_logprobs
+from inferpath.server.logprobs import (
+    completion_logprobs,
+    merge_completion_logprobs,
+    prompt_completion_logprobs,
+)
 from inferpath.server.protocol import CompletionRequest, ParamError
 from inferpath.server.sse import sse_response
 
@@ -32,6 +44,8 @@ async def create_completion(body: CompletionRequest, request: Request,
     echoes = [_prompt_text(context, p) if body.echo else "" for p in prompts]
     if body.stream:
         chunks = _stream_chunks(body, context, submission, echoes, params.n)
+        if body.usage_in_every_chunk:
+            chunks = with_usage_so_far(chunks, submission)
         return sse_response(chunks, submission.abort_unfinished)
     finals = await submission.final_outputs(request)
     choices = []
@@ -47,6 +61,9 @@ async def create_completion(body: CompletionRequest, request: Request,
             if body.logprobs is not None:
                 choice["logprobs"] = completion_logprobs(
                     context.tokenizer, list(completion.logprobs or ()), len(echoes[p]))
+                if body.echo:
+                    choice["logprobs"] = merge_completion_logprobs(
+                        _prompt_logprobs(context, final), choice["logprobs"])
             choices.append(choice)
     return JSONResponse({
         "id": submission.id,
@@ -56,6 +73,11 @@ async def create_completion(body: CompletionRequest, request: Request,
         "choices": choices,
         "usage": usage(finals),
     })
+
+
+def _prompt_logprobs(context: ServingContext, output: Any) -> dict[str, Any]:
+    return prompt_completion_logprobs(context.tokenizer, list(output.prompt_token_ids),
+                                      list(output.prompt_logprobs or [None]))
 
 
 def _prompt_text(context: ServingContext, prompt: str | list[int]) -> str:
@@ -73,12 +95,20 @@ async def _stream_chunks(body: CompletionRequest, context: ServingContext,
     num_chars_sent: dict[int, int] = {}  # choice index -> characters of text sent
     finals: list[Any] = [None] * len(echoes)
     done: set[int] = set()  # choice indices whose finish chunk was sent
+    with_prompt_logprobs = body.logprobs is not None  # the echo waits for them
+    echoed: set[int] = set()
     for p, echo in enumerate(echoes):
-        if echo:
+        if echo and not with_prompt_logprobs:
             for i in range(n):
                 num_chars_sent[p * n + i] = len(echo)
                 yield {**base, "choices": [_choice(p * n + i, echo, None, None)]}
     async for p, output in submission.outputs():
+        if echoes[p] and with_prompt_logprobs and p not in echoed:
+            echoed.add(p)
+            for i in range(n):
+                num_chars_sent[p * n + i] = len(echoes[p])
+                yield {**base, "choices": [_choice(p * n + i, echoes[p],
+                                                  _prompt_logprobs(context, output), None)]}
         if output.finished:
             finals[p] = output
         for completion in output.outputs:

@@ -23,6 +23,7 @@ from fastapi import Request
 
 from inferpath.engine import QueueFullError, RequestError
 from inferpath.sampling.params import SamplingParams
+from inferpath.structured import GrammarError
 from inferpath.server.errors import APIError
 from inferpath.server.metrics import ServerMetrics
 
@@ -82,6 +83,7 @@ class Submission:
     num_choices_per_prompt: int = 1
     created: int = field(default_factory=lambda: int(time.time()))
     finished: set[int] = field(default_factory=set)
+    latest: dict[int, Any] = field(default_factory=dict)  # prompt index -> last RequestOutput
 
     def abort_unfinished(self) -> None:
         for i, request_id in enumerate(self.request_ids):
@@ -119,6 +121,7 @@ class Submission:
                 if isinstance(item, BaseException):
                     raise item
                 index, output = item
+                self.latest[index] = output
                 if output.error is not None:  # this request alone failed (its sampling)
                     if output.finished and index not in self.finished:
                         self.finished.add(index)
@@ -198,6 +201,9 @@ async def submit(context: ServingContext, prefix: str, prompts: list[str | list[
         except QueueFullError as exc:
             submission.abort_unfinished()
             raise APIError(429, str(exc), code="queue_full") from None
+        except GrammarError as exc:
+            submission.abort_unfinished()
+            raise APIError(400, str(exc), param=exc.param, code="invalid_grammar") from None
         except RequestError as exc:
             submission.abort_unfinished()
             if exc.param is None:
@@ -212,6 +218,17 @@ async def submit(context: ServingContext, prefix: str, prompts: list[str | list[
         submission.request_ids.append(request_id)
         submission.streams.append(stream)
     return submission
+
+
+async def with_usage_so_far(chunks: AsyncIterator[dict[str, Any]],
+                            submission: Submission) -> AsyncIterator[dict[str, Any]]:
+    """``chunks`` each with the usage so far (vLLM's ``continuous_usage_stats``); chunks
+    sent before the engine's first output (the role openers) carry none: the prompt's
+    token count is not known yet."""
+    async for chunk in chunks:
+        if "usage" not in chunk and submission.latest:
+            chunk["usage"] = usage([submission.latest[i] for i in sorted(submission.latest)])
+        yield chunk
 
 
 def usage(finals: list[Any]) -> dict[str, Any]:

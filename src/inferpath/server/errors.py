@@ -70,6 +70,9 @@ def _validation_error_response(exc: RequestValidationError) -> JSONResponse:
     message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
     if first.get("type") == "missing":
         message = f"{param} is required" if param else "a required field is missing"
+    if first.get("type") == "extra_forbidden":
+        message = (f"{param} is not supported by this server (the README lists the accepted "
+                   "fields)")
     return error_response(400, message, param, first.get("type"))
 
 

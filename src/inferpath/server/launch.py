@@ -74,6 +74,22 @@ class ServerThread:
         self.stop()
 
 
-def serve_forever(app: Any, host: str, port: int, log_level: str = "info") -> None:
-    """Serve ``app`` in the foreground until interrupted (Ctrl-C)."""
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=30)
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port``, before anything slow happens (a server that loads
+    its model first would find the port taken only minutes later). OSError naming the
+    address when it is taken or not ours to bind."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot bind {host}:{port}: {exc.strerror or exc}; is another server "
+                      "running there? choose another --port") from None
+    return sock
+
+
+def serve_forever(app: Any, sock: socket.socket, log_level: str = "info") -> None:
+    """Serve ``app`` on the bound ``sock`` in the foreground until interrupted (Ctrl-C)."""
+    config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_keep_alive=30)
+    uvicorn.Server(config).run(sockets=[sock])

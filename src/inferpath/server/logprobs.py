@@ -39,6 +39,23 @@ def completion_logprobs(tokenizer: Any, entries: list[Any], text_offset: int) ->
             "top_logprobs": top_logprobs, "text_offset": offsets}
 
 
+def prompt_completion_logprobs(tokenizer: Any, prompt_ids: list[int],
+                               entries: list[Any]) -> dict[str, Any]:
+    """Completions-API logprobs of the prompt (``echo`` with ``logprobs``): every prompt
+    token, the first with None (nothing precedes it), as vLLM returns them."""
+    scored = completion_logprobs(tokenizer, [e for e in entries[1:] if e is not None], 0)
+    first = token_text(tokenizer, prompt_ids[0])
+    return {"tokens": [first] + scored["tokens"],
+            "token_logprobs": [None] + scored["token_logprobs"],
+            "top_logprobs": [None] + scored["top_logprobs"],
+            "text_offset": [0] + [offset + len(first) for offset in scored["text_offset"]]}
+
+
+def merge_completion_logprobs(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
+    """Two completions-API logprobs objects, one after the other."""
+    return {key: first[key] + then[key] for key in first}
+
+
 def chat_logprobs(tokenizer: Any, entries: list[Any], num_top: int) -> dict[str, Any]:
     """Chat-API logprobs of ``entries``, each with its ``num_top`` most likely tokens."""
     content = []

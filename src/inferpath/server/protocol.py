@@ -5,38 +5,36 @@ field); ranges are checked once, by ``SamplingParams``, whose ValueError names t
 parameter. ``to_sampling_params`` maps a request onto it and translates the parameter's
 name back into the one the client sent (``top_logprobs``, ``max_completion_tokens``).
 
-Unknown fields are ignored, as OpenAI's own clients send fields servers may not know.
-Types are strict (``STRICT``): ``"yes"`` is not a boolean, ``"2"`` or ``2.0`` not an
-integer, ``"0.5"`` not a number (an integer is a number).
+A field the server does not implement is refused (extra fields are forbidden): the 400
+names it, so no request is silently answered as if the field were not there. Message
+objects are the exception: fields a client echoes back from a previous response (``refusal``,
+``annotations``, ``audio``... when null or empty) are dropped; any other value is refused.
+The accepted fields are listed in the README. Types are strict (``STRICT``): ``"yes"`` is
+not a boolean, ``"2"`` or ``2.0`` not an integer, ``"0.5"`` not a number (an integer is a
+number).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from inferpath.sampling.params import SamplingParams
-
-
-#: Every request model's config: unknown fields ignored, no coercion between types.
-STRICT = ConfigDict(extra="ignore", strict=True)
-
-
-class ParamError(ValueError):
-    """A request parameter is out of range; ``param`` is the name the client used."""
-
-    def __init__(self, message: str, param: str | None) -> None:
-        super().__init__(message)
-        self.param = param
+from inferpath.server.protocol_extras import STRICT, ParamError, StructuredFields, logit_bias_pairs
+from inferpath.server.tools import ToolFields, history_tool_calls
 
 
 class StreamOptions(BaseModel):
+    """``include_usage``: a last chunk with the usage (OpenAI); ``continuous_usage_stats``:
+    the usage so far in every chunk (vLLM's; benchmark clients such as guidellm send it)."""
+
     model_config = STRICT
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
-class _SamplingFields(BaseModel):
+class _SamplingFields(StructuredFields):
     """Parameters shared by completions and chat completions."""
 
     model_config = STRICT
@@ -65,6 +63,11 @@ class _SamplingFields(BaseModel):
     def include_usage_in_stream(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def usage_in_every_chunk(self) -> bool:
+        return bool(self.stream and self.stream_options
+                    and self.stream_options.continuous_usage_stats)
+
     def _sampling_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "n": self.n,
@@ -75,6 +78,8 @@ class _SamplingFields(BaseModel):
             "min_tokens": self.min_tokens,
             "skip_special_tokens": self.skip_special_tokens,
             "include_stop_str_in_output": self.include_stop_str_in_output,
+            "logit_bias": logit_bias_pairs(self.logit_bias),
+            "structured": self.structured_output(),
         }
         for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                      "frequency_penalty", "repetition_penalty"):
@@ -96,6 +101,7 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
+    best_of: int | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -118,12 +124,14 @@ class CompletionRequest(_SamplingFields):
     def to_sampling_params(self) -> SamplingParams:
         if self.suffix:
             raise ParamError("suffix is not supported", "suffix")
-        if self.echo and self.logprobs is not None:
-            raise ParamError("echo together with logprobs is not supported "
-                             "(prompt logprobs are not computed)", "echo")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ParamError(f"best_of ({self.best_of}) must equal n ({self.n}): choosing the "
+                             "best of several samples is not supported", "best_of")
         kwargs = self._sampling_kwargs()
         kwargs["max_tokens"] = self.max_tokens
         kwargs["logprobs"] = self.logprobs
+        if self.echo and self.logprobs is not None:  # the prompt's logprobs too, as vLLM
+            kwargs["prompt_logprobs"] = self.logprobs
         return _build(kwargs, renames={})
 
 
@@ -133,11 +141,35 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
-class ChatMessage(BaseModel):
+class ToolCallFunction(BaseModel):
     model_config = STRICT
+    name: str
+    arguments: str | dict[str, Any]
+
+
+class ToolCallMessage(BaseModel):
+    """A tool call of an assistant message in the history."""
+
+    model_config = STRICT
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)  # see _no_unknown_values
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallMessage] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _no_unknown_values(self) -> "ChatMessage":
+        for key, value in (self.model_extra or {}).items():
+            if value not in (None, "", [], {}):
+                raise ValueError(f"message field {key!r} is not supported")
+        return self
 
     def text(self) -> str:
         """The message's text: text parts joined; other part types are refused."""
@@ -152,7 +184,7 @@ class ChatMessage(BaseModel):
         return "".join(part.text or "" for part in self.content)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_SamplingFields, ToolFields):
     """POST /v1/chat/completions. ``max_completion_tokens`` wins over ``max_tokens``;
     with neither, generation runs to EOS or the context limit."""
 
@@ -197,11 +229,21 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
-def messages_as_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
+def messages_as_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as the chat template expects them (``developer`` is OpenAI's new name
-    for ``system``)."""
-    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in messages]
+    for ``system``; tool calls carry their arguments as objects)."""
+    rendered: list[dict[str, Any]] = []
+    for m in messages:
+        message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                                   "content": m.text()}
+        if m.tool_calls:
+            message["tool_calls"] = history_tool_calls(m.tool_calls)
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        if m.name is not None:
+            message["name"] = m.name
+        rendered.append(message)
+    return rendered
 
 
 def _build(kwargs: dict[str, Any], renames: dict[str, str]) -> SamplingParams:

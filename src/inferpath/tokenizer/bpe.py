@@ -8,14 +8,18 @@ UTF-8 bytes, each byte into its character, and then merged.
 Merging follows the Hugging Face / tiktoken rule: repeatedly merge the adjacent pair with
 the lowest rank, leftmost first, until no adjacent pair has a rank. The rank of a pair is
 its index in the merge list, or (for tiktoken rank files, ``merge_ranks=None``) the rank of
-the concatenated token. Both are done with a heap over a linked list, so a long piece (a
-run of 10,000 spaces) costs O(n log n), not O(n^2).
+the concatenated token. A short word (almost all of them) scans a list of pair ranks with
+C-level ``min``; a long one uses a heap over a linked list, so a long piece (a run of
+10,000 spaces, a 1 MB "word") costs O(n log n), not O(n^2).
 """
 
 from __future__ import annotations
 
 import heapq
 from itertools import chain
+
+from inferpath.tokenizer.native import MAX_WORD as NATIVE_MAX_WORD
+from inferpath.tokenizer.native import NativeMerger
 
 
 def _bytes_to_unicode() -> list[str]:
@@ -33,6 +37,13 @@ def _bytes_to_unicode() -> list[str]:
             next_free += 1
     return [table[b] for b in range(256)]
 
+
+# Words up to this many symbols merge by scanning a list of ranks (``_merge_short``), longer
+# ones through a heap (``_merge_long``); measured crossover on mixed text.
+SHORT_WORD = 64
+_NO_RANK = 1 << 62  # above every real rank
+ID_SPAN = 1 << 24  # token ids below this fit the id-pair keys of the fast path
+_ID_MASK = (1 << 32) - 1
 
 BYTE_TO_CHAR: list[str] = _bytes_to_unicode()
 CHAR_TO_BYTE: dict[str, int] = {c: b for b, c in enumerate(BYTE_TO_CHAR)}
@@ -73,12 +84,39 @@ class BytePairEncoder:
         merge_ranks: dict[tuple[str, str], int] | None,
         ignore_merges: bool = False,
         max_cache_size: int = 200_000,
+        native_enabled: bool = True,
     ):
         self.vocab = vocab
         self.merge_ranks = merge_ranks
         self.ignore_merges = ignore_merges
         self.max_cache_size = max_cache_size
         self.cache: dict[str, list[int]] = {}
+        self._pair_table, self._byte_ids = self._id_tables()
+        self._native = None  # the C merge loop (native.py), when it builds here
+        if self._pair_table is not None and native_enabled:
+            try:
+                self._native = NativeMerger(self._pair_table, self._byte_ids)
+            except OSError:
+                self._native = None
+
+    def _id_tables(self) -> tuple[dict[int, int] | None, list[int | None]]:
+        """The merge table over ids, for the fast path (``_merge_ids``): key
+        ``left_id * ID_SPAN + right_id``, value ``rank << 32 | merged_id``; and byte -> id.
+
+        None (string path only) for tiktoken ranks, or when a merge's result or side is not
+        in the vocabulary (the string path then reproduces the reference's handling).
+        """
+        vocab = self.vocab
+        byte_ids = [vocab.get(char) for char in BYTE_TO_CHAR]
+        if self.merge_ranks is None or max(vocab.values(), default=0) >= ID_SPAN:
+            return None, byte_ids
+        table: dict[int, int] = {}
+        for (left, right), rank in self.merge_ranks.items():
+            left_id, right_id, merged_id = vocab.get(left), vocab.get(right), vocab.get(left + right)
+            if left_id is None or right_id is None or merged_id is None:
+                return None, byte_ids
+            table.setdefault(left_id * ID_SPAN + right_id, rank << 32 | merged_id)
+        return table, byte_ids
 
     def encode_pieces(self, pieces: list[str]) -> list[int]:
         """The ids of consecutive pre-tokens. The hot path: one cache lookup per piece, done by
@@ -86,30 +124,119 @@ class BytePairEncoder:
         get = self.cache.get
         piece_ids = list(map(get, pieces))
         if None in piece_ids:
+            if self._native is not None:
+                self._encode_missing_natively([p for p, ids in zip(pieces, piece_ids) if ids is None])
             for i, ids in enumerate(piece_ids):
                 if ids is None:
                     piece_ids[i] = get(pieces[i]) or self.encode_piece(pieces[i])
         return list(chain.from_iterable(piece_ids))
 
+    def _encode_missing_natively(self, missing: list[str]) -> None:
+        """Merge the short cache misses in one native call and cache them; long words,
+        whole-token words under ``ignore_merges`` and unmappable bytes are left to
+        ``encode_piece``."""
+        words: dict[str, bytes] = {}
+        for piece in missing:
+            data = piece.encode("utf-8")
+            if len(data) <= NATIVE_MAX_WORD and not (self.ignore_merges and bytes_to_piece(data) in self.vocab):
+                words[piece] = data
+        if not words:
+            return
+        merged = self._native.merge_words(list(words.values()))
+        if merged is None:
+            return
+        if len(self.cache) + len(words) > self.max_cache_size:
+            self.cache.clear()
+        self.cache.update(zip(words, merged))
+
     def encode_piece(self, piece: str) -> list[int]:
         """The ids of one pre-token (cached)."""
-        vocab = self.vocab
-        # NOTE: a byte missing from the vocabulary (SmolLM2 has no 0xF5..0xFF) is dropped, as
-        # Hugging Face tokenizers (no unk token) and llama.cpp drop it.
-        piece_ids = [
-            vocab[s]
-            for s in self.merge(bytes_to_piece(piece.encode("utf-8")))
-            if s in vocab
-        ]
+        data = piece.encode("utf-8")
+        piece_ids = None
+        if self._pair_table is not None and len(data) <= SHORT_WORD:
+            piece_ids = self._merge_ids(data)
+        if piece_ids is None:
+            vocab = self.vocab
+            # NOTE: a byte missing from the vocabulary (SmolLM2 has no 0xF5..0xFF) is dropped, as
+            # Hugging Face tokenizers (no unk token) and llama.cpp drop it.
+            piece_ids = [vocab[s] for s in self.merge(bytes_to_piece(data)) if s in vocab]
         if len(self.cache) >= self.max_cache_size:
             self.cache.clear()
         self.cache[piece] = piece_ids
         return piece_ids
 
+    def _merge_ids(self, data: bytes) -> list[int] | None:
+        """``merge`` over ids for a short word: the same merges in the same order (lowest
+        rank, leftmost first), on ints (a pair key is one int: cheap to hash). None when a
+        byte is not in the vocabulary or the word is a whole token under ``ignore_merges``:
+        the string path decides those."""
+        ids = list(map(self._byte_ids.__getitem__, data))
+        if None in ids:
+            return None
+        if len(ids) == 1:
+            return ids
+        if self.ignore_merges and bytes_to_piece(data) in self.vocab:
+            return None
+        get = self._pair_table.get
+        ranks = [get(a * ID_SPAN + b, _NO_RANK) for a, b in zip(ids, ids[1:])]  # pair (i, i + 1)
+        while True:
+            best = min(ranks)
+            if best == _NO_RANK:
+                return ids
+            i = ranks.index(best)  # the leftmost pair of the lowest rank
+            merged = best & _ID_MASK
+            ids[i:i + 2] = (merged,)
+            del ranks[i]
+            if not ranks:
+                return ids
+            if i < len(ranks):  # (merged, the id after it)
+                ranks[i] = get(merged * ID_SPAN + ids[i + 1], _NO_RANK)
+            if i:  # (the id before it, merged)
+                ranks[i - 1] = get(ids[i - 1] * ID_SPAN + merged, _NO_RANK)
+
     def merge(self, word: str) -> list[str]:
         """Apply merges to a byte-level string; returns the final symbols."""
         if len(word) <= 1 or (self.ignore_merges and word in self.vocab):
             return [word] if word else []
+        if len(word) <= SHORT_WORD:
+            return self._merge_short(word)
+        return self._merge_long(word)
+
+    def _merge_short(self, word: str) -> list[str]:
+        """The merge loop for a short word: one list of pair ranks, the lowest found by
+        ``min`` and ``index`` (C loops). O(n^2), fastest below SHORT_WORD symbols."""
+        symbols = list(word)
+        if self.merge_ranks is None:  # tiktoken: the rank of the concatenation
+            vocab_get = self.vocab.get
+
+            def rank_of(left: str, right: str) -> int:
+                rank = vocab_get(left + right)
+                return _NO_RANK if rank is None else rank
+        else:
+            pair_get = self.merge_ranks.get
+
+            def rank_of(left: str, right: str) -> int:
+                return pair_get((left, right), _NO_RANK)
+
+        ranks = [rank_of(a, b) for a, b in zip(symbols, symbols[1:])]  # ranks[i]: pair (i, i + 1)
+        while True:
+            best = min(ranks)
+            if best == _NO_RANK:
+                return symbols
+            i = ranks.index(best)  # the leftmost pair of the lowest rank
+            merged = symbols[i] + symbols[i + 1]
+            symbols[i:i + 2] = (merged,)
+            del ranks[i]
+            if not ranks:
+                return symbols
+            if i < len(ranks):  # (merged, the symbol after it)
+                ranks[i] = rank_of(merged, symbols[i + 1])
+            if i > 0:  # (the symbol before it, merged)
+                ranks[i - 1] = rank_of(symbols[i - 1], merged)
+
+    def _merge_long(self, word: str) -> list[str]:
+        """The merge loop for a long word: a heap of pair ranks over a linked list of
+        symbols, O(n log n) (a 1 MB pre-token takes seconds, not hours)."""
         symbols: list[str | None] = list(
             word
         )  # None marks a symbol merged into its left neighbour

@@ -98,7 +98,9 @@ def _require(metadata: dict, key: str, path: Path):
 
 def load_gguf(path: str | Path) -> Tokenizer:
     """A Tokenizer from GGUF metadata (``tokenizer.ggml.model`` must be ``gpt2``)."""
-    from inferpath.weights.gguf_check import check_gguf  # counts against the file size first
+    from inferpath.weights.gguf_check import (
+        check_gguf,  # counts against the file size first
+    )
 
     path = Path(path)
     check_gguf(path)

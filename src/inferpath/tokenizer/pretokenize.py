@@ -71,7 +71,9 @@ def _splitter(pattern: str):
     gaps between them, in order, none empty (except where ``pattern`` matches "")."""
     try:
         if pattern in _TOTAL:
-            return regex.compile(pattern).findall
+            # concurrent: matching releases the GIL, so encode_batch's threads overlap here
+            findall = regex.compile(pattern).findall
+            return lambda text: findall(text, concurrent=True)
         captured = regex.compile(f"({pattern})")
         if captured.groups == 1:  # split() returns gap, match, gap, ...
             split = captured.split

@@ -135,6 +135,30 @@ class Tokenizer:
         )
         return ids
 
+    def encode_batch(self, texts: list[str], *, allow_special: bool = False,
+                     add_bos: bool | None = None, num_threads: int = 1) -> list[list[int]]:
+        """``[encode(text) for text in texts]``, on up to ``num_threads`` threads.
+
+        The texts are cut into ``num_threads`` contiguous slices, one per thread, sharing
+        the piece cache. Threads overlap where the work leaves the GIL: the pre-tokenizer's
+        regex matching and the native merge loop (native.py); the rest is Python.
+        """
+        if not isinstance(num_threads, int) or num_threads < 1:
+            raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
+
+        def encode_all(part: list[str]) -> list[list[int]]:
+            return [self.encode(text, allow_special=allow_special, add_bos=add_bos) for text in part]
+
+        num_threads = min(num_threads, len(texts))
+        if num_threads <= 1:
+            return encode_all(list(texts))
+        from concurrent.futures import ThreadPoolExecutor
+
+        size = -(-len(texts) // num_threads)
+        parts = [texts[i:i + size] for i in range(0, len(texts), size)]
+        with ThreadPoolExecutor(num_threads, thread_name_prefix="inferpath-tokenize") as pool:
+            return [ids for part in pool.map(encode_all, parts) for ids in part]
+
     def encode_protected(
         self, text: str, protected: list[tuple[int, int]]
     ) -> list[int]:
@@ -224,19 +248,22 @@ class Tokenizer:
         return tokens
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True
+        self, messages: list[dict], add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
     ) -> str:
-        """The prompt text the model's chat template renders for ``messages``."""
-        return self._chat_renderer().render(messages, add_generation_prompt)
+        """The prompt text the model's chat template renders for ``messages`` (and the
+        OpenAI-shaped ``tools``, given to the template as its ``tools`` variable)."""
+        return self._chat_renderer().render(messages, add_generation_prompt, tools)
 
     def encode_chat(
-        self, messages: list[dict], add_generation_prompt: bool = True
+        self, messages: list[dict], add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
     ) -> list[int]:
         """Ids of the rendered chat: the template's control tokens become special ids; text that
         came from the messages never does (a user writing ``<|im_end|>`` gets plain text)."""
         renderer = self._chat_renderer()
         text, protected = renderer.render_with_spans(
-            messages, add_generation_prompt, self._all_added_re
+            messages, add_generation_prompt, self._all_added_re, tools
         )
         return self.encode_protected(text, protected)
 

@@ -16,7 +16,7 @@ import torch
 from inferpath.config import ModelConfig
 from inferpath.weights.errors import WeightsError
 from inferpath.weights.gguf import read_gguf
-from inferpath.weights.names import expected_shapes, gguf_name
+from inferpath.weights.names import expected_shapes, gguf_name, is_ignorable
 from inferpath.weights.quantized import QuantizedTensor
 from inferpath.weights.safetensors import read_hf_dir
 
@@ -82,8 +82,19 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype | str = torch.float32,
 
 def check_shapes(tensors: dict[str, torch.Tensor], config: ModelConfig, path: Path,
                  is_gguf: bool = False) -> None:
-    """Raise WeightsError for the first missing or wrongly shaped tensor; drop extras."""
+    """Raise WeightsError for the first missing, wrongly shaped or unused tensor.
+
+    A tensor the model would not consume (a bias the config does not enable, say) is an
+    error: skipping it would run a different model than the file holds. The only extras
+    dropped are those the model recomputes or shares (``is_ignorable``).
+    """
     shapes = expected_shapes(config)
+    unused = sorted(name for name in tensors if name not in shapes and not is_ignorable(name, config))
+    if unused:
+        where = f" (GGUF tensor {gguf_name(unused[0])!r})" if is_gguf else ""
+        raise WeightsError(f"{path}: tensor {unused[0]!r}{where} is not used by a {config.architecture} "
+                           f"model with this config, and {len(unused) - 1} more; refusing rather than "
+                           "running a different model than the file holds")
     for name, shape in shapes.items():
         where = f" (GGUF tensor {gguf_name(name)!r})" if is_gguf else ""
         if name not in tensors:
@@ -91,7 +102,7 @@ def check_shapes(tensors: dict[str, torch.Tensor], config: ModelConfig, path: Pa
         if tuple(tensors[name].shape) != shape:
             raise WeightsError(f"{path}: tensor {name!r}{where} has shape "
                                f"{tuple(tensors[name].shape)}, expected {shape}")
-    for name in set(tensors) - set(shapes):  # e.g. a tied lm_head stored anyway
+    for name in set(tensors) - set(shapes):  # a tied lm_head stored anyway, RoPE buffers
         del tensors[name]
 
 

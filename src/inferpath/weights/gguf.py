@@ -25,6 +25,7 @@ from tqdm import tqdm
 from inferpath.config import ConfigError, ModelConfig
 from inferpath.weights.errors import WeightsError
 from inferpath.weights.gguf_check import check_gguf
+from inferpath.weights.gguf_keys import check_metadata_keys
 from inferpath.weights.names import IGNORED_GGUF_TENSORS, hf_name, stacked_expert_names
 from inferpath.weights.quantized import QUANTIZED_TYPES, QuantizedTensor
 from inferpath.weights.rope_freqs import rope_scaling_from_freqs
@@ -114,6 +115,7 @@ def config_from_gguf(reader: GGUFReader, path: Path) -> ModelConfig:
             f"{path}: GGUF architecture {arch!r} is not supported; "
             f"supported: {', '.join(_ARCHITECTURES)}"
         )
+    check_metadata_keys(reader.fields, arch, path)
     tensor_shapes = {t.name: tuple(reversed([int(d) for d in t.shape])) for t in reader.tensors}
 
     def meta(key: str, default: Any = None) -> Any:
@@ -139,8 +141,12 @@ def config_from_gguf(reader: GGUFReader, path: Path) -> ModelConfig:
     vocab = meta("vocab_size") or tensor_shapes.get("token_embd.weight", (None,))[0]
     if vocab is None:
         vocab = len(field(reader, "tokenizer.ggml.tokens", []))
+    window = meta("attention.sliding_window")
+    model_type = "mixtral" if num_experts else _ARCHITECTURES[arch]
+    if model_type == "llama" and window is not None:
+        model_type = "mistral"  # llama.cpp stores Mistral 7B as llama with a window
     hf: dict[str, Any] = {
-        "model_type": "mixtral" if num_experts else _ARCHITECTURES[arch],
+        "model_type": model_type,
         "vocab_size": int(vocab),
         "hidden_size": hidden,
         "intermediate_size": int(meta("expert_feed_forward_length") or required("feed_forward_length")),
@@ -153,12 +159,18 @@ def config_from_gguf(reader: GGUFReader, path: Path) -> ModelConfig:
         "rope_scaling": rope_scaling,
         "max_position_embeddings": int(meta("context_length", 2048)),
         "tie_word_embeddings": "output.weight" not in tensor_shapes,
-        "attention_bias": arch == "qwen2" or "blk.0.attn_q.bias" in tensor_shapes,
-        "num_local_experts": num_experts,
-        "num_experts_per_tok": int(meta("expert_used_count", 0) or 0),
-        "sliding_window": meta("attention.sliding_window"),
-        "use_sliding_window": meta("attention.sliding_window") is not None,
     }
+    # biases are told by the tensors present, as llama.cpp itself does
+    has_bias = {part: f"blk.0.{part}.bias" in tensor_shapes for part in ("attn_q", "attn_output", "ffn_up")}
+    if model_type == "llama":
+        if has_bias["attn_q"] or has_bias["attn_output"]:
+            hf["attention_bias"] = True
+        if has_bias["ffn_up"]:
+            hf["mlp_bias"] = True
+    if model_type in ("mistral", "mixtral") and window is not None:
+        hf["sliding_window"] = int(window)
+    if num_experts:
+        hf.update(num_local_experts=num_experts, num_experts_per_tok=int(meta("expert_used_count", 0) or 0))
     try:
         return ModelConfig.from_hf_config(hf, name=str(field(reader, "general.name", path.stem)))
     except ConfigError as exc:

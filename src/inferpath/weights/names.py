@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from inferpath.config import ModelConfig
+from inferpath.config import ROUTED_MOE_ARCHITECTURES, ModelConfig
 
 # GGUF per-layer suffix -> Hugging Face per-layer suffix (after "model.layers.{i}.")
 _LAYER_RENAMES = {
@@ -34,6 +34,9 @@ _GLOBAL_RENAMES = {
 }
 # Tensors some GGUF files carry that Hugging Face recomputes (RoPE frequency tables).
 IGNORED_GGUF_TENSORS = re.compile(r"^(rope_freqs|blk\.\d+\.attn_rot_embd)\.weight$")
+
+# Hugging Face buffers some checkpoints carry that the model recomputes.
+IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq",)
 
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 _OLD_EXPERT_RE = re.compile(r"^blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down)\.(\d+)\.weight$")
@@ -72,7 +75,8 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor a model of this config loads, in Hugging Face names, with its shape.
 
     Invariant: exactly the set ``Transformer.load_weights`` consumes: ``lm_head.weight``
-    only when the head is untied, Q/K/V biases only when ``attention_bias``.
+    only when the head is untied, Q/K/V biases only when ``attention_bias``, the o_proj
+    bias with ``o_proj_bias``, MLP biases with ``mlp_bias``.
     """
     hidden, inter = config.hidden_size, config.intermediate_size
     shapes: dict[str, tuple[int, ...]] = {
@@ -93,7 +97,26 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.q_proj.bias"] = (config.q_size,)
             shapes[p + "self_attn.k_proj.bias"] = (config.kv_size,)
             shapes[p + "self_attn.v_proj.bias"] = (config.kv_size,)
-        if config.is_moe:
+        if config.o_proj_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (hidden,)
+        if config.qk_norm:
+            per_head = config.qk_norm == "head"
+            shapes[p + "self_attn.q_norm.weight"] = (config.head_dim if per_head else config.q_size,)
+            shapes[p + "self_attn.k_norm.weight"] = (config.head_dim if per_head else config.kv_size,)
+        if config.sandwich_norms:
+            shapes[p + "pre_feedforward_layernorm.weight"] = (hidden,)
+            shapes[p + "post_feedforward_layernorm.weight"] = (hidden,)
+        if config.is_moe_layer(i) and config.architecture in ROUTED_MOE_ARCHITECTURES:
+            shapes[p + "mlp.gate.weight"] = (config.num_experts, hidden)
+            experts = [(f"{p}mlp.experts.{e}.", config.expert_intermediate_size) for e in range(config.num_experts)]
+            if config.shared_expert_intermediate_size:
+                experts.append((f"{p}mlp.shared_expert.", config.shared_expert_intermediate_size))
+                shapes[p + "mlp.shared_expert_gate.weight"] = (1, hidden)
+            for q, width in experts:
+                shapes[q + "gate_proj.weight"] = (width, hidden)
+                shapes[q + "up_proj.weight"] = (width, hidden)
+                shapes[q + "down_proj.weight"] = (hidden, width)
+        elif config.is_moe_layer(i):
             shapes[p + "block_sparse_moe.gate.weight"] = (config.num_experts, hidden)
             for e in range(config.num_experts):
                 q = f"{p}block_sparse_moe.experts.{e}."
@@ -104,7 +127,19 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "mlp.gate_proj.weight"] = (inter, hidden)
             shapes[p + "mlp.up_proj.weight"] = (inter, hidden)
             shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
+            if config.mlp_bias:
+                shapes[p + "mlp.gate_proj.bias"] = (inter,)
+                shapes[p + "mlp.up_proj.bias"] = (inter,)
+                shapes[p + "mlp.down_proj.bias"] = (hidden,)
     return shapes
+
+
+def is_ignorable(name: str, config: ModelConfig) -> bool:
+    """A checkpoint tensor the model need not read: RoPE tables it recomputes, or the head
+    of a model whose head is tied to the embedding (saved anyway by some exporters)."""
+    if name.endswith(IGNORED_HF_SUFFIXES):
+        return True
+    return name == "lm_head.weight" and config.tie_word_embeddings
 
 
 _HF_TO_GGUF_LAYER = {v: k for k, v in _LAYER_RENAMES.items()}
@@ -126,3 +161,54 @@ def gguf_name(hf: str) -> str:
         layer, part, kind = m.groups()
         return f"blk.{layer}.{_HF_TO_GGUF_LAYER[part]}.{kind}"
     return hf
+
+
+# Checkpoints that store some projections fused along rows: fused suffix -> the parts, in
+# row order (Phi-3: qkv_proj = q, k, v; gate_up_proj = gate, up). The model keeps the parts.
+FUSED_PROJECTIONS = {
+    "phi3": {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                           "self_attn.v_proj.weight"),
+             "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")},
+}
+
+
+def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """``expected_shapes`` as the checkpoint file stores them: fused projections fused."""
+    shapes = expected_shapes(config)
+    fused = FUSED_PROJECTIONS.get(config.architecture)
+    if not fused:
+        return shapes
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        for fused_suffix, parts in fused.items():
+            if name.endswith(parts[0]):
+                prefix = name[: -len(parts[0])]
+                rows = sum(shapes[prefix + part][0] for part in parts)
+                out[prefix + fused_suffix] = (rows, *shape[1:])
+                break
+            if any(name.endswith(part) for part in parts[1:]):
+                break
+        else:
+            out[name] = shape
+    return out
+
+
+def split_fused(tensors: dict, config: ModelConfig) -> dict:
+    """Checkpoint tensors -> the model's names: each fused projection cut into its parts
+    (row views, no copy); other tensors unchanged."""
+    fused = FUSED_PROJECTIONS.get(config.architecture)
+    if not fused:
+        return tensors
+    shapes = expected_shapes(config)
+    out = {}
+    for name, tensor in tensors.items():
+        suffix = next((f for f in fused if name.endswith(f)), None)
+        if suffix is None:
+            out[name] = tensor
+            continue
+        prefix, start = name[: -len(suffix)], 0
+        for part in fused[suffix]:
+            rows = shapes[prefix + part][0]
+            out[prefix + part] = tensor[start:start + rows]
+            start += rows
+    return out

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from inferpath.config import ConfigError, ModelConfig
 from inferpath.weights.errors import WeightsError
-from inferpath.weights.names import expected_shapes
+from inferpath.weights.names import checkpoint_shapes, is_ignorable, split_fused
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -29,8 +29,8 @@ def read_hf_dir(path: Path, dtype: torch.dtype, progress: bool = False
                 ) -> tuple[ModelConfig, dict[str, torch.Tensor], list[int]]:
     """Config, tensors in ``dtype`` (exactly those the model needs), and EOS ids of a dir.
 
-    Tensors the model does not use (a tied ``lm_head.weight`` saved anyway, RoPE
-    ``inv_freq`` buffers) are not read.
+    Tensors the model recomputes or shares (a tied ``lm_head.weight`` saved anyway, RoPE
+    ``inv_freq`` buffers) are not read; any other tensor it does not use is an error.
     """
     config_path = path / "config.json"
     if not config_path.is_file():
@@ -42,7 +42,14 @@ def read_hf_dir(path: Path, dtype: torch.dtype, progress: bool = False
         raise WeightsError(f"{config_path}: {exc}") from None
 
     weight_map = _weight_map(path)  # tensor name -> shard file
-    shapes = expected_shapes(config)
+    shapes = checkpoint_shapes(config)  # as stored: Phi-3's projections fused
+    unused = sorted(n for n in weight_map if n not in shapes and not is_ignorable(n, config))
+    if unused:
+        raise WeightsError(
+            f"{path}: tensor {unused[0]!r} (in {weight_map[unused[0]].name}) is not used by a "
+            f"{config.architecture} model with this config.json, and {len(unused) - 1} more; "
+            "refusing rather than running a different model than the file holds"
+        )
     by_file: dict[Path, list[str]] = defaultdict(list)
     for name, shape in shapes.items():
         if name not in weight_map:
@@ -71,7 +78,7 @@ def read_hf_dir(path: Path, dtype: torch.dtype, progress: bool = False
             raise WeightsError(f"{file}: not a readable safetensors file ({exc}); "
                                "it may be truncated or corrupt") from None
     bar.close()
-    return config, tensors, _eos_token_ids(path, hf_config)
+    return config, split_fused(tensors, config), _eos_token_ids(path, hf_config)
 
 
 def _weight_map(path: Path) -> dict[str, Path]:

@@ -1,0 +1,82 @@
+"""Batch-invariant mode: a request's logits do not depend on what shares its step.
+
+Floating-point sums round differently in a different order, and the order of most
+kernels follows the shape of the whole batch: a matmul blocks its k loop by the row
+count, attention padded to the longest sequence and masked sums more (zero) terms, a
+prompt row attends in a different kernel than a decode row. So the same request alone, in
+a batch of 32, after a prefix-cache hit or after preemption (recomputed as a prompt)
+gives logprobs that differ in the last bits, and in bf16 even different tokens.
+
+``make_batch_invariant`` switches a Transformer to an order that depends only on the row
+itself:
+
+- linears: each output row is computed the same way for any row count: the native GEMV
+  (one FMA chain over k per output, chosen by kernels/ops.py inside
+  ``row_invariant_dispatch``, which the runner enters each step) or, without it, one
+  ``F.linear`` per row (``RowwiseLinear``);
+- attention: every token, prompt or decode, is its own query over exactly keys
+  0..position of its sequence (attention.per_token_plan), no padding, no mask;
+- RMSNorm, RoPE, the gate, residuals, softmax and log-softmax already work row by row.
+
+The engine turns it on with ``EngineConfig(batch_invariant=True)`` (``--deterministic``).
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+_dispatch = threading.local()
+
+
+@contextmanager
+def row_invariant_dispatch(enabled: bool = True):
+    """Within the block (this thread), the native linears (kernels/ops.py
+    ``small_batch_linear``) compute each row the same way whatever the number of rows.
+    The runner runs each step of a batch-invariant model inside it."""
+    previous = getattr(_dispatch, "row_invariant", False)
+    _dispatch.row_invariant = enabled
+    try:
+        yield
+    finally:
+        _dispatch.row_invariant = previous
+
+
+def rows_must_be_invariant() -> bool:
+    """Whether this thread is inside ``row_invariant_dispatch``."""
+    return getattr(_dispatch, "row_invariant", False)
+
+
+def rowwise_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T + bias one row at a time: each row is the same 1-row call whatever the
+    batch; x (rows, in) -> (rows, out)."""
+    if x.dim() != 2 or x.shape[0] == 1:
+        return F.linear(x, weight, bias)
+    return torch.cat([F.linear(row, weight, bias) for row in x.split(1)])
+
+
+class RowwiseLinear(nn.Linear):
+    """An ``nn.Linear`` computed one row at a time (the PyTorch batch-invariant path)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rowwise_linear(x, self.weight, self.bias)
+
+
+def make_batch_invariant(model: nn.Module) -> nn.Module:
+    """Switch ``model`` (a Transformer, after ``accelerate`` if used) to batch-invariant
+    execution, in place; returns it. Plain ``nn.Linear`` modules become ``RowwiseLinear``;
+    the native ``CPULinear`` ones keep their class and take the GEMV inside the runner's
+    ``row_invariant_dispatch``."""
+    if not hasattr(model, "batch_invariant"):
+        raise ValueError(f"batch-invariant mode needs a single-process Transformer, not a "
+                         f"{type(model).__name__} (tensor parallelism is not supported)")
+    model.batch_invariant = True
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = RowwiseLinear
+    return model

@@ -1,0 +1,103 @@
+"""The glass box on the server: the page at ``/`` and the traces it draws.
+
+- ``GET /`` and ``GET /glassbox/*``: the page (server/static/, shipped in the package, no
+  build step).
+- A completion (``POST /v1/chat/completions`` or ``/v1/completions``) sent with the header
+  ``X-Inferpath-Trace: 1`` is traced: the engine's StepTracer is held (engine/trace.py)
+  from before the request is submitted until its response has been sent, so every step
+  it takes part in is recorded. The response itself is the plain OpenAI one; a client
+  that does not send the header is never traced by its own request and never sees a trace.
+- ``GET /v1/trace/{id}``: the trace of the completion whose response ``id`` is given
+  (explain/trace.py ``request_trace``: steps, stage rows measured and predicted, tokens with
+  their top 5, KV cache, the batch each step shared), live while it runs. The prediction
+  is for ``this-machine``, probed once (cached on disk) on first use.
+
+Only counts of other requests' sequences and tokens appear in a trace, never their text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from inferpath.server.errors import APIError
+
+STATIC_DIR = Path(__file__).with_name("static")
+TRACE_HEADER = b"x-inferpath-trace"
+_TRACED_PATHS = ("/v1/chat/completions", "/v1/completions")
+
+
+class TraceOnHeader:
+    """ASGI middleware: holds the tracer for the whole of a completion that asks for it."""
+
+    def __init__(self, app, tracer) -> None:
+        self.app = app
+        self.tracer = tracer
+
+    async def __call__(self, scope, receive, send) -> None:
+        if not (scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in _TRACED_PATHS
+                and dict(scope["headers"]).get(TRACE_HEADER, b"").strip() in (b"1", b"true", b"on")):
+            await self.app(scope, receive, send)
+            return
+        self.tracer.acquire()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            await asyncio.to_thread(self.tracer.release)  # may wait for a traced step to end
+
+
+def install_trace_routes(app: FastAPI, async_engine: Any, api_key: str | None = None) -> None:
+    """Add the page, the trace header's middleware and ``/v1/trace/{id}`` to ``app``."""
+    from inferpath.engine.trace import tracer_of
+    from inferpath.explain.trace import request_trace
+
+    engine = async_engine.engine
+    try:
+        tracer = tracer_of(engine)
+    except ValueError as exc:  # tensor parallelism: the page chats, without a trace
+        tracer, untraceable = None, str(exc)
+    hardware_holder: list = []
+
+    async def hardware():
+        if not hardware_holder:
+            from inferpath.explain.probe import probe_this_machine
+
+            hardware_holder.append(await asyncio.to_thread(probe_this_machine))
+        return hardware_holder[0]
+
+    if tracer is not None:
+        app.add_middleware(TraceOnHeader, tracer=tracer)
+    app.mount("/glassbox", StaticFiles(directory=STATIC_DIR), name="glassbox")
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html")
+
+    @app.get("/v1/trace/{response_id}")
+    async def get_trace(response_id: str, request: Request) -> JSONResponse:
+        _check_key(request, api_key)
+        if tracer is None:
+            raise APIError(400, f"this server cannot trace: {untraceable}", code="trace_unavailable")
+        for request_id in (response_id, f"{response_id}-0"):
+            if tracer.steps_of(request_id):
+                spec = await hardware()
+                return JSONResponse(request_trace(tracer, request_id, engine, spec))
+        raise APIError(404, f"no trace of {response_id!r}: send the completion with the header "
+                       "'X-Inferpath-Trace: 1' (traces are kept for the last 4,096 steps)",
+                       param="id", code="trace_not_found")
+
+
+def _check_key(request: Request, api_key: str | None) -> None:
+    if api_key is None:
+        return
+    # as app.py: the raw header bytes (Starlette decodes latin-1, losslessly) against UTF-8
+    scheme, _, token = request.headers.get("authorization", "").encode("latin-1").partition(b" ")
+    if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), api_key.encode("utf-8")):
+        raise APIError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'",
+                       code="invalid_api_key")

@@ -1,0 +1,87 @@
+"""The this-machine probe: keyed by what changes it, measured through the engine's linear,
+and a slow dtype reported as slow (a small positive ridge, compute-bound), never ridge 0."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from inferpath.cli import main
+from inferpath.explain import probe
+from inferpath.explain.cost import Precision, pass_cost
+from inferpath.explain.presets import resolve_model_config
+
+SMALL = dict(bandwidth_bytes=4 * 2**20, matmul_n=64)
+
+# An AVX2 machine without native bf16: fp32 GEMM at 60 GFLOP/s, bf16 at 0.6 (the issue's figure)
+SLOW_BF16 = {
+    "device": "cpu", "read_bandwidth": 20e9, "copy_bandwidth": 18e9, "fp32_flops": 60e9,
+    "bf16_flops": 0.6e9, "fp32_gemv_bandwidth": 15e9, "bf16_gemv_bandwidth": 1e9,
+    "memory_bytes": 16e9, "bandwidth_bytes": SMALL["bandwidth_bytes"], "matmul_n": SMALL["matmul_n"],
+}
+
+
+def test_the_cache_key_changes_with_the_kernel_level(monkeypatch):
+    monkeypatch.delenv("INFERPATH_ISA", raising=False)
+    detected = probe.kernel_level()
+    key = probe.probe_key("cpu", 2, **SMALL)
+    assert f"isa-{detected}" in key and "torch-" in key and probe.cpu_model() in key
+    for level in ("avx2", "generic"):
+        monkeypatch.setenv("INFERPATH_ISA", level)
+        assert probe.kernel_level() == level
+        assert probe.probe_key("cpu", 2, **SMALL) != key
+    monkeypatch.setenv("INFERPATH_ISA", "avx2")
+    avx2 = probe.probe_key("cpu", 2, **SMALL)
+    assert avx2 == probe.probe_key("cpu", 2, **SMALL) and "isa-avx2" in avx2
+
+
+def test_a_forced_kernel_level_is_measured_and_cached_apart(tmp_path, monkeypatch):
+    path = tmp_path / "probe.json"
+    calls = []
+    monkeypatch.setattr(probe, "measure", lambda *a: calls.append(a) or dict(SLOW_BF16))
+    monkeypatch.setenv("INFERPATH_ISA", "avx2")
+    probe.probe_this_machine(cache_path=path, **SMALL)
+    probe.probe_this_machine(cache_path=path, **SMALL)
+    monkeypatch.setenv("INFERPATH_ISA", "avx512")
+    probe.probe_this_machine(cache_path=path, **SMALL)
+    assert len(calls) == 2
+    cached = json.loads(path.read_text())
+    assert {m["kernel_level"] for m in cached.values()} == {"avx2", "avx512"}
+    probe.probe_this_machine(cache_path=path, refresh=True, **SMALL)  # --reprobe
+    assert len(calls) == 3
+
+
+def test_bf16_slower_than_fp32_gives_a_positive_ridge_and_compute_bound_decode():
+    spec = probe.spec_from_measurement(SLOW_BF16)
+    ridge = spec.ridge_point("bf16")
+    assert ridge == pytest.approx(0.6e9 / 20e9) and ridge > 0
+    assert spec.ridge_point("fp32") == pytest.approx(3.0)
+    config = resolve_model_config("smollm2-135m")
+    bf16 = pass_cost(config, spec, Precision("bf16"), 1, 100)
+    fp32 = pass_cost(config, spec, Precision("fp32"), 1, 100)
+    # bf16 weights are half the bytes, but this machine multiplies them 100x slower
+    assert bf16.bound == "compute" and fp32.bound == "memory"
+    assert bf16.time_s > fp32.time_s
+    assert bf16.stage("down_proj").bound == "compute" and fp32.stage("down_proj").bound == "memory"
+
+
+def test_explain_on_such_a_machine_prints_the_ridge_not_zero(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("INFERPATH_CACHE", str(tmp_path))
+    monkeypatch.setattr(probe, "measure", lambda *a: dict(SLOW_BF16))
+    assert main(["explain", "--model", "smollm2-135m", "--hardware", "this-machine", "--reprobe",
+                 "--prompt-tokens", "7", "--output-tokens", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "ridge 0.03 FLOP/byte" in out and "ridge 0 FLOP" not in out
+    assert "decode is compute-bound" in out
+
+
+def test_a_zero_rate_is_refused():
+    with pytest.raises(ValueError, match="bf16_flops=0"):
+        probe.spec_from_measurement({**SLOW_BF16, "bf16_flops": 0})
+
+
+def test_the_real_probe_measures_the_engines_linear(tmp_path):
+    spec = probe.probe_this_machine(cache_path=tmp_path / "probe.json", **SMALL)
+    assert spec.flops_for("fp32") > 0 and spec.flops_for("bf16") > 0 and spec.memory_bandwidth > 0
+    assert "fp32 GEMV" in spec.source and f"kernels {probe.kernel_level()}" in spec.source

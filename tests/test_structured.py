@@ -1,0 +1,190 @@
+"""Structured output and tool calls without a model: the grammar masks in the sampler, the
+spec and schema rules, logit_bias validation, and the tool-call parsers and streamer.
+
+The grammar compiler runs over SmolLM2's real tokenizer (llguidance over our byte-level
+tokens); the reference for a mask is a direct check of each allowed token's bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+
+import pytest
+import torch
+
+from inferpath.models import resolve_model
+from inferpath.sampling import Sampler, SamplingParams, SamplingRow
+from inferpath.server.tool_stream import ToolCallStream
+from inferpath.server.tools import parse_tool_calls, tool_call_grammar, FunctionDefinition
+from inferpath.structured import GrammarError, StructuredOutput
+from inferpath.structured.compiler import GrammarCompiler
+from inferpath.structured.schema import close_objects
+from inferpath.tokenizer import load_tokenizer
+from inferpath.weights import load_checkpoint
+
+
+@functools.cache
+def compiler() -> tuple[GrammarCompiler, object]:
+    checkpoint = load_checkpoint(resolve_model("smollm2-135m-instruct"), dtype=torch.float32)
+    tokenizer = load_tokenizer(checkpoint.tokenizer_path)
+    eos = frozenset(tokenizer.eos_token_ids) | frozenset(checkpoint.eos_token_ids)
+    return GrammarCompiler(tokenizer, checkpoint.config.vocab_size, eos), tokenizer
+
+
+def test_choice_mask_allows_exactly_the_prefixes_and_free_rows_are_untouched():
+    grammars, tokenizer = compiler()
+    spec = StructuredOutput.choice(["yes", "no"])
+    vocab = grammars.vocab_size
+    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(0))
+    constrained = SamplingRow(SamplingParams(temperature=0, structured=spec), [1], [],
+                              grammar=grammars.new_matcher(spec))
+    free = SamplingRow(SamplingParams(temperature=0), [1], [])
+    out = Sampler(seed=0)(logits, [constrained, free])
+    assert out.token_ids[1] == int(logits[1].argmax())  # the free row is untouched
+    chosen = tokenizer.token_bytes(out.token_ids[0])
+    assert chosen and (b"yes".startswith(chosen) or b"no".startswith(chosen))
+    # the mask itself: every allowed token is a prefix of a choice, and each choice's
+    # first-byte tokens are allowed
+    from inferpath.structured.matcher import fill_bitmasks, apply_bitmasks
+    masked = apply_bitmasks(logits, [0], fill_bitmasks([grammars.new_matcher(spec)]))
+    allowed = torch.nonzero(masked[0] > float("-inf")).flatten().tolist()
+    assert all(b"yes".startswith(tokenizer.token_bytes(t)) or b"no".startswith(tokenizer.token_bytes(t))
+               for t in allowed)
+    assert {tokenizer.encode_ordinary("y")[0], tokenizer.encode_ordinary("n")[0]} <= set(allowed)
+    assert torch.equal(masked[1], logits[1])
+
+
+def test_a_sequence_under_a_regex_grammar_matches_it_and_ends_in_eos():
+    grammars, tokenizer = compiler()
+    spec = StructuredOutput("regex", "[0-9]{2}-[a-c]{2}")
+    matcher = grammars.new_matcher(spec)
+    sampler = Sampler(seed=1)
+    generator = torch.Generator().manual_seed(5)
+    output: list[int] = []
+    params = SamplingParams(temperature=1.0, seed=5, structured=spec)
+    for _ in range(12):
+        logits = torch.randn(1, grammars.vocab_size, generator=generator)
+        (token,) = sampler(logits, [SamplingRow(params, [1], output, generator, grammar=matcher)]).token_ids
+        if token in tokenizer.eos_token_ids or token == 2:
+            break
+        assert matcher.accept(token)
+        output.append(token)
+    else:
+        pytest.fail("never reached EOS")
+    assert re.fullmatch("[0-9]{2}-[a-c]{2}", tokenizer.decode(output))
+
+
+@pytest.mark.parametrize("spec, needle", [
+    (StructuredOutput.json_schema({"type": "object", "properties": {"a": {"type": "strng"}}}), "strng"),
+    (StructuredOutput("regex", "(("), "unclosed"),
+    (StructuredOutput("grammar", "start: undefined_rule"), "undefined_rule"),
+])
+def test_uncompilable_specs_raise_naming_the_problem(spec, needle):
+    with pytest.raises(GrammarError, match=needle):
+        compiler()[0].new_matcher(spec)
+
+
+def test_spec_and_logit_bias_validation():
+    with pytest.raises(GrammarError, match="non-empty list"):
+        StructuredOutput.choice([])
+    with pytest.raises(GrammarError, match="kind"):
+        StructuredOutput("yaml", "x")
+    with pytest.raises(ValueError, match="logit_bias value 101"):
+        SamplingParams(logit_bias={3: 101})
+    with pytest.raises(ValueError, match="logit_bias key -1"):
+        SamplingParams(logit_bias={-1: 1})
+    assert SamplingParams(logit_bias={"7": -100, 2: 5}).logit_bias == ((2, 5.0), (7, -100.0))
+
+
+def test_logit_bias_moves_only_its_row():
+    logits = torch.zeros(2, 10)
+    logits[:, 3] = 5.0
+    biased = SamplingRow(SamplingParams(temperature=0, logit_bias={3: -100, 8: 10}), [1], [])
+    free = SamplingRow(SamplingParams(temperature=0), [1], [])
+    assert Sampler(seed=0)(logits, [biased, free]).token_ids == [8, 3]
+    assert logits[0, 3] == 5.0  # the caller's logits are not modified
+
+
+def test_close_objects_closes_only_unopened_objects():
+    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {}},
+                                               "b": {"type": "object", "properties": {},
+                                                     "additionalProperties": True}}}
+    closed = close_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["a"]["additionalProperties"] is False
+    assert closed["properties"]["b"]["additionalProperties"] is True
+    assert "additionalProperties" not in schema  # a copy
+
+
+def test_hermes_and_llama3_parsers():
+    content, calls = parse_tool_calls(
+        'Let me check.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>', "hermes")
+    assert content == "Let me check."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"x": 1}), ("g", {})]
+    assert parse_tool_calls("plain answer", "hermes") == ("plain answer", [])
+    broken = '<tool_call>\n{"name": "f", "argum'
+    assert parse_tool_calls(broken, "hermes") == (broken, [])
+    content, calls = parse_tool_calls('<|python_tag|>{"name": "f", "parameters": {"s": "a;b"}}; '
+                                      '{"name": "g", "parameters": {}}', "llama3_json")
+    assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("f", {"s": "a;b"}), ("g", {})]
+
+
+def test_tool_stream_sends_content_then_call_fragments():
+    stream = ToolCallStream("hermes")
+    text = 'Sure.<tool_call>\n{"name": "f", "arguments": {"city": "Paris, France"}}\n</tool_call>'
+    deltas = []
+    for i in range(0, len(text), 3):
+        deltas += stream.add(text[i:i + 3])
+    content = "".join(d["content"] for d in deltas)
+    assert content == "Sure."
+    final, has_calls = stream.finish()
+    assert has_calls
+    assert final[0]["tool_calls"][0]["function"] == {"name": "f", "arguments": ""}
+    arguments = "".join(d["tool_calls"][0]["function"]["arguments"] for d in final[1:])
+    assert json.loads(arguments) == {"city": "Paris, France"}
+    plain = ToolCallStream("hermes")
+    sent = plain.add("a <tool") + plain.add("box> b")  # a false start is released
+    sent += plain.finish()[0]
+    assert "".join(d["content"] for d in sent) == "a <toolbox> b"
+
+
+def test_tool_call_grammar_accepts_only_valid_calls():
+    grammars, tokenizer = compiler()
+    functions = [FunctionDefinition(name="add", parameters={
+        "type": "object", "properties": {"a": {"type": "number"}}, "required": ["a"]})]
+    spec = tool_call_grammar(functions, "hermes", parallel=False)
+    good = '<tool_call>\n{"name":"add","arguments":{"a":1}}\n</tool_call>'
+    bad = '<tool_call>\n{"name":"sub","arguments":{"a":1}}\n</tool_call>'
+    for text, expected in ((good, True), (bad, False)):
+        matcher = grammars.new_matcher(spec)
+        accepted = all(matcher.accept(t) for t in tokenizer.encode_ordinary(text))
+        assert accepted == expected, text
+
+
+def test_live_stream_of_grammar_enforced_calls_sends_arguments_before_the_end():
+    from inferpath.server.tool_stream import LiveHermesStream
+
+    text = ('<tool_call>\n{"name":"f","arguments":{"city":"Paris, France","days":[1,2,3]}}\n'
+            '</tool_call>\n<tool_call>\n{"name":"g","arguments":{}}\n</tool_call>')
+    stream = LiveHermesStream()
+    before_finish = []
+    for i in range(0, len(text), 2):
+        before_finish += stream.add(text[i:i + 2])
+    after, has_calls = stream.finish()
+    assert has_calls
+    deltas = before_finish + after
+    openings = [d["tool_calls"][0] for d in deltas if "id" in d["tool_calls"][0]]
+    assert [(o["index"], o["function"]["name"]) for o in openings] == [(0, "f"), (1, "g")]
+    arguments = {0: "", 1: ""}
+    for d in deltas:
+        call = d["tool_calls"][0]
+        arguments[call["index"]] += call["function"]["arguments"]
+    assert json.loads(arguments[0]) == {"city": "Paris, France", "days": [1, 2, 3]}
+    assert json.loads(arguments[1]) == {}
+    first_call_fragments = [d for d in before_finish if d["tool_calls"][0]["index"] == 0
+                            and d["tool_calls"][0]["function"]["arguments"]]
+    assert len(first_call_fragments) > 3  # streamed as written, not in one piece at the end
