@@ -330,7 +330,7 @@ _EXTREME_PARAMS = st.fixed_dictionaries({}, optional={
 })
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 4).flatmap(lambda num_rows: st.tuples(
     st.lists(st.lists(st.one_of(_HOSTILE_VALUES, st.floats(-50, 50)), min_size=8, max_size=8),
              min_size=num_rows, max_size=num_rows),

@@ -196,7 +196,9 @@ _JSON_VALUES = st.recursive(
 _FIELDS = ["prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
            "stop_token_ids", "logprobs", "seed", "repetition_penalty", "frequency_penalty",
            "presence_penalty", "min_tokens", "echo", "ignore_eos", "stream", "messages",
-           "max_completion_tokens", "top_logprobs", "skip_special_tokens"]
+           "max_completion_tokens", "top_logprobs", "skip_special_tokens", "tools",
+           "tool_choice", "response_format", "logit_bias", "stream_options", "prompt_logprobs",
+           "add_generation_prompt", "add_special_tokens", "model", "user", "suffix"]
 
 
 class _RawNumber(str):
@@ -213,7 +215,7 @@ def _dump(value) -> str:
     return json.dumps(value)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(st.sampled_from(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]),
        st.dictionaries(st.sampled_from(_FIELDS), _JSON_VALUES, max_size=5))
