@@ -12,6 +12,7 @@ import random
 import pytest
 import torch
 
+from inferpath.kernels import build as kernel_build
 from inferpath.kernels import gemv_available, kernel_status
 from inferpath.kernels.modules import CPUPagedAttention
 from inferpath.model.attention import (
@@ -89,13 +90,18 @@ def test_paged_attention_equals_contiguous_reference(name, sliding_window):
 
 
 @pytest.mark.skipif(not gemv_available(torch.float32), reason=f"no native kernels here: {kernel_status()}")
+@pytest.mark.parametrize("isa", kernel_build.LEVEL_NAMES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("sliding_window", [None, 5])
 @pytest.mark.parametrize("name", list(BATCHES))
 @torch.inference_mode()
-def test_native_paged_decode_attention_equals_contiguous_reference(name, sliding_window, dtype):
-    """The decode group through the C kernel (keys read in place through the block
-    tables), the prefill chunks through SDPA: the same outputs as the reference."""
+def test_native_paged_decode_attention_equals_contiguous_reference(name, sliding_window, dtype, isa, monkeypatch):
+    """The decode group through the C kernel of each instruction-set level this CPU
+    executes (keys read in place through the block tables), the prefill chunks through
+    SDPA: the same outputs as the reference."""
+    if not kernel_build.can_run(isa):
+        pytest.skip(f"this CPU cannot execute the {isa} level (its best is {kernel_build.cpu_level()})")
+    monkeypatch.setenv("INFERPATH_ISA", isa)
     if not gemv_available(dtype):
         pytest.skip(kernel_status())
     out, expected = run_batch(BATCHES[name], sliding_window, attention_cls=CPUPagedAttention, dtype=dtype)

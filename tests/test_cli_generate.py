@@ -14,12 +14,16 @@ def test_generate_streams_text_and_ends_with_a_summary_line(capsys):
     summary = captured.err.strip().splitlines()[-1]
     match = re.fullmatch(
         r"\[prompt (\d+) tokens \| TTFT \d+ ms \| decode [\d.]+ tok/s \((\d+) tokens\) \| "
+        r"(Q4_1 \+ Q8_0 weights, float32 activations, kernels (?:avx512|avx2|generic), \d+ threads) \| "
+        r"([\d.]+) MB/token, \d+% of the [\d.]+ GB/s floor \| "
         r"KV [\d.]+ MB \((\d+) tokens x ([\d,]+) B\) \| finish (\w+)\]", summary)
     assert match, summary
-    num_prompt, num_out, num_tokens = (int(match.group(i)) for i in (1, 2, 3))
+    num_prompt, num_out, num_tokens = (int(match.group(i)) for i in (1, 2, 5))
     assert num_out == 16 and num_tokens == num_prompt + num_out
+    # the default dtype (auto) runs the packaged Q4_1 file quantized: the file's weight bytes
+    assert abs(float(match.group(4)) - 96.6) < 0.2, summary
     # seed formula for SmolLM2: 2 x 30 layers x 3 kv heads x 64 head dim x 4 bytes (fp32)
-    assert match.group(4) == f"{2 * 30 * 3 * 64 * 4:,}" and match.group(5) == "length"
+    assert match.group(6) == f"{2 * 30 * 3 * 64 * 4:,}" and match.group(7) == "length"
     assert num_prompt > len("What is a quadratic equation?".split())  # chat template applied
 
 

@@ -47,6 +47,9 @@ def test_explain_reads_the_shapes_of_a_real_model_alias(capsys):
     assert data["model"]["name"] == "smollm2-135m-instruct"
     assert data["model"]["num_layers"] == 30 and data["model"]["tie_word_embeddings"]
     assert data["weights"]["total_params"] == 134_515_008  # the tensors in the GGUF file
+    # --dtype auto: the file's own formats, as inferpath runs them (Q4_1 + a Q8_0 embedding)
+    assert data["request"]["weight_format"].startswith("Q4_1 + Q8_0")
+    assert abs(data["weights"]["total_bytes"] / 1e6 - 96.5) < 0.2
 
 
 def test_explain_rejects_an_unknown_model(capsys):

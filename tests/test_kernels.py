@@ -1,11 +1,15 @@
-"""The native GEMV kernels (inferpath.kernels) against PyTorch's linear.
+"""The native CPU kernels (inferpath.kernels) against PyTorch, at every instruction-set level
+this machine can execute (generic and avx2 on any x86-64 CPU, avx512 where present; the
+``isa`` fixture forces each with INFERPATH_ISA and skips, saying so, a level the CPU lacks).
 
 float32 must agree with ``F.linear`` to float rounding; bfloat16 is checked against the
-float32 product of the same bf16 inputs, within one bf16 rounding of the result. A
-machine without AVX512 runs PyTorch's path (tested here too, by forcing it).
+float32 product of the same bf16 inputs, within one bf16 rounding of the result. PyTorch's
+fallback path is tested too, by forcing it.
 """
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 import torch
@@ -41,10 +45,25 @@ native = pytest.mark.skipif(not gemv_available(torch.float32),
                             reason=f"no native kernel here: {kernel_status()}")
 
 
+@pytest.fixture(params=kernel_build.LEVEL_NAMES)
+def isa(request, monkeypatch):
+    """Force one instruction-set level for the test (INFERPATH_ISA); skip one this CPU
+    cannot execute; fail if one it can execute did not build."""
+    level = request.param
+    if not kernel_build.can_run(level):
+        pytest.skip(f"this CPU cannot execute the {level} level (its best is {kernel_build.cpu_level()})")
+    monkeypatch.setenv("INFERPATH_ISA", level)
+    built, reason = kernel_build.resolve_level("float32", level)
+    if built is None:
+        pytest.skip(f"no native kernel here: {reason}")
+    assert built == level, f"the {level} kernels did not build: {reason}"
+    return level
+
+
 @native
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_float32_gemv_equals_linear(m, n, k, with_bias):
+def test_float32_gemv_equals_linear(m, n, k, with_bias, isa):
     gen = torch.Generator().manual_seed(n * k + m)
     x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
     bias = torch.randn(n, generator=gen) if with_bias else None
@@ -53,10 +72,10 @@ def test_float32_gemv_equals_linear(m, n, k, with_bias):
     torch.testing.assert_close(out, F.linear(x, w, bias), rtol=1e-5, atol=1e-5 * k ** 0.5)
 
 
-@pytest.mark.skipif(not gemv_available(torch.bfloat16), reason=f"no native bf16 kernel here: {kernel_status()}")
+@native
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_bfloat16_gemv_is_the_float32_product_rounded_once(m, n, k, with_bias):
+def test_bfloat16_gemv_is_the_float32_product_rounded_once(m, n, k, with_bias, isa):
     gen = torch.Generator().manual_seed(n * k + m)
     x = torch.randn(m, k, generator=gen).bfloat16()
     w = torch.randn(n, k, generator=gen).bfloat16()
@@ -121,7 +140,7 @@ def test_disabled_by_environment(monkeypatch):
 @native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m,n", [(1, 576), (4, 896), (2, 33), (3, 7)])
-def test_rms_norm_kernel_equals_the_module(dtype, m, n):
+def test_rms_norm_kernel_equals_the_module(dtype, m, n, isa):
     if not gemv_available(dtype):
         pytest.skip(kernel_status())
     gen = torch.Generator().manual_seed(m * n)
@@ -149,7 +168,7 @@ def test_rms_norm_kernel_equals_the_module(dtype, m, n):
 @native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(1, 1536), (3, 37), (300, 1536)])
-def test_silu_mul_kernel_equals_the_module(dtype, shape):
+def test_silu_mul_kernel_equals_the_module(dtype, shape, isa):
     if not gemv_available(dtype):
         pytest.skip(kernel_status())
     gen = torch.Generator().manual_seed(shape[1])
@@ -170,7 +189,7 @@ def test_silu_mul_kernel_equals_the_module(dtype, shape):
 
 @native
 @pytest.mark.parametrize("shape", [(1, 49152), (32, 49152), (3, 17), (2, 1)])
-def test_argmax_equals_torch_with_ties_and_nan(shape):
+def test_argmax_equals_torch_with_ties_and_nan(shape, isa):
     gen = torch.Generator().manual_seed(shape[1])
     logits = torch.randn(shape, generator=gen)
     assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
@@ -186,7 +205,7 @@ def test_argmax_equals_torch_with_ties_and_nan(shape):
 @native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("head_dim,tokens", [(64, 1), (64, 70), (128, 3)])
-def test_rope_kernel_equals_the_module_on_fused_views(dtype, head_dim, tokens):
+def test_rope_kernel_equals_the_module_on_fused_views(dtype, head_dim, tokens, isa):
     if not gemv_available(dtype):
         pytest.skip(kernel_status())
     from inferpath.config import ModelConfig
@@ -213,13 +232,68 @@ def test_rope_kernel_equals_the_module_on_fused_views(dtype, head_dim, tokens):
             torch.testing.assert_close(out.float(), ref.float(), rtol=2**-7, atol=2**-7)
 
 
-def test_status_names_each_dtype():
+@native
+def test_status_names_the_level_and_each_kernel_family(isa):
     status = kernel_status()
-    assert "float32: native" in status and "bfloat16: native" in status, status
+    assert f"ISA level: {isa} (this CPU: {kernel_build.cpu_level()}; INFERPATH_ISA={isa})" in status, status
+    for family in kernel_build.FAMILIES:
+        level = kernel_build.kernel_level(family)
+        # bf16 at avx512 needs AVX512-BF16 too; without it the avx2 level serves bf16
+        assert level == (isa if kernel_build.can_run(isa, family) else "avx2"), (family, status)
+        assert f"{family} {kernel_build.KERNEL_NAMES[family]}" in status
+        assert f": native {level} (" in status.split(f"{family} ", 1)[1].splitlines()[0], status
+    assert kernel_build.native_amx_gemm(torch.bfloat16) is None or isa == "avx512"
+
+
+def test_isa_names_a_level_or_is_refused(monkeypatch):
+    monkeypatch.setenv("INFERPATH_ISA", "sse9")
+    with pytest.raises(ValueError, match="INFERPATH_ISA='sse9'.*generic, avx2, avx512"):
+        kernel_build.active_level()
+    assert "INFERPATH_ISA='sse9'" in kernel_status()
+
+
+def test_a_cpu_with_avx2_only_runs_the_avx2_level(monkeypatch):
+    """As on AMD Zen 2/3 or an Intel client CPU: no AVX-512 flag, so avx2 is the best level,
+    and asking for avx512 gets avx2 (never a level the CPU cannot execute)."""
+    monkeypatch.setattr(kernel_build, "_cpu_flags", lambda: frozenset({"sse2", "avx", "avx2", "fma", "f16c"}))
+    monkeypatch.setattr(kernel_build, "_loaded", {})
+    monkeypatch.setenv("INFERPATH_ISA", "avx512")
+    assert kernel_build.cpu_level() == "avx2" and kernel_build.active_level() == "avx2"
+    assert not kernel_build.can_run("avx512")
+    if shutil.which("gcc"):
+        status = kernel_status()
+        assert "float32 gemv" in status and ": native avx2 (" in status and "avx512" not in status.split("\n", 1)[1]
+
+
+def test_a_failed_level_leaves_the_others_standing(monkeypatch):
+    """A level whose compiler call fails (here: an unknown flag) falls back to the level
+    below it, and the status says why."""
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc")
+    broken = kernel_build.Level("avx2", ("portable", "quant"), ("-mno-such-flag-anywhere",), frozenset())
+    monkeypatch.setitem(kernel_build._LEVEL, "avx2", broken)
+    monkeypatch.setattr(kernel_build, "_loaded", {})
+    monkeypatch.setenv("INFERPATH_ISA", "avx2")
+    assert kernel_build.kernel_level(torch.float32) == "generic"
+    status = kernel_status()
+    assert ": native generic (" in status and "avx2: " in status and "failed" in status, status
+    x, w = torch.randn(2, 40), torch.randn(3, 40)
+    torch.testing.assert_close(gemv(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_the_compiler_call_times_out(monkeypatch):
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc")
+    slow = kernel_build.Level("generic", ("portable", "quant"), ("-DINFERPATH_TIMEOUT_TEST",), frozenset())
+    monkeypatch.setitem(kernel_build._LEVEL, "generic", slow)
+    monkeypatch.setattr(kernel_build, "COMPILE_TIMEOUT_S", 0.01)
+    monkeypatch.setattr(kernel_build, "_loaded", {})
+    lib, reason = kernel_build._library("generic")
+    assert lib is None and "took more than" in reason
 
 
 @native
-def test_accelerated_linear_keeps_names_hooks_and_state_dict():
+def test_accelerated_linear_keeps_names_hooks_and_state_dict(isa):
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 8, bias=False))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     x = torch.randn(1, 64)
@@ -247,7 +321,7 @@ def test_real_model_greedy_tokens_unchanged_by_the_kernels():
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     outputs = {}
     for cpu_kernels in (False, True):
-        engine = LLMEngine.from_model("smollm2-135m-instruct", EngineConfig(cpu_kernels=cpu_kernels))
+        engine = LLMEngine.from_model("smollm2-135m-instruct", EngineConfig(dtype="float32", cpu_kernels=cpu_kernels))
         model = engine.runner.model
         assert any(isinstance(m, CPULinear) for m in model.modules()) == cpu_kernels
         for i, prompt in enumerate(prompts):
@@ -298,7 +372,7 @@ def test_real_model_bf16_decode_logits_close_with_the_kernels():
 
 @native
 @torch.inference_mode()
-def test_fused_projections_share_storage_and_step_aside_for_hooks():
+def test_fused_projections_share_storage_and_step_aside_for_hooks(isa):
     """Q/K/V and gate/up become one matrix each whose row slices are the original
     parameters (state_dict unchanged, no copy); a hook on q_proj gets the unfused path."""
     from inferpath.config import ModelConfig

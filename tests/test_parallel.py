@@ -104,8 +104,10 @@ def test_engine_with_three_ranks_gives_the_same_tokens_on_smollm2():
 
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     prompts = ["What is a quadratic equation?", "The capital of France is"]
-    sharded = LLM("smollm2-135m-instruct", tensor_parallel_size=3, kv_cache_memory_bytes=32 * 1024**2)
-    single = LLM("smollm2-135m-instruct", kv_cache_memory_bytes=32 * 1024**2)
+    # float32 both: by default (dtype auto) the single process runs the Q4_1 file quantized
+    sharded = LLM("smollm2-135m-instruct", tensor_parallel_size=3, kv_cache_memory_bytes=32 * 1024**2,
+                  dtype="float32")
+    single = LLM("smollm2-135m-instruct", kv_cache_memory_bytes=32 * 1024**2, dtype="float32")
     assert sharded.engine.kv_cache.bytes_per_token * 3 == single.engine.kv_cache.bytes_per_token
     expected = [out.outputs[0].token_ids for out in single.generate(prompts, params)]
     assert [out.outputs[0].token_ids for out in sharded.generate(prompts, params)] == expected

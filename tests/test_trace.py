@@ -18,7 +18,7 @@ from inferpath.engine.trace import StepTracer, trace, tracer_of
 from inferpath.engine.trace_stages import NOT_TIMED, ROW_ORDER, StageClock
 from inferpath.explain.cost import Precision, pass_cost
 from inferpath.explain.hardware import get_hardware
-from inferpath.explain.trace import request_trace, step_cost
+from inferpath.explain.trace import precision_of, request_trace, step_cost
 from inferpath.explain.trace_report import trace_text
 from inferpath.sampling.sampler import Sampler
 
@@ -143,11 +143,14 @@ def test_request_trace_predicts_the_batch_the_step_ran(llm, traced):
     with trace(llm.engine):
         (out,) = llm.generate("The capital of France is", SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
     view = json.loads(json.dumps(request_trace(tracer, out.request_id, llm.engine, hardware)))
-    config, fp32 = llm.engine.model_config, Precision("fp32")
+    config, precision = llm.engine.model_config, precision_of(llm.engine)
+    # the packaged Q4_1 file runs quantized (dtype auto): predictions count its bytes, not fp32's
+    assert precision.label == "Q4_1 + Q8_0" and 0.7 < precision.weight_bytes < 0.73
+    assert precision.weights == "fp32"  # float32 activations and KV cache
     n = len(out.prompt_token_ids)
     assert [s["phase"] for s in view["steps"]] == ["prefill", "decode", "decode"]
     for step in view["steps"]:  # one sequence alone: the step is exactly one pass
-        expected = pass_cost(config, hardware, fp32, step["num_new_tokens"], step["context_len"],
+        expected = pass_cost(config, hardware, precision, step["num_new_tokens"], step["context_len"],
                              fused_attention=True)
         assert step["predicted_s"] == pytest.approx(expected.time_s)
         assert step["kv_bytes"] == step["context_len"] * config.kv_bytes_per_token(4)

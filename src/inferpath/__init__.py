@@ -5,6 +5,10 @@ Public API: ``LLM`` (offline engine) and ``SamplingParams``.
 
 from __future__ import annotations
 
+from inferpath.threads import set_default_wait_policy
+
+set_default_wait_policy()  # before torch loads libgomp: threads sleep, not spin, when idle (threads.py)
+
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "__version__"]
 

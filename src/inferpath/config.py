@@ -213,7 +213,9 @@ class EngineConfig:
     preemption).
     """
 
-    dtype: str = "float32"
+    # "auto": a quantized GGUF runs quantized (float32 activations), float weights in bf16
+    # where the CPU has native bf16, else float32 (engine/load.py); a dtype: every weight in it
+    dtype: str = "auto"
     block_size: int = 16
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     max_num_seqs: int = 64
@@ -225,18 +227,27 @@ class EngineConfig:
     seed: int = 0
     tensor_parallel_size: int = 1  # local ranks the model is sharded over (parallel/)
     cpu_kernels: bool = True  # CPULinear dispatch (kernels/): native bf16 GEMV, packed oneDNN
+    threads: int | None = None  # compute threads (kernels and PyTorch); None: physical cores (threads.py)
+    quantization: str | None = None  # q8_0 | q4_0 | q4_k: quantize float weights on load (weights/quantize.py)
     # a request's tokens and logprobs bitwise the same whatever shares its steps
     # (model/batch_invariant.py); costs speed on prompts and large bf16 batches
     batch_invariant: bool = False
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_waiting_requests",
                      "tensor_parallel_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads <= 0):
+            raise ConfigError(f"threads must be a positive integer or None (the physical cores), got {self.threads!r}")
+        if self.quantization is not None and self.quantization.lower() not in ("q8_0", "q4_0", "q4_k"):
+            raise ConfigError(f"quantization must be q8_0, q4_0 or q4_k (or None), got {self.quantization!r}")
+        if self.quantization is not None and self.dtype not in ("auto", "float32"):
+            raise ConfigError(f"quantization={self.quantization!r} runs float32 activations; "
+                              f"dtype={self.dtype!r} cannot go with it (use auto)")
         if self.batch_invariant and self.tensor_parallel_size > 1:
             raise ConfigError("batch_invariant is not supported with tensor_parallel_size > 1")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:

@@ -11,7 +11,7 @@ import importlib
 import sys
 
 # module name -> subcommands it registers
-_SUBCOMMAND_MODULES = ("tokenize", "generate", "serve", "explain", "models")
+_SUBCOMMAND_MODULES = ("tokenize", "generate", "serve", "explain", "models", "quantize")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,8 +40,13 @@ class Spelling:
 
 
 SPELLINGS: dict[str, Spelling] = {
-    "dtype": Spelling(("--dtype",), "compute dtype of weights and activations",
-                      choices=("float32", "bfloat16", "float16")),
+    "dtype": Spelling(("--dtype",), "auto: a quantized GGUF runs quantized (float32 activations), "
+                      "float weights bf16 where the CPU has native bf16, else float32; a dtype: "
+                      "every weight in it", choices=("auto", "float32", "bfloat16", "float16")),
+    "quantization": Spelling(("--quantization",), "quantize float weights on load (a Hugging Face "
+                             "directory or an F32/F16/BF16 GGUF)", choices=("q8_0", "q4_0", "q4_k")),
+    "threads": Spelling(("--threads",), "compute threads, the kernels' and PyTorch's", type=int,
+                        metavar="N", none_means="the physical cores"),
     "tensor_parallel_size": Spelling(("--tensor-parallel-size", "--tp"),
                                      "shard the model over N local processes (torch.distributed)",
                                      type=int, metavar="N"),

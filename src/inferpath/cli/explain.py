@@ -22,10 +22,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                  f"(default {model})")
         parser.add_argument("--hardware", default=hardware, metavar="H",
                             help=f"one of {', '.join(hardware_names())} (default {hardware})")
-        parser.add_argument("--dtype", default="bf16",
-                            choices=list(DTYPE_BYTES) + ["float32", "bfloat16", "float16"],
-                            help="weight dtype (default bf16; the engine's spellings float32, "
-                                 "bfloat16, float16 are the same as fp32, bf16, fp16)")
+        parser.add_argument("--dtype", default="auto",
+                            choices=["auto", *DTYPE_BYTES, "float32", "bfloat16", "float16"],
+                            help="weight dtype; auto (default): a GGUF file's own formats, as inferpath "
+                                 "runs them (quantized blocks, fp32 activations), else bf16; the engine's "
+                                 "spellings float32, bfloat16, float16 are the same as fp32, bf16, fp16")
         parser.add_argument("--json", action="store_true", help="print JSON for programs")
 
     p = subparsers.add_parser("explain", help="what every stage reads, writes and costs, and its bound")
@@ -55,8 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--max-tokens", type=int, default=8, help="tokens to generate (default 8)")
     t.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="the engine's dtype (default float32)")
+    t.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="the engine's dtype (default auto: a quantized GGUF runs quantized, its bytes counted)")
     t.add_argument("--no-cpu-kernels", action="store_true", help="trace PyTorch's kernels instead of the native ones")
     t.add_argument("--show-steps", type=int, default=3, help="sampled steps whose candidates are shown")
     t.add_argument("--no-chat", action="store_true", help="encode the prompt as is, without the chat template")
@@ -68,6 +69,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             help="with --hardware this-machine: measure again instead of reading the cache")
 
 
+def _precision(dtype: str, model: str):
+    """``--dtype``: a dtype name, or auto: the GGUF file's formats (alias or path), else bf16."""
+    from pathlib import Path
+
+    from inferpath.explain.cost import Precision
+    from inferpath.explain.presets import REAL_MODEL_ALIASES
+
+    if dtype != "auto":
+        return Precision.parse(dtype)
+    path = Path(model).expanduser()
+    if model.lower() in REAL_MODEL_ALIASES and not path.exists():
+        from inferpath.models import resolve_model
+
+        path = Path(resolve_model(model))
+    if path.is_file() and path.suffix == ".gguf":
+        return Precision.of_gguf(path)
+    return Precision("bf16")
+
+
 def _explain(args: argparse.Namespace) -> int:
     from inferpath.explain.cost import Precision
     from inferpath.explain.hardware import get_hardware
@@ -77,7 +97,7 @@ def _explain(args: argparse.Namespace) -> int:
 
     spec = RequestSpec(
         config=resolve_model_config(args.model), hardware=get_hardware(args.hardware, refresh=args.reprobe),
-        precision=Precision.parse(args.dtype), prompt_tokens=args.prompt_tokens,
+        precision=_precision(args.dtype, args.model), prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens, batch=args.batch, devices=args.devices,
         ends_with_stop=not args.no_stop_token, fused_attention=args.fused_attention,
     )
@@ -97,7 +117,7 @@ def _roofline(args: argparse.Namespace) -> int:
     from inferpath.explain.roofline import plot_roofline, roofline_points
 
     config, hardware = resolve_model_config(args.model), get_hardware(args.hardware, refresh=args.reprobe)
-    precision = Precision.parse(args.dtype)
+    precision = _precision(args.dtype, args.model)
     points = roofline_points(config, hardware, precision, decode_context=args.context)
     if args.json:
         print(json.dumps({"model": config.name, "hardware": hardware.name,
@@ -106,7 +126,7 @@ def _roofline(args: argparse.Namespace) -> int:
                           "ridge": hardware.ridge_point(precision.compute_dtype),
                           "points": points}, indent=2))
         return 0
-    title = (f"{config.name or config.architecture} on {hardware.name}, {precision.weights} weights "
+    title = (f"{config.name or config.architecture} on {hardware.name}, {precision.description} weights "
              f"(decode at context {args.context})")
     out = plot_roofline(points, hardware, precision.compute_dtype, args.out, title)
     print(f"wrote {out} ({len(points)} points; ridge {hardware.ridge_point(precision.compute_dtype):.3g} FLOP/byte)")

@@ -89,22 +89,44 @@ def _stream_answer(engine, request_id: str, prompt, params) -> str:
         raise
     sys.stdout.write("\n")
     sys.stdout.flush()
-    print(summary_line(final, engine.kv_cache.bytes_per_token), file=sys.stderr, flush=True)
+    print(summary_line(final, engine.kv_cache.bytes_per_token, engine.weight_format, _read_bandwidth()),
+          file=sys.stderr, flush=True)
     return final.outputs[0].text
 
 
-def summary_line(output, kv_bytes_per_token: int) -> str:
-    """prompt tokens | TTFT | decode tok/s | KV bytes held (and why it stopped)."""
+def _read_bandwidth() -> float | None:
+    """This machine's measured read bandwidth (explain's probe, cached after the first run)."""
+    try:
+        from inferpath.explain.probe import probe_this_machine
+
+        return probe_this_machine().memory_bandwidth
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
+def summary_line(output, kv_bytes_per_token: int, weights=None, bandwidth: float | None = None) -> str:
+    """prompt tokens | TTFT | decode tok/s | what ran (weight format, activations, kernel
+    level, threads) | weight bytes a decode step reads, and the decode speed as a fraction
+    of the bandwidth floor (bytes per token / read bandwidth) | KV bytes held | finish."""
     completion = output.outputs[0]
     metrics = output.metrics
     num_prompt, num_out = len(output.prompt_token_ids), len(completion.token_ids)
     ttft = metrics.time_to_first_token
     ttft_text = f"{ttft * 1000:.0f} ms" if ttft is not None else "n/a"
     decode_s = (metrics.finished_time - metrics.first_token_time) if ttft is not None else 0.0
-    rate = f"{(num_out - 1) / decode_s:.1f} tok/s" if num_out > 1 and decode_s > 0 else "n/a"
+    tok_s = (num_out - 1) / decode_s if num_out > 1 and decode_s > 0 else None
+    rate = f"{tok_s:.1f} tok/s" if tok_s else "n/a"
     num_tokens = num_prompt + num_out
     kv_bytes = num_tokens * kv_bytes_per_token
-    return (f"[prompt {num_prompt} tokens | TTFT {ttft_text} | decode {rate} ({num_out} tokens) | "
+    ran = ""
+    if weights is not None:
+        import torch
+
+        ran = f"{weights.describe()}, {torch.get_num_threads()} threads | {weights.decode_bytes / 1e6:.1f} MB/token"
+        if bandwidth and tok_s:
+            ran += f", {tok_s * weights.decode_bytes / bandwidth:.0%} of the {bandwidth / 1e9:.1f} GB/s floor"
+        ran += " | "
+    return (f"[prompt {num_prompt} tokens | TTFT {ttft_text} | decode {rate} ({num_out} tokens) | {ran}"
             f"KV {kv_bytes / 1e6:.2f} MB ({num_tokens} tokens x {kv_bytes_per_token:,} B) | "
             f"finish {completion.finish_reason}]")
 

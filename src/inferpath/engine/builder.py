@@ -15,14 +15,18 @@ from inferpath.config import EngineConfig, ModelConfig
 from inferpath.sampling.sampler import Sampler
 
 
-def build_kv_cache(model_config: ModelConfig, engine_config: EngineConfig) -> KVCache:
-    """The KV cache: ``num_kv_blocks`` blocks, or as many as ``kv_cache_memory_bytes`` holds.
+def build_kv_cache(model_config: ModelConfig, engine_config: EngineConfig,
+                   dtype: torch.dtype | None = None) -> KVCache:
+    """The KV cache: ``num_kv_blocks`` blocks, or as many as ``kv_cache_memory_bytes`` holds,
+    in ``dtype`` (the model's compute dtype; by default ``engine_config.dtype``, float32
+    for "auto").
 
     With tensor parallelism each rank caches num_kv_heads / N heads of every token.
     """
     from inferpath.parallel.tp import shard_config
 
-    dtype = getattr(torch, engine_config.dtype)
+    if dtype is None:
+        dtype = torch.float32 if engine_config.dtype == "auto" else getattr(torch, engine_config.dtype)
     bs = engine_config.block_size
     cache_config = shard_config(model_config, engine_config.tensor_parallel_size)
     num_blocks = engine_config.num_kv_blocks or KVCache.num_blocks_for_budget(
@@ -42,28 +46,19 @@ def build_engine(model: str, engine_config: EngineConfig | None = None, progress
     """Load an alias (pulled on first use), a .gguf file or a Hugging Face directory and
     return an LLMEngine over it."""
     from inferpath.engine.llm_engine import LLMEngine
-    from inferpath.model import build_model
+    from inferpath.engine.load import build_for_engine, load_weights
     from inferpath.models import resolve_model, served_model_name
+    from inferpath.threads import configure_threads
     from inferpath.tokenizer import load_tokenizer
-    from inferpath.weights import load_checkpoint
 
     engine_config = engine_config or EngineConfig()
-    dtype = getattr(torch, engine_config.dtype)
-    checkpoint = load_checkpoint(resolve_model(model), dtype=dtype, progress=progress)
+    configure_threads(engine_config.threads)
+    # dtype "auto": quantized GGUF weights stay quantized, floats bf16 or fp32 (engine/load.py)
+    checkpoint, dtype = load_weights(resolve_model(model), engine_config, progress)
     tokenizer = load_tokenizer(checkpoint.tokenizer_path)
-    if engine_config.tensor_parallel_size > 1:
-        from inferpath.parallel.tp_model import TensorParallelModel
-
-        transformer = TensorParallelModel(checkpoint, dtype, engine_config.tensor_parallel_size,
-                                          cpu_kernels=engine_config.cpu_kernels)
-    else:
-        transformer = build_model(checkpoint, dtype)
-        if engine_config.cpu_kernels:
-            from inferpath.kernels import accelerate
-
-            accelerate(transformer)
+    transformer = build_for_engine(checkpoint, dtype, engine_config)
     return LLMEngine(transformer, tokenizer, checkpoint.config, engine_config,
                      eos_token_ids=checkpoint.eos_token_ids,
                      model_name=served_model_name(model),
-                     kv_cache=build_kv_cache(checkpoint.config, engine_config),
+                     kv_cache=build_kv_cache(checkpoint.config, engine_config, dtype),
                      sampler=build_sampler(engine_config))

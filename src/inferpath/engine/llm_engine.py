@@ -27,6 +27,7 @@ from inferpath.cache.kv import KVCache
 from inferpath.config import ConfigError, EngineConfig, ModelConfig
 from inferpath.engine.errors import QueueFullError, RequestError
 from inferpath.engine.group import RequestGroup
+from inferpath.engine.load import weight_format
 from inferpath.engine.output_processor import OutputProcessor, SampleText
 from inferpath.engine.outputs import EngineStats, RequestOutput
 from inferpath.engine.request import Request, RequestStatus
@@ -54,11 +55,12 @@ class LLMEngine:
         self.engine_config = engine_config
         self.model_name = model_name or model_config.name
         self.max_model_len = _max_model_len(model_config, engine_config)
+        self.weight_format = weight_format(model)  # what runs: formats, kernel level, bytes per token
         self.eos_token_ids = frozenset(eos_token_ids) | frozenset(tokenizer.eos_token_ids)
         if kv_cache is None or sampler is None:
             from inferpath.engine import builder
 
-            kv_cache = kv_cache or builder.build_kv_cache(model_config, engine_config)
+            kv_cache = kv_cache or builder.build_kv_cache(model_config, engine_config, getattr(model, "dtype", None))
             sampler = sampler or builder.build_sampler(engine_config)
         self.kv_cache = kv_cache
         self.block_manager = BlockManager(kv_cache.num_blocks, kv_cache.block_size,

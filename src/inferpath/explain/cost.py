@@ -55,13 +55,37 @@ LAYER_MATMUL_STAGES = ("q_proj", "k_proj", "v_proj", "o_proj", "router", "gate_p
 
 @dataclass(frozen=True)
 class Precision:
-    """Weight dtype, and the activation/KV dtype and compute peak that follow from it."""
+    """Weight dtype, and the activation/KV dtype and compute peak that follow from it.
+
+    ``bytes_per_weight`` overrides the dtype's size for weights kept in a file's block
+    formats (``of_gguf``): e.g. a Q4_1 + Q8_0 GGUF runs with float32 activations
+    (``weights="fp32"``) but reads 0.72 bytes per weight.
+    """
 
     weights: str
+    bytes_per_weight: float | None = None
+    label: str = ""
 
     def __post_init__(self) -> None:
         if self.weights not in DTYPE_BYTES:
             raise ValueError(f"weight dtype {self.weights!r} is not one of {', '.join(DTYPE_BYTES)}")
+
+    @classmethod
+    def of_gguf(cls, path) -> "Precision":
+        """What inferpath runs for a GGUF file by default: its block-quantized tensors read
+        in place (their bytes per weight, averaged over the file's weights; NOTE: per
+        stage this spreads a mix evenly) and float32 activations. A file with no quantized
+        tensor gives plain fp32."""
+        from inferpath.weights.gguf import open_gguf
+        from inferpath.weights.quantized import QUANTIZED_TYPES
+
+        tensors = [t for t in open_gguf(path).tensors if len(t.shape) >= 2]
+        kinds = sorted({t.tensor_type.name for t in tensors if t.tensor_type in QUANTIZED_TYPES})
+        if not kinds:
+            return cls("fp32")
+        nbytes = sum(int(t.n_bytes) for t in tensors)
+        params = sum(int(t.n_elements) for t in tensors)
+        return cls("fp32", nbytes / params, " + ".join(kinds))
 
     @classmethod
     def parse(cls, name: str) -> "Precision":
@@ -70,7 +94,14 @@ class Precision:
 
     @property
     def weight_bytes(self) -> float:
-        return DTYPE_BYTES[self.weights]
+        return self.bytes_per_weight or DTYPE_BYTES[self.weights]
+
+    @property
+    def description(self) -> str:
+        """e.g. "bf16", or "Q4_1 + Q8_0 (0.718 B/weight, fp32 activations)"."""
+        if self.bytes_per_weight is None:
+            return self.weights
+        return f"{self.label} ({self.bytes_per_weight:.3f} B/weight, {self.weights} activations)"
 
     @property
     def activation_bytes(self) -> int:

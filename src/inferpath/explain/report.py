@@ -69,7 +69,7 @@ def summary_lines(cost: RequestCost) -> list[str]:
     lines = [
         f"{cfg.name or cfg.architecture} on {hw.name}: {fmt_bytes(hw.memory_bandwidth)}/s, "
         f"{fmt_flops(hw.flops_for(dtype))}FLOP/s {dtype}, ridge {hw.ridge_point(dtype):.3g} FLOP/byte; "
-        f"{spec.precision.weights} weights",
+        f"{spec.precision.description} weights",
         f"request: {spec.prompt_tokens} prompt tokens, an answer of {spec.output_tokens} tokens{stop}, "
         f"batch {spec.batch}",
         "",
@@ -175,6 +175,8 @@ def explain_json(cost: RequestCost, decode_step: PassCost | None = None) -> dict
                      "source": spec.hardware.source, "devices": spec.devices},
         "request": {"prompt_tokens": spec.prompt_tokens, "output_tokens": spec.output_tokens,
                     "batch": spec.batch, "dtype": spec.precision.weights,
+                    "weight_format": spec.precision.description,
+                    "bytes_per_weight": spec.precision.weight_bytes,
                     "ends_with_stop": spec.ends_with_stop, "fused_attention": spec.fused_attention},
         "weights": cost.weights.to_dict(),
         "kv_cache": {"bytes_per_token": cost.kv_bytes_per_token, "prompt_bytes": cost.prompt_kv_bytes,

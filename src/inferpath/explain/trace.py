@@ -77,9 +77,15 @@ def row_prediction(row: str, predicted: PassCost) -> dict:
             "bound": max(stages, key=lambda s: s.time_s).bound}
 
 
-def precision_of(dtype: str) -> Precision:
-    """The cost model's precision of an engine dtype ("float32", "bfloat16", ...)."""
-    return Precision.parse(dtype)
+def precision_of(engine) -> Precision:
+    """The cost model's precision of what the engine runs: its compute dtype, and for
+    weights kept in GGUF blocks (dtype auto) their bytes per weight (engine.weight_format)."""
+    weights = engine.weight_format
+    dtype = str(weights.dtype).removeprefix("torch.")
+    base = Precision.parse(dtype)
+    if not weights.quantized:
+        return base
+    return Precision(base.weights, weights.weight_bytes / weights.num_weights, weights.formats)
 
 
 def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> dict:
@@ -89,7 +95,7 @@ def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> di
     """
     config: ModelConfig = engine.model_config
     tokenizer = engine.tokenizer
-    precision = precision_of(engine.engine_config.dtype)
+    precision = precision_of(engine)
     kv_bytes_per_token = engine.kv_cache.bytes_per_token
     records = tracer.steps_of(request_id)
     steps = []
@@ -127,7 +133,7 @@ def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> di
         "config": {"num_layers": config.num_layers, "hidden_size": config.hidden_size,
                    "num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads,
                    "vocab_size": config.vocab_size},
-        "dtype": engine.engine_config.dtype, "precision": precision.weights,
+        "dtype": engine.engine_config.dtype, "precision": precision.description,
         "hardware": hardware_json(hardware, precision),
         "fusions": dict(tracer.fusions),
         "num_prompt_tokens": records[0].chunk_of(request_id).num_prompt_tokens if records else 0,

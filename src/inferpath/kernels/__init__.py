@@ -7,10 +7,12 @@ swaps a model's ``nn.Linear``, ``RMSNorm``, ``SiluAndMul`` and ``PagedAttention`
 modules, from outside, for subclasses that call them (modules.py).
 
 The C sources ship with the package and are built with the system C compiler into the
-cache directory the first time they are needed (a few seconds). A machine without gcc,
-without AVX512 (AVX512-BF16 for bf16) or with ``INFERPATH_KERNELS=0`` gets PyTorch's
-kernels instead: same results up to float rounding, just slower. ``kernel_status()``
-says which and why.
+cache directory the first time they are needed (a few seconds), once per instruction-set
+level: portable C (``generic``, any CPU), the same sources for AVX2+FMA+F16C (``avx2``),
+and intrinsics for AVX-512 (``avx512``, with VNNI, BF16 and AMX where present). The best
+level the CPU reports runs, or a lower one forced with ``INFERPATH_ISA``. Without gcc or
+with ``INFERPATH_KERNELS=0`` PyTorch's kernels run instead: same results up to float
+rounding, just slower. ``kernel_status()`` names the level and each family's state.
 """
 
 from inferpath.kernels.build import gemv_available, kernel_status

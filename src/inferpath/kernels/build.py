@@ -1,7 +1,21 @@
-"""Build and load the C kernels (csrc/, through ctypes), or say why they cannot run.
+"""Build and load the C kernels per instruction-set level (csrc/, through ctypes), or say
+why they cannot run.
 
-``native_*(dtype)`` hands out a kernel's ctypes function, or None where it cannot run here;
-ops.py holds the calls that use them.
+Three levels, each its own shared library built from one source set with its own flags:
+
+- ``generic``: portable C (csrc/portable, csrc/quant), no intrinsics, vectorised by the
+  compiler; every CPU runs it (and it is what an aarch64 machine compiles);
+- ``avx2``: the same sources with ``-mavx2 -mfma -mf16c`` (AMD Zen 2/3, Intel client
+  CPUs); the quantized dot products take their AVX2 branch (maddubs/madd);
+- ``avx512``: csrc/avx512 (intrinsics; AMX for bf16 where the CPU has it) and csrc/quant
+  with VNNI.
+
+The level is the best the CPU reports (/proc/cpuinfo), or a lower one forced with
+``INFERPATH_ISA=generic|avx2|avx512``. A kernel family (float32, bfloat16, quantized)
+runs at the highest level at or below that whose CPU flags are present and whose build
+succeeded: a failed build of one level leaves the others standing. Builds are cached by
+a key over the sources, the flags and the compiler's version, and time out.
+``native_*(dtype)`` hands out a kernel's ctypes function, or None; ops.py calls them.
 """
 
 from __future__ import annotations
@@ -13,6 +27,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -21,15 +36,39 @@ import torch
 from inferpath.models import cache_dir
 
 SOURCE_DIR = Path(__file__).with_name("csrc")
-CFLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mamx-tile", "-mamx-bf16",
-          "-fopenmp", "-shared", "-fPIC", "-lm"]
-# CPU flags the kernels of each dtype need at run time; AMX_FLAGS for the AMX GEMM.
-REQUIRED_FLAGS = {
-    torch.float32: {"avx512f"},
-    torch.bfloat16: {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"},
-}
+COMPILE_TIMEOUT_S = 240
+COMMON_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
+
+
+@dataclass(frozen=True)
+class Level:
+    """One instruction-set level: its sources, compiler flags and the CPU flags it needs."""
+
+    name: str
+    source_dirs: tuple[str, ...]
+    flags: tuple[str, ...]
+    cpu_flags: frozenset[str]
+
+
+LEVELS = (  # lowest first
+    Level("generic", ("portable", "quant"), (), frozenset()),
+    Level("avx2", ("portable", "quant"), ("-mavx2", "-mfma", "-mf16c"), frozenset({"avx2", "fma", "f16c"})),
+    Level("avx512", ("avx512", "quant"),
+          ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mfma", "-mf16c",
+           "-mamx-tile", "-mamx-bf16"),
+          frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"})),
+)
+LEVEL_NAMES = tuple(level.name for level in LEVELS)
+_LEVEL = {level.name: level for level in LEVELS}
+# Kernel families and the CPU flags each needs beyond its level's (avx512 bf16: vdpbf16ps).
+FAMILIES = ("float32", "bfloat16", "quantized")
+_FAMILY_FLAGS = {("avx512", "bfloat16"): frozenset({"avx512_bf16"})}
 AMX_FLAGS = {"amx_tile", "amx_bf16"}
-KERNEL_NAMES = "gemv, rms_norm, silu_mul, rope, paged decode attention, argmax"
+KERNEL_NAMES = {
+    "float32": "gemv, rms_norm, silu_mul, rope, paged decode attention, argmax",
+    "bfloat16": "gemv, rms_norm, silu_mul, rope, paged decode attention",
+    "quantized": "GGUF Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K matmul and dequantize",
+}
 
 _P, _I, _F, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int  # pointer, size, float, threads
 _SIGNATURES = {  # every exported function returns int: 0, or a negative error
@@ -41,13 +80,18 @@ _SIGNATURES = {  # every exported function returns int: 0, or a negative error
 }
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _EXTRA_SIGNATURES = {
-    "inferpath_amx_gemm_bf16": [_P] * 4 + [_I] * 3 + [_N],
     "inferpath_argmax_f32": [_P] * 2 + [_I] * 2 + [_N],
-    "inferpath_amx_init": [],
+    # qtype, weight, row bytes, x (f32), bias (f32 or NULL), y (f32), m, n, k, threads
+    "inferpath_quant_matmul": [_N, _P, _I, _P, _P, _P, _I, _I, _I, _N],
+    # count, qtypes[], weights[], row bytes[], rows[], biases[], x, y, m, k, threads
+    "inferpath_quant_matmul_group": [_N] + [_P] * 7 + [_I, _I, _N],
+    # qtype, weight, row bytes, out (f32), rows, k, threads
+    "inferpath_quant_dequantize": [_N, _P, _I, _P, _I, _I, _N],
 }
+_AVX512_SIGNATURES = {"inferpath_amx_gemm_bf16": [_P] * 4 + [_I] * 3 + [_N], "inferpath_amx_init": []}
 
 _lock = threading.Lock()
-_loaded: dict[str, object] = {}
+_loaded: dict = {}  # level name -> (library or None, reason); (pattern, family, level) -> resolved fn
 
 
 @cache
@@ -62,99 +106,187 @@ def _cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def _library() -> tuple[ctypes.CDLL | None, str]:
-    """(the compiled library, "") or (None, why not). Built once per source and compiler."""
-    loaded = _loaded.get("result")  # the per-step path: no lock once it is decided
+def cpu_level() -> str:
+    """The best level this CPU can run."""
+    if "cpu_level" not in _loaded:
+        _loaded["cpu_level"] = [level.name for level in LEVELS if level.cpu_flags <= _cpu_flags()][-1]
+    return _loaded["cpu_level"]
+
+
+def active_level() -> str:
+    """The level kernels are chosen at: ``cpu_level()``, or lower if INFERPATH_ISA says so.
+
+    Raises ValueError for an INFERPATH_ISA that names no level.
+    """
+    forced = os.environ.get("INFERPATH_ISA", "")
+    level = _loaded.get(("active", forced))  # the per-step path: one lookup
+    if level is None:
+        name, best = forced.strip().lower(), cpu_level()
+        if name and name not in _LEVEL:
+            raise ValueError(f"INFERPATH_ISA={forced!r} names no instruction-set level; "
+                             f"use one of {', '.join(LEVEL_NAMES)}")
+        level = min(name, best, key=LEVEL_NAMES.index) if name else best  # never above the CPU's
+        _loaded[("active", forced)] = level
+    return level
+
+
+def can_run(level: str, family: str | None = None) -> bool:
+    """Whether this CPU has the flags ``level`` (and ``family`` at that level) needs."""
+    needed = _LEVEL[level].cpu_flags | _FAMILY_FLAGS.get((level, family), frozenset())
+    return needed <= _cpu_flags()
+
+
+def _compiler_version(compiler: str) -> str:
+    result = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)
+    return result.stdout.splitlines()[0] if result.stdout else compiler
+
+
+def _library(level: str) -> tuple[ctypes.CDLL | None, str]:
+    """(the compiled library of ``level``, "") or (None, why not). Built once per key."""
+    loaded = _loaded.get(level)  # the per-step path: no lock once it is decided
     if loaded is not None:
         return loaded
     with _lock:
-        if "result" in _loaded:
-            return _loaded["result"]
+        if level in _loaded:
+            return _loaded[level]
         lib, reason = None, ""
         try:
-            lib, reason = _build()
-        except OSError as exc:  # unwritable cache, a library that will not load, ...
-            reason = f"could not build or load the kernels: {exc}"
-        _loaded["result"] = (lib, reason)
+            lib, reason = _build(_LEVEL[level])
+        except subprocess.TimeoutExpired as exc:
+            reason = f"the compiler took more than {exc.timeout:.0f} s"
+        except (OSError, AttributeError) as exc:  # unwritable cache, a library that will not load, ...
+            reason = f"could not build or load the {level} kernels: {exc}"
+        _loaded[level] = (lib, reason)
         return lib, reason
 
 
-def _build() -> tuple[ctypes.CDLL | None, str]:
+def _build(level: Level) -> tuple[ctypes.CDLL | None, str]:
     if os.environ.get("INFERPATH_KERNELS", "1") == "0":
         return None, "disabled by INFERPATH_KERNELS=0"
-    if "avx512f" not in _cpu_flags():
-        return None, "this CPU lacks avx512f"
+    if not level.cpu_flags <= _cpu_flags():
+        return None, f"this CPU lacks {', '.join(sorted(level.cpu_flags - _cpu_flags()))}"
     compiler = shutil.which(os.environ.get("CC", "gcc"))
     if compiler is None:
         return None, "no C compiler (gcc) found"
-    sources = sorted(SOURCE_DIR.glob("*.c"))
-    digest = hashlib.sha256(" ".join(CFLAGS).encode() + compiler.encode())
-    for path in sorted(SOURCE_DIR.iterdir()):
-        digest.update(path.name.encode() + path.read_bytes())
-    key = digest.hexdigest()[:16]
-    target = cache_dir().parent / "kernels" / f"cpu_kernels-{key}.so"
+    flags = [*COMMON_FLAGS, *level.flags]
+    files = sorted(p for name in level.source_dirs for p in (SOURCE_DIR / name).iterdir())
+    digest = hashlib.sha256("\0".join([_compiler_version(compiler), compiler, *flags]).encode())
+    for path in files:
+        digest.update(str(path.relative_to(SOURCE_DIR)).encode() + path.read_bytes())
+    target = cache_dir().parent / "kernels" / f"cpu_kernels-{level.name}-{digest.hexdigest()[:16]}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
+        sources = [str(p) for p in files if p.suffix == ".c"]
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            result = subprocess.run([compiler, *CFLAGS, *map(str, sources), "-o", str(built)],
-                                    capture_output=True, text=True)
+            result = subprocess.run([compiler, *flags, *sources, "-o", str(built), "-lm"],
+                                    capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
             if result.returncode != 0:
                 return None, f"{compiler} failed: {result.stderr.strip()[:500]}"
             os.replace(built, target)  # atomic: concurrent builders agree on one file
     lib = ctypes.CDLL(str(target))
     signatures = dict(_EXTRA_SIGNATURES)
+    if level.name == "avx512":
+        signatures.update(_AVX512_SIGNATURES)
     for pattern, argtypes in _SIGNATURES.items():
         signatures.update({pattern.format(suffix): argtypes for suffix in _SUFFIX.values()})
     for symbol, argtypes in signatures.items():
         fn = getattr(lib, symbol)
         fn.argtypes, fn.restype = argtypes, ctypes.c_int
-    lib.amx_ready = AMX_FLAGS <= _cpu_flags() and lib.inferpath_amx_init() == 0  # tile state granted
+    lib.amx_ready = (level.name == "avx512" and AMX_FLAGS <= _cpu_flags()
+                     and lib.inferpath_amx_init() == 0)  # tile state granted
     return lib, ""
 
 
-def _native(pattern: str, dtype: torch.dtype):
-    if dtype not in _SUFFIX or not REQUIRED_FLAGS[dtype] <= _cpu_flags():
+def _family(dtype: torch.dtype | str) -> str:
+    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+
+
+def resolve_level(family: str, level: str | None = None) -> tuple[str | None, str]:
+    """(the level ``family`` runs at, why any higher one did not build) or (None, why none):
+    the highest level at or below ``level`` (default ``active_level()``) that this CPU runs
+    and that built."""
+    top = LEVEL_NAMES.index(level or active_level())
+    reasons = []
+    for name in reversed(LEVEL_NAMES[:top + 1]):
+        if not can_run(name, family):
+            continue
+        lib, reason = _library(name)
+        if lib is not None:
+            return name, "; ".join(reasons)
+        reasons.append(f"{name}: {reason}")
+    return None, "; ".join(reasons) or "no level runs here"
+
+
+def _native(symbol: str, family: str, level: str | None = None):
+    level = level or active_level()
+    key = (symbol, family, level)
+    if key in _loaded:
+        return _loaded[key]
+    chosen, _ = resolve_level(family, level)
+    fn = None if chosen is None else getattr(_library(chosen)[0], symbol, None)
+    _loaded[key] = fn
+    return fn
+
+
+def _dtype_kernel(pattern: str, dtype: torch.dtype, level: str | None):
+    if dtype not in _SUFFIX:
         return None
-    lib = _library()[0]
-    return None if lib is None else getattr(lib, pattern.format(_SUFFIX[dtype]), None)
+    return _native(pattern.format(_SUFFIX[dtype]), _family(dtype), level)
 
 
-def native_gemv(dtype: torch.dtype):
+def native_gemv(dtype: torch.dtype, level: str | None = None):
     """The native GEMV for ``dtype``, or None where it cannot run."""
-    return _native("inferpath_gemv_{}", dtype)
+    return _dtype_kernel("inferpath_gemv_{}", dtype, level)
 
 
-def native_amx_gemm(dtype: torch.dtype):
-    """The AMX small-batch GEMM (bf16 only), or None where it cannot run: no AMX, or the
-    kernel refused this process the tile state."""
-    fn = _native("inferpath_amx_gemm_{}", dtype) if dtype == torch.bfloat16 else None
-    return fn if fn is not None and _library()[0].amx_ready else None
+def native_amx_gemm(dtype: torch.dtype, level: str | None = None):
+    """The AMX small-batch GEMM (bf16 only), or None where it cannot run: a level below
+    avx512, no AMX, or the kernel refused this process the tile state."""
+    if dtype != torch.bfloat16 or resolve_level("bfloat16", level)[0] != "avx512":
+        return None
+    lib = _library("avx512")[0]
+    return lib.inferpath_amx_gemm_bf16 if lib.amx_ready else None
 
 
-def native_rms_norm(dtype: torch.dtype):
+def native_rms_norm(dtype: torch.dtype, level: str | None = None):
     """The native RMSNorm for ``dtype``, or None."""
-    return _native("inferpath_rms_norm_{}", dtype)
+    return _dtype_kernel("inferpath_rms_norm_{}", dtype, level)
 
 
-def native_silu_mul(dtype: torch.dtype):
+def native_silu_mul(dtype: torch.dtype, level: str | None = None):
     """The native SwiGLU gate for ``dtype``, or None."""
-    return _native("inferpath_silu_mul_{}", dtype)
+    return _dtype_kernel("inferpath_silu_mul_{}", dtype, level)
 
 
-def native_rope(dtype: torch.dtype):
+def native_rope(dtype: torch.dtype, level: str | None = None):
     """The native RoPE for ``dtype``, or None."""
-    return _native("inferpath_rope_{}", dtype)
+    return _dtype_kernel("inferpath_rope_{}", dtype, level)
 
 
-def native_paged_attention(dtype: torch.dtype):
+def native_paged_attention(dtype: torch.dtype, level: str | None = None):
     """The native paged decode attention for ``dtype``, or None."""
-    return _native("inferpath_paged_decode_attention_{}", dtype)
+    return _dtype_kernel("inferpath_paged_decode_attention_{}", dtype, level)
 
 
-def native_argmax(dtype: torch.dtype):
+def native_argmax(dtype: torch.dtype, level: str | None = None):
     """The native argmax over rows (float32 logits only), or None."""
-    return _native("inferpath_argmax_{}", dtype) if dtype == torch.float32 else None
+    return _native("inferpath_argmax_f32", "float32", level) if dtype == torch.float32 else None
+
+
+def native_quant_matmul(level: str | None = None):
+    """The fused dequantize-dot matmul over GGUF blocks (csrc/quant), or None."""
+    return _native("inferpath_quant_matmul", "quantized", level)
+
+
+def native_quant_matmul_group(level: str | None = None):
+    """The fused dequantize-dot matmul of several weights against one x, or None."""
+    return _native("inferpath_quant_matmul_group", "quantized", level)
+
+
+def native_quant_dequantize(level: str | None = None):
+    """The GGUF block dequantizer to float32 rows (csrc/quant), or None."""
+    return _native("inferpath_quant_dequantize", "quantized", level)
 
 
 def gemv_available(dtype: torch.dtype) -> bool:
@@ -162,18 +294,30 @@ def gemv_available(dtype: torch.dtype) -> bool:
     return native_gemv(dtype) is not None
 
 
+def kernel_level(family: torch.dtype | str) -> str | None:
+    """The level a kernel family (a dtype, or "quantized") runs at now, or None (PyTorch)."""
+    return resolve_level(_family(family))[0]
+
+
 def kernel_status() -> str:
-    """One line per dtype: whether the native kernels run here, and why not when not."""
-    lib, reason = _library()
-    lines = []
-    for dtype in _SUFFIX:
-        name = str(dtype).removeprefix("torch.")
-        missing = REQUIRED_FLAGS[dtype] - _cpu_flags()
-        if lib is None:
-            lines.append(f"{KERNEL_NAMES} {name}: PyTorch ({reason})")
-        elif missing:
-            lines.append(f"{KERNEL_NAMES} {name}: PyTorch (this CPU lacks {', '.join(sorted(missing))})")
-        else:
-            amx = " + AMX GEMM" if dtype == torch.bfloat16 and native_amx_gemm(dtype) is not None else ""
-            lines.append(f"{KERNEL_NAMES}{amx} {name}: native ({lib._name})")
+    """The level, then one line per kernel family: the level it runs at and the library,
+    or PyTorch and why."""
+    try:
+        level = active_level()
+    except ValueError as exc:
+        return f"kernels: PyTorch ({exc})"
+    forced = os.environ.get("INFERPATH_ISA")
+    lines = [f"ISA level: {level} (this CPU: {cpu_level()}"
+             + (f"; INFERPATH_ISA={forced})" if forced else ")")]
+    for family in FAMILIES:
+        chosen, reason = resolve_level(family, level)
+        if chosen is None:
+            lines.append(f"{family} {KERNEL_NAMES[family]}: PyTorch ({reason})")
+            continue
+        extra = ""
+        if family == "bfloat16" and chosen == "avx512":
+            amx = native_amx_gemm(torch.bfloat16, level) is not None
+            extra = " + AMX GEMM" if amx else " (no AMX GEMM: this CPU lacks amx_tile/amx_bf16)"
+        failed = f"; {reason}" if reason else ""
+        lines.append(f"{family} {KERNEL_NAMES[family]}{extra}: native {chosen} ({_library(chosen)[0]._name}{failed})")
     return "\n".join(lines)

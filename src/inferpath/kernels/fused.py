@@ -43,7 +43,21 @@ def _fuse(linears: list[nn.Linear], attr: str) -> torch.Tensor | None:
     return fused
 
 
-def _can_fuse(*linears: nn.Linear) -> bool:
+def _quant_group(*projections: nn.Module):
+    """An ``ops.QuantGroup`` over quantized projections (QuantLinear) sharing an input, or
+    None where they are not all quantized or the kernel does not run here."""
+    from inferpath.kernels.quantized import QuantLinear
+
+    fn = build.native_quant_matmul_group()
+    if fn is None or not all(isinstance(p, QuantLinear) for p in projections):
+        return None
+    biases = [None if p.bias is None else p.bias.detach().float().contiguous() for p in projections]
+    return ops.QuantGroup(fn, [p.qweight for p in projections], biases)
+
+
+def _can_fuse(*linears: nn.Module) -> bool:
+    if not all(isinstance(linear, nn.Linear) for linear in linears):  # e.g. quantized (QuantLinear)
+        return False
     return ops.kernel_ready(linears[0].weight.dtype, *(linear.weight for linear in linears))
 
 
@@ -53,6 +67,8 @@ class CPUSelfAttention(SelfAttention):
     def prepare(self) -> "CPUSelfAttention":
         projections = [self.q_proj, self.k_proj, self.v_proj]
         self._qkv_weight = self._qkv_bias = None
+        self._quant_qkv = _quant_group(*projections)
+        self._sizes = [p.out_features for p in projections]
         if not _can_fuse(*projections):
             return self
         self._qkv_weight = _fuse(projections, "weight")
@@ -62,10 +78,15 @@ class CPUSelfAttention(SelfAttention):
         return self
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self._qkv_weight is None or _hooked(self.q_proj, self.k_proj, self.v_proj):
+        quant = (self._quant_qkv is not None and x.dtype == torch.float32
+                 and (x.shape[0] <= ops.QUANT_MATMUL_MAX_ROWS or ops.rows_must_be_invariant()))
+        if (self._qkv_weight is None and not quant) or _hooked(self.q_proj, self.k_proj, self.v_proj):
             return super().project(x)
         num_tokens = x.shape[0]
-        qkv = small_batch_linear(x, self._qkv_weight, self._qkv_bias, self._kernels)  # (tokens, q + 2 kv)
+        if quant:
+            qkv = self._quant_qkv(x.contiguous())  # (tokens, q + 2 kv), weights read in place
+        else:
+            qkv = small_batch_linear(x, self._qkv_weight, self._qkv_bias, self._kernels)  # (tokens, q + 2 kv)
         q, k, v = qkv.split(self._sizes, dim=-1)  # views: rows keep the fused stride
         return (q.view(num_tokens, self.num_heads, self.head_dim),
                 k.view(num_tokens, self.num_kv_heads, self.head_dim),
@@ -78,6 +99,8 @@ class CPUSwiGLUMLP(SwiGLUMLP):
 
     def prepare(self) -> "CPUSwiGLUMLP":
         self._gate_up_weight = self._silu = None
+        self._quant_gate_up = _quant_group(self.gate_proj, self.up_proj)
+        self._silu_f32 = build.native_silu_mul(torch.float32)
         if not _can_fuse(self.gate_proj, self.up_proj) or self.gate_proj.bias is not None:
             return self
         self._silu = build.native_silu_mul(self.gate_proj.weight.dtype)
@@ -89,8 +112,16 @@ class CPUSwiGLUMLP(SwiGLUMLP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, hidden_size) -> (num_tokens, hidden_size)
-        if self._gate_up_weight is None or _hooked(self.gate_proj, self.up_proj, self.act_fn):
+        quant = (self._quant_gate_up is not None and self._silu_f32 is not None and x.dtype == torch.float32
+                 and (x.shape[0] <= ops.QUANT_MATMUL_MAX_ROWS or ops.rows_must_be_invariant()))
+        if (self._gate_up_weight is None and not quant) or _hooked(self.gate_proj, self.up_proj, self.act_fn):
             return super().forward(x)
+        if quant:
+            gate_up = self._quant_gate_up(x.contiguous())  # (tokens, 2 * inter), weights read in place
+            inter = gate_up.shape[1] // 2
+            hidden = torch.empty((x.shape[0], inter), dtype=x.dtype)
+            run_silu_mul(self._silu_f32, gate_up[:, :inter], gate_up[:, inter:], hidden)
+            return self.down_proj(hidden)
         gate_up = small_batch_linear(x, self._gate_up_weight, None, self._kernels)  # (tokens, 2 * inter)
         inter = gate_up.shape[1] // 2
         hidden = torch.empty((x.shape[0], inter), dtype=x.dtype)

@@ -20,6 +20,10 @@ from inferpath.kernels import build
 from inferpath.model.batch_invariant import rows_must_be_invariant, rowwise_linear
 
 GEMV_MAX_ROWS = {torch.float32: 32, torch.bfloat16: 8}
+# The portable GEMV (generic and avx2 levels) meets x four rows at a time with no register
+# blocking across weight rows: past a few rows MKL/oneDNN wins. NOTE: set from the shape
+# of the code, not measured on a quiet machine (this one was shared during the work).
+PORTABLE_GEMV_MAX_ROWS = {torch.float32: 8, torch.bfloat16: 4}
 AMX_MIN_ROWS = 2  # one row: the GEMV is as fast
 AMX_MAX_ROWS = 128
 # The attention kernel's register arrays (csrc/attention.c MAX_HEAD_DIM, MAX_GROUP): larger
@@ -47,23 +51,26 @@ def kernel_ready(dtype: torch.dtype, *tensors: torch.Tensor | None) -> bool:
 
 
 def linear_kernels(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
-    """(gemv, amx) native functions for an ``nn.Linear``'s weight and bias, each None where
-    it cannot serve them (dtype, device, layout; AMX needs in_features % 32 == 0)."""
+    """(gemv, amx, max GEMV rows) for an ``nn.Linear``'s weight and bias, the functions None
+    where they cannot serve them (dtype, device, layout; AMX needs in_features % 32 == 0)."""
     dtype = weight.dtype
-    if not kernel_ready(dtype, weight, bias):
-        return None, None
+    if not kernel_ready(dtype, weight, bias) or dtype not in GEMV_MAX_ROWS:
+        return None, None, 0
     amx = build.native_amx_gemm(dtype) if weight.shape[1] % 32 == 0 else None
-    return build.native_gemv(dtype), amx
+    portable = build.kernel_level(dtype) != "avx512"
+    return build.native_gemv(dtype), amx, (PORTABLE_GEMV_MAX_ROWS if portable else GEMV_MAX_ROWS)[dtype]
 
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernels: tuple):
     """x @ weight.T + bias through the kernel that serves x's row count best (AMX for bf16
-    from AMX_MIN_ROWS to AMX_MAX_ROWS rows, else the GEMV up to GEMV_MAX_ROWS), else
+    from AMX_MIN_ROWS to AMX_MAX_ROWS rows, else the GEMV up to its level's cutoff), else
     ``F.linear``. ``kernels`` comes from ``linear_kernels``. Inside
     ``row_invariant_dispatch`` (model/batch_invariant.py): the GEMV for any number of rows
-    (each output is one FMA chain over k then one lane reduction, csrc/gemv.c, whatever m
-    is), else ``rowwise_linear``; never AMX or oneDNN, whose blocking follows the row count."""
-    gemv_fn, amx_fn = kernels
+    (each output is one FMA chain over k then one lane reduction, csrc/avx512/gemv.c, whatever m
+    is), else ``rowwise_linear``; never AMX or oneDNN, whose blocking follows the row count.
+    NOTE: the portable GEMV (generic, avx2 levels) vectorises its 4-row and 1-row loops
+    separately; the compiler does not promise them the same summation order."""
+    gemv_fn, amx_fn, gemv_max_rows = kernels
     rows = x.shape[0]
     if rows_must_be_invariant():
         if gemv_fn is not None and x.dtype == weight.dtype and x.dim() == 2:
@@ -72,7 +79,7 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     if x.dtype == weight.dtype and x.dim() == 2:
         if amx_fn is not None and AMX_MIN_ROWS <= rows <= AMX_MAX_ROWS:
             return run_gemv(amx_fn, x.contiguous(), weight, bias)
-        if gemv_fn is not None and rows <= GEMV_MAX_ROWS[x.dtype]:
+        if gemv_fn is not None and rows <= gemv_max_rows:
             return run_gemv(gemv_fn, x.contiguous(), weight, bias)
     return torch.nn.functional.linear(x, weight, bias)
 
@@ -157,3 +164,79 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     if fn(logits.data_ptr(), out.data_ptr(), logits.shape[0], logits.shape[1], torch.get_num_threads()) != 0:
         return logits.argmax(dim=-1)
     return out
+
+
+# Up to this many rows a quantized matmul runs the fused dequantize-dot kernel (int8
+# activations, each weight block unpacked once per 4 rows); past it, weight tiles are
+# dequantized to float32 once and reused for all rows by PyTorch's GEMM. Measured on a
+# 3072 x 576 Q4_1 weight, 2 threads, avx512, ms fused vs tiled: rows 1: 0.17 vs 1.97,
+# 8: 0.53 vs 2.51, 16: 1.08 vs 2.82, 32: 2.20 vs 3.26, 64: 9.0 vs 5.9.
+QUANT_MATMUL_MAX_ROWS = 32
+DEQUANT_TILE_VALUES = 1 << 22  # 16 MB of float32 per dequantized weight tile
+
+
+def run_quant_matmul(fn, x: torch.Tensor, data: torch.Tensor, qtype: int, bias: torch.Tensor | None,
+                     num_out: int) -> torch.Tensor:
+    """x (m, k) float32 contiguous @ the quantized weight's (num_out, k) transpose, + bias
+    (num_out,) float32 or None, through ``native_quant_matmul``; data (num_out, row_bytes)."""
+    out = torch.empty((x.shape[0], num_out), dtype=torch.float32)
+    status = fn(qtype, data.data_ptr(), data.shape[1], x.data_ptr(), None if bias is None else bias.data_ptr(),
+                out.data_ptr(), x.shape[0], num_out, x.shape[1], torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"quantized matmul rejected x={tuple(x.shape)} weight rows={num_out} "
+                           f"of {data.shape[1]} bytes, GGUF type {qtype} (status {status})")
+    return out
+
+
+def run_dequantize(fn, data: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
+    """Rows of a quantized weight, data (rows, row_bytes) contiguous -> (rows, cols) float32."""
+    out = torch.empty((data.shape[0], cols), dtype=torch.float32)
+    if fn(qtype, data.data_ptr(), data.shape[1], out.data_ptr(), data.shape[0], cols, torch.get_num_threads()) != 0:
+        raise RuntimeError(f"dequantize rejected {tuple(data.shape)} bytes as {cols} values of GGUF type {qtype}")
+    return out
+
+
+def quantized_linear(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bias: torch.Tensor | None,
+                     matmul_fn, dequantize_fn) -> torch.Tensor:
+    """x (m, cols) float32 contiguous -> (m, rows) float32 against a quantized weight: the
+    fused kernel for up to QUANT_MATMUL_MAX_ROWS rows, else dequantized tiles and F.linear."""
+    rows = data.shape[0]
+    if x.shape[0] <= QUANT_MATMUL_MAX_ROWS or rows_must_be_invariant():  # rows independent in the kernel
+        return run_quant_matmul(matmul_fn, x, data, qtype, bias, rows)
+    out = torch.empty((x.shape[0], rows), dtype=torch.float32)
+    tile = max(1, DEQUANT_TILE_VALUES // cols)
+    for start in range(0, rows, tile):
+        weight = run_dequantize(dequantize_fn, data[start:start + tile], qtype, cols)  # (tile, cols)
+        out[:, start:start + tile] = torch.nn.functional.linear(
+            x, weight, None if bias is None else bias[start:start + tile])
+    return out
+
+
+class QuantGroup:
+    """Several quantized weights (and biases) with one input, run as one matmul whose
+    outputs lie side by side: x is quantized once and one parallel region covers every
+    row (a fused Q/K/V or gate/up projection read in place from separate tensors).
+    Holds ctypes arrays of the weights' pointers, built once."""
+
+    def __init__(self, fn, weights: list, biases: list) -> None:
+        import ctypes
+
+        count = len(weights)
+        self._fn = fn
+        self._keep = (weights, biases)  # the arrays below point into these tensors
+        self._qtypes = (ctypes.c_int * count)(*[int(w.qtype) for w in weights])
+        self._ptrs = (ctypes.c_void_p * count)(*[w.data.data_ptr() for w in weights])
+        self._row_bytes = (ctypes.c_int64 * count)(*[w.data.shape[1] for w in weights])
+        self._rows = (ctypes.c_int64 * count)(*[w.shape[0] for w in weights])
+        self._biases = (ctypes.c_void_p * count)(*[None if b is None else b.data_ptr() for b in biases])
+        self.num_out = sum(w.shape[0] for w in weights)
+        self.in_features = weights[0].shape[1]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x (m, in_features) float32 contiguous -> (m, num_out) float32."""
+        out = torch.empty((x.shape[0], self.num_out), dtype=torch.float32)
+        status = self._fn(len(self._qtypes), self._qtypes, self._ptrs, self._row_bytes, self._rows, self._biases,
+                          x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads())
+        if status != 0:
+            raise RuntimeError(f"quantized group matmul rejected x={tuple(x.shape)} (status {status})")
+        return out

@@ -75,7 +75,10 @@ class DecoderStack(nn.Module):
 
     def __init__(self, config: ModelConfig, rope_tables: dict[bool, RopeTable]) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # NOTE: an explicit (uninitialised) weight skips nn.Embedding's normal_ init, whose
+        # first call on the meta device imports PyTorch's decompositions: 4-6 s of load time
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         _weight=torch.empty(config.vocab_size, config.hidden_size))
         # rope_tables: is the layer sliding -> its RoPE (Gemma 3's local layers have their own)
         self.layers = nn.ModuleList(DecoderLayer(config, i, rope_tables[bool(config.layer_window(i))])
                                     for i in range(config.num_layers))
@@ -122,7 +125,8 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        # the final norm's: never quantized, so this holds when weights are swapped from outside
+        return self.model.norm.weight.dtype
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache,
                 meta: AttentionMetadata) -> torch.Tensor:

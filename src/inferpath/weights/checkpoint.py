@@ -17,6 +17,7 @@ from inferpath.config import ModelConfig
 from inferpath.weights.errors import WeightsError
 from inferpath.weights.gguf import read_gguf
 from inferpath.weights.names import expected_shapes, gguf_name, is_ignorable
+from inferpath.weights.quantized import QuantizedTensor
 from inferpath.weights.safetensors import read_hf_dir
 
 GGUF_MAGIC = b"GGUF"
@@ -24,7 +25,8 @@ GGUF_MAGIC = b"GGUF"
 
 @dataclass
 class Checkpoint:
-    """A loaded model: config, tensors (Hugging Face names, compute dtype), EOS ids.
+    """A loaded model: config, tensors (Hugging Face names, compute dtype, or
+    ``QuantizedTensor`` where kept quantized), EOS ids.
 
     Invariant: ``tensors`` holds exactly ``expected_shapes(config)``, with those shapes.
     ``tokenizer_path`` is what ``load_tokenizer`` takes: the GGUF file itself (its
@@ -41,12 +43,19 @@ class Checkpoint:
     def num_parameters(self) -> int:
         return sum(t.numel() for t in self.tensors.values())
 
+    @property
+    def quantized_tensors(self) -> dict[str, QuantizedTensor]:
+        """The tensors kept in a GGUF block format (``load_checkpoint(keep_quantized=True)``)."""
+        return {name: t for name, t in self.tensors.items() if isinstance(t, QuantizedTensor)}
+
 
 def load_checkpoint(path: str | Path, dtype: torch.dtype | str = torch.float32,
-                    progress: bool = False) -> Checkpoint:
+                    progress: bool = False, keep_quantized: bool = False) -> Checkpoint:
     """Load a ``.gguf`` file or a Hugging Face model directory (see module docstring).
 
-    ``progress`` shows a tqdm bar (on stderr) while tensors are read.
+    ``progress`` shows a tqdm bar (on stderr) while tensors are read. ``keep_quantized``
+    leaves a GGUF's block-quantized weights as ``QuantizedTensor`` (weights/quantized.py)
+    instead of dequantizing them to ``dtype``.
     Raises WeightsError (a ValueError) naming the file, and the tensor and expected shape
     where one is missing or wrong; FileNotFoundError if ``path`` does not exist.
     """
@@ -60,7 +69,7 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype | str = torch.float32,
         config, tensors, eos = read_hf_dir(path, dtype, progress)
         tokenizer_path = path
     elif _is_gguf(path):
-        config, tensors, eos = read_gguf(path, dtype, progress)
+        config, tensors, eos = read_gguf(path, dtype, progress, keep_quantized)
         tokenizer_path = path
     else:
         raise WeightsError(

@@ -27,6 +27,7 @@ from inferpath.weights.errors import WeightsError
 from inferpath.weights.gguf_check import check_gguf
 from inferpath.weights.gguf_keys import check_metadata_keys
 from inferpath.weights.names import IGNORED_GGUF_TENSORS, hf_name, stacked_expert_names
+from inferpath.weights.quantized import QUANTIZED_TYPES, QuantizedTensor
 from inferpath.weights.rope_freqs import rope_scaling_from_freqs
 
 Q = GGMLQuantizationType
@@ -201,9 +202,15 @@ def unpermute_rows(rows: np.ndarray, num_heads: int) -> np.ndarray:
     return per_head.swapaxes(1, 2).reshape(rows.shape)  # (heads, 2, d/2, …) flattened
 
 
-def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False
-              ) -> tuple[ModelConfig, dict[str, torch.Tensor], list[int]]:
-    """Config, Hugging Face-named tensors in ``dtype``, and EOS ids of one GGUF file."""
+def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quantized: bool = False
+              ) -> tuple[ModelConfig, dict[str, torch.Tensor | QuantizedTensor], list[int]]:
+    """Config, Hugging Face-named tensors in ``dtype``, and EOS ids of one GGUF file.
+
+    With ``keep_quantized``, 2-D tensors in a block format the kernels read
+    (``QUANTIZED_TYPES``) stay as ``QuantizedTensor`` views of the mapped file (Q and K
+    rows of permuted architectures are copied into Hugging Face order); the rest are
+    dequantized to ``dtype`` as usual.
+    """
     reader = open_gguf(path)
     config = config_from_gguf(reader, path)
     arch = field(reader, "general.architecture")
@@ -218,26 +225,39 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False
                 f"does not dequantize; supported: {', '.join(q.name for q in SUPPORTED_TENSOR_TYPES)}"
             )
         shape = tuple(reversed([int(d) for d in t.shape]))  # numpy order: (rows, cols)
+        kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
+        if arch in _PERMUTED_ARCHITECTURES and kind in heads_of and shape[0] % (2 * heads_of[kind]):
+            raise WeightsError(f"{path}: tensor {t.name!r} has {shape[0]} rows, not a whole number of "
+                               f"row pairs for its {heads_of[kind]} heads; the file is inconsistent")
+        if keep_quantized and t.tensor_type in QUANTIZED_TYPES and len(shape) == 2:
+            quantized = QuantizedTensor.from_gguf(t.data, t.tensor_type, shape)
+            if arch in _PERMUTED_ARCHITECTURES and kind in heads_of:
+                quantized = quantized.permute_rows(unpermute_rows(np.arange(shape[0]), heads_of[kind]))
+            tensors[_hf_name_or_raise(t.name, config, path)] = quantized
+            continue
         try:
             values = dequantize(t.data, t.tensor_type).reshape(shape)
         except ValueError as exc:
             raise WeightsError(f"{path}: tensor {t.name!r} (shape {shape}, "
                                f"{t.tensor_type.name}) is corrupt: {exc}") from None
-        kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
         if arch in _PERMUTED_ARCHITECTURES and kind in heads_of:
             values = unpermute_rows(values, heads_of[kind])
         if (names := stacked_expert_names(t.name, shape[0])) is not None:
             for name, expert in zip(names, values):  # values: (num_experts, rows, cols)
                 tensors[name] = _to_torch(expert, dtype)
             continue
-        name = hf_name(t.name)
-        if name is None:
-            raise WeightsError(
-                f"{path}: tensor {t.name!r} has no Hugging Face counterpart for a "
-                f"{config.architecture} model; this GGUF variant is not supported"
-            )
-        tensors[name] = _to_torch(values, dtype)
+        tensors[_hf_name_or_raise(t.name, config, path)] = _to_torch(values, dtype)
     return config, tensors, eos_token_ids(reader)
+
+
+def _hf_name_or_raise(gguf_tensor: str, config: ModelConfig, path: Path) -> str:
+    name = hf_name(gguf_tensor)
+    if name is None:
+        raise WeightsError(
+            f"{path}: tensor {gguf_tensor!r} has no Hugging Face counterpart for a "
+            f"{config.architecture} model; this GGUF variant is not supported"
+        )
+    return name
 
 
 def _to_torch(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

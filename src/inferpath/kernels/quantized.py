@@ -1,0 +1,125 @@
+"""Modules over GGUF block-quantized weights, applied from outside the model.
+
+``build_quantized_model(checkpoint)`` builds the plain ``Transformer`` and swaps, by
+weight name, each ``nn.Linear`` whose weight is a ``QuantizedTensor`` for a
+``QuantLinear`` and a quantized ``nn.Embedding`` for a ``QuantEmbedding`` (a tied LM head
+shares the embedding's blocks); the model file knows nothing of them. The weights stay
+in the memory-mapped file's block layout: nothing is dequantized at load, and a decode
+step reads the file's bytes (Q4_1 SmolLM2: ~97 MB instead of 538 MB of float32).
+
+- ``QuantLinear``: float32 activations, quantized per 32 values to int8 (plus an int8
+  residual) inside the
+  kernel, integer dot products against the weight blocks (csrc/quant/matmul.c) for up to
+  ``ops.QUANT_MATMUL_MAX_ROWS`` rows; more rows (prefill, large batches) dequantize a
+  weight tile at a time and reuse it for every row through PyTorch's GEMM.
+- ``QuantEmbedding``: the rows of the looked-up tokens, dequantized.
+
+Without the native kernels both fall back to the ``gguf`` package's dequantizer (correct,
+slow); the engine does not choose this path there.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from inferpath.kernels import build, ops
+from inferpath.weights.quantized import QuantizedTensor
+
+
+class QuantLinear(nn.Module):
+    """y = x @ W^T + b with W a ``QuantizedTensor`` (out_features, in_features); output
+    in x's dtype."""
+
+    def __init__(self, weight: QuantizedTensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.qweight = weight
+        self.out_features, self.in_features = weight.shape
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self._matmul, self._dequantize = build.native_quant_matmul(), build.native_quant_dequantize()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.qweight.type_name}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (num_tokens, in_features) -> (num_tokens, out_features)
+        lead, dtype = x.shape[:-1], x.dtype
+        x32 = x.reshape(-1, self.in_features).float().contiguous()
+        bias = None if self.bias is None else self.bias.float()
+        if self._matmul is None:
+            out = nn.functional.linear(x32, self.qweight.dequantize(), bias)
+        else:
+            out = ops.quantized_linear(x32, self.qweight.data, int(self.qweight.qtype), self.in_features,
+                                       bias, self._matmul, self._dequantize)
+        return out.to(dtype).reshape(*lead, self.out_features)
+
+
+class QuantEmbedding(nn.Module):
+    """Row lookup in a ``QuantizedTensor`` (num_embeddings, embedding_dim), dequantized to
+    ``dtype``."""
+
+    def __init__(self, weight: QuantizedTensor, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.qweight = weight
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.dtype = dtype
+        self._dequantize = build.native_quant_dequantize()
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.qweight.type_name}"
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # input_ids: (num_tokens,) -> (num_tokens, embedding_dim)
+        rows = self.qweight.data.index_select(0, input_ids.reshape(-1))  # (num_tokens, row_bytes)
+        if self._dequantize is None:
+            values = QuantizedTensor(rows, self.qweight.qtype, (rows.shape[0], self.embedding_dim)).dequantize()
+        else:
+            values = ops.run_dequantize(self._dequantize, rows, int(self.qweight.qtype), self.embedding_dim)
+        return values.to(self.dtype).reshape(*input_ids.shape, self.embedding_dim)
+
+
+def quantized_kernels_available() -> bool:
+    """Whether the fused quantized kernels run here (else quantized weights are dequantized)."""
+    return build.native_quant_matmul() is not None
+
+
+def build_quantized_model(checkpoint, dtype: torch.dtype = torch.float32):
+    """A Transformer whose quantized weights (``checkpoint.quantized_tensors``) stay in
+    their blocks, under ``QuantLinear``/``QuantEmbedding``; float tensors load as usual
+    (``Transformer.load_weights``, which names any missing or misshapen one)."""
+    from inferpath.model import Transformer
+
+    model = Transformer(checkpoint.config, dtype)
+    quantized = checkpoint.quantized_tensors
+    for name, weight in quantized.items():
+        module_name = name.removesuffix(".weight")
+        module = model.get_submodule(module_name)
+        if isinstance(module, nn.Embedding):
+            replacement = QuantEmbedding(weight, dtype)
+        elif isinstance(module, nn.Linear):
+            replacement = QuantLinear(weight, module.bias)
+        else:
+            raise ValueError(f"quantized tensor {name!r} belongs to a {type(module).__name__}, "
+                             "which has no quantized counterpart")
+        _replace(model, module_name, replacement)
+    if checkpoint.config.tie_word_embeddings and "model.embed_tokens.weight" in quantized:
+        model.lm_head = QuantLinear(quantized["model.embed_tokens.weight"])
+    model.load_weights({name: t for name, t in checkpoint.tensors.items() if name not in quantized})
+    return model.eval()
+
+
+def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of weights the model holds, quantized ones at their block size."""
+    seen, total = set(), 0
+    for module in model.modules():
+        if isinstance(module, (QuantLinear, QuantEmbedding)) and id(module.qweight) not in seen:
+            seen.add(id(module.qweight))
+            total += module.qweight.nbytes
+    for p in {id(p): p for p in model.parameters()}.values():
+        total += p.numel() * p.element_size()
+    return total

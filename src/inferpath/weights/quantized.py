@@ -1,0 +1,65 @@
+"""Quantized GGUF tensors kept in their block layout (no dequantization at load).
+
+A ``QuantizedTensor`` is a (rows, row_bytes) uint8 view of the memory-mapped file: each
+row is one output row of a weight (``cols`` values in GGUF blocks), so row slicing and row
+permutation (llama.cpp's Q/K order) work on bytes. The kernels in ``inferpath.kernels``
+compute with it in place (kernels/quantized.py); ``dequantize`` gives the float32 values
+(the reference, and the path for machines without the kernels).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+Q = GGMLQuantizationType
+# The block formats the native kernels read in place (kernels/csrc/quant/blocks.h).
+QUANTIZED_TYPES = frozenset({Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K})
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """A 2-D weight (rows, cols) in a GGUF block format.
+
+    Invariant: ``data`` is (rows, row_bytes) uint8 with row_bytes = cols / block_size *
+    type_size, rows contiguous; it may be a read-only view of the file (never written).
+    """
+
+    data: torch.Tensor
+    qtype: GGMLQuantizationType
+    shape: tuple[int, int]
+
+    @classmethod
+    def from_gguf(cls, data: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, int]) -> "QuantizedTensor":
+        """Wrap a GGUFReader tensor's bytes (rows, row_bytes) without copying them."""
+        block, size = GGML_QUANT_SIZES[qtype]
+        rows, cols = shape
+        data = data.reshape(rows, cols // block * size)
+        with warnings.catch_warnings():  # the mapping is read-only; the kernels only read it
+            warnings.simplefilter("ignore", UserWarning)
+            return cls(torch.from_numpy(data), qtype, (rows, cols))
+
+    @property
+    def type_name(self) -> str:
+        return self.qtype.name
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    def permute_rows(self, order: np.ndarray) -> "QuantizedTensor":
+        """A copy with rows taken in ``order`` (blocks never straddle rows)."""
+        return QuantizedTensor(self.data[torch.from_numpy(np.asarray(order))].contiguous(), self.qtype, self.shape)
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 values (rows, cols), by the gguf package (the reference)."""
+        from gguf.quants import dequantize
+
+        return torch.from_numpy(dequantize(self.data.numpy(), self.qtype).reshape(self.shape))

@@ -1,0 +1,126 @@
+"""Quantizing float weights: on load (``EngineConfig.quantization``) against transformers'
+float32 logits, and ``inferpath quantize`` writing a GGUF the ``gguf`` package re-reads
+with the expected block types and shapes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+from test_quantized import _teacher_forced_logits
+
+from inferpath.cli import main
+from inferpath.kernels import build
+from inferpath.kernels.quantized import QuantLinear, build_quantized_model
+from inferpath.model import build_model
+from inferpath.weights import load_checkpoint
+from inferpath.weights.quantize import quantize_checkpoint
+
+import transformers  # test-only reference
+
+Q = GGMLQuantizationType
+native = pytest.mark.skipif(build.native_quant_matmul() is None, reason=f"no native kernel: {build.kernel_status()}")
+
+
+@native
+def test_quantize_on_load_q8_0_against_transformers_float32(tmp_path: Path):
+    """A tiny random Llama saved by transformers, quantized to Q8_0 on load: its logits
+    against transformers' float32 ones, within Q8_0's rounding (weights to 1/254 of each
+    32-value block's largest, activations to ~15 bits)."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      rms_norm_eps=1e-6, tie_word_embeddings=False)
+    reference = transformers.LlamaForCausalLM(config).eval()
+    reference.save_pretrained(tmp_path)
+    tokens = torch.randint(0, 96, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        expected = reference(torch.tensor([tokens])).logits[0].float()  # (40, vocab)
+    checkpoint = quantize_checkpoint(load_checkpoint(tmp_path), "q8_0")
+    kinds = {name: t.type_name for name, t in checkpoint.quantized_tensors.items()}
+    assert len(kinds) == 2 * 7 + 2 and set(kinds.values()) == {"Q8_0"}  # 7 per layer, embedding, head
+    model = build_quantized_model(checkpoint)
+    assert isinstance(model.model.layers[1].mlp.down_proj, QuantLinear)
+    logits = _teacher_forced_logits(model, tokens, fused_rows=len(tokens))
+    error = (logits - expected).abs().max() / expected.abs().max()
+    assert 0 < error < 0.02, error
+    assert (logits.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.95
+    with pytest.raises(ValueError, match="not supported; use one of q8_0, q4_0, q4_k"):
+        quantize_checkpoint(load_checkpoint(tmp_path), "q3_k")
+
+
+def write_float_gguf(path: Path, hidden: int = 256, intermediate: int = 288, vocab: int = 320) -> None:
+    """A tiny random Llama as an F32 GGUF (no tokenizer: weights and shapes only)."""
+    rng = np.random.default_rng(0)
+    writer = GGUFWriter(path, arch="llama")
+    writer.add_block_count(2)
+    writer.add_context_length(256)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(intermediate)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-6)
+    kv = hidden // 2  # 2 KV heads of 64
+
+    def add(name, *shape):
+        values = (rng.standard_normal(shape) * 0.05).astype(np.float32) if len(shape) == 2 else \
+            (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        writer.add_tensor(name, values)
+
+    add("token_embd.weight", vocab, hidden)
+    for i in range(2):
+        add(f"blk.{i}.attn_norm.weight", hidden)
+        add(f"blk.{i}.attn_q.weight", hidden, hidden)
+        add(f"blk.{i}.attn_k.weight", kv, hidden)
+        add(f"blk.{i}.attn_v.weight", kv, hidden)
+        add(f"blk.{i}.attn_output.weight", hidden, hidden)
+        add(f"blk.{i}.ffn_norm.weight", hidden)
+        add(f"blk.{i}.ffn_gate.weight", intermediate, hidden)
+        add(f"blk.{i}.ffn_up.weight", intermediate, hidden)
+        add(f"blk.{i}.ffn_down.weight", hidden, intermediate)
+    add("output_norm.weight", hidden)
+    add("output.weight", vocab, hidden)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@native
+def test_quantize_command_writes_a_gguf_the_gguf_package_reads(tmp_path: Path, capsys):
+    source, target = tmp_path / "f32.gguf", tmp_path / "q4_k.gguf"
+    write_float_gguf(source)
+    assert main(["quantize", str(source), str(target), "--type", "q4_k"]) == 0
+    assert "q4_k.gguf" in capsys.readouterr().out
+    before = {t.name: t for t in GGUFReader(source).tensors}
+    after = {t.name: t for t in GGUFReader(target).tensors}
+    assert before.keys() == after.keys()
+    for name, t in after.items():
+        assert list(t.shape) == list(before[name].shape), name
+        if name.endswith("norm.weight"):
+            assert t.tensor_type == Q.F32
+        elif name.endswith("ffn_down.weight"):  # rows of 288 values: not whole 256-blocks
+            assert t.tensor_type == Q.Q8_0
+        else:
+            assert t.tensor_type == Q.Q4_K, name
+    reader = GGUFReader(target)
+    assert reader.get_field("llama.feed_forward_length").contents() == 288
+    # inferpath runs the written file quantized: as the gguf package dequantizes it, and
+    # near the float file it came from (4-bit random Gaussian weights, plain min/max fit)
+    tokens = list(range(3, 60))
+    quantized = build_quantized_model(load_checkpoint(target, keep_quantized=True))
+    assert isinstance(quantized.model.layers[0].self_attn.q_proj, QuantLinear)
+    fused = _teacher_forced_logits(quantized, tokens, fused_rows=len(tokens))
+    dequantized = _teacher_forced_logits(build_model(load_checkpoint(target)), tokens)
+    original = _teacher_forced_logits(build_model(load_checkpoint(source)), tokens)
+    assert (fused - dequantized).abs().max() <= 1e-3 * dequantized.abs().max()
+    assert torch.corrcoef(torch.stack([fused.flatten(), original.flatten()]))[0, 1] > 0.9
+
+
+def test_quantize_command_refuses_what_it_cannot_read(tmp_path: Path, capsys):
+    (tmp_path / "config.json").write_text("{}")
+    assert main(["quantize", str(tmp_path), str(tmp_path / "out.gguf"), "--type", "Q8_0"]) == 1
+    assert "not a .gguf file" in capsys.readouterr().err
