@@ -43,11 +43,11 @@ def test_a_forced_kernel_level_is_measured_and_cached_apart(tmp_path, monkeypatc
     monkeypatch.setenv("INFERPATH_ISA", "avx2")
     probe.probe_this_machine(cache_path=path, **SMALL)
     probe.probe_this_machine(cache_path=path, **SMALL)
-    monkeypatch.setenv("INFERPATH_ISA", "avx512")
+    monkeypatch.setenv("INFERPATH_ISA", "generic")
     probe.probe_this_machine(cache_path=path, **SMALL)
     assert len(calls) == 2
     cached = json.loads(path.read_text())
-    assert {m["kernel_level"] for m in cached.values()} == {"avx2", "avx512"}
+    assert {m["kernel_level"] for m in cached.values()} == {"avx2", "generic"}
     probe.probe_this_machine(cache_path=path, refresh=True, **SMALL)  # --reprobe
     assert len(calls) == 3
 
@@ -85,3 +85,17 @@ def test_the_real_probe_measures_the_engines_linear(tmp_path):
     spec = probe.probe_this_machine(cache_path=tmp_path / "probe.json", **SMALL)
     assert spec.flops_for("fp32") > 0 and spec.flops_for("bf16") > 0 and spec.memory_bandwidth > 0
     assert "fp32 GEMV" in spec.source and f"kernels {probe.kernel_level()}" in spec.source
+    # the quantized kernels a GGUF runs on are measured too, and the cost model uses them
+    assert spec.flops_for("quantized") > 0 and "Q8_0 GEMM" in spec.source and "q4_k GEMV" in spec.source
+
+
+def test_a_quantized_file_is_costed_at_the_quantized_rate():
+    from inferpath.explain.hardware import get_hardware
+    from inferpath.models import resolve_model
+
+    precision = Precision.of_gguf(resolve_model("smollm2-135m-instruct"))
+    assert precision.compute_dtype == "quantized"
+    spec = probe.spec_from_measurement({**SLOW_BF16, "q8_0_flops": 9e9, "q4_k_flops": 12e9})
+    assert spec.flops_for("quantized") == 9e9  # the slower of the measured block formats
+    h100 = get_hardware("h100-sxm")  # a preset: weight-only quantization computes in bf16
+    assert h100.flops_for("quantized") == h100.flops_for("bf16")

@@ -74,12 +74,19 @@ def fusion_notes(model: nn.Module) -> dict[str, str]:
     """Rows that one native call covers in this model, with what it fuses."""
     notes = {}
     layer = model.model.layers[0]
-    if getattr(getattr(layer, "self_attn", None), "_qkv_weight", None) is not None:
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if getattr(attn, "_qkv_weight", None) is not None:
         notes["qkv_proj"] = "q_proj, k_proj and v_proj are one fused matmul"
+    elif getattr(attn, "_quant_qkv", None) is not None:
+        notes["qkv_proj"] = ("q_proj, k_proj and v_proj are one fused matmul call over their quantized "
+                             "blocks (activations quantized once)")
     else:
         notes["qkv_proj"] = "q_proj, k_proj and v_proj: three matmuls, timed together"
-    if getattr(getattr(layer, "mlp", None), "_gate_up_weight", None) is not None:
+    if getattr(mlp, "_gate_up_weight", None) is not None:
         notes["gate_up_silu"] = "gate_proj and up_proj are one fused matmul, then one native SiLU-and-multiply"
+    elif getattr(mlp, "_quant_gate_up", None) is not None:
+        notes["gate_up_silu"] = ("gate_proj and up_proj are one fused matmul call over their quantized blocks, "
+                                 "then one native SiLU-and-multiply")
     else:
         notes["gate_up_silu"] = "gate_proj, up_proj and the SiLU gate, timed together"
     notes["attention"] = "scores, softmax and weighted sum are one fused kernel (SDPA or the native paged kernel)"

@@ -113,6 +113,10 @@ class Precision:
 
     @property
     def compute_dtype(self) -> str:
+        """The peak-FLOP/s key: "quantized" for block formats (the probe measures their
+        kernels; a preset falls back to its bf16 peak), else the weights' dtype."""
+        if self.bytes_per_weight is not None:
+            return "quantized"
         return "fp32" if self.weights == "fp32" else "bf16"
 
 

@@ -30,6 +30,8 @@ class HardwareSpec:
     num_devices: int = 1
 
     def flops_for(self, compute_dtype: str) -> float:
+        if compute_dtype == "quantized" and "quantized" not in self.peak_flops:
+            compute_dtype = "bf16"  # weight-only quantization dequantizes to bf16 (see above)
         try:
             return self.peak_flops[compute_dtype]
         except KeyError:

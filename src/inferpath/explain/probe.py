@@ -35,6 +35,9 @@ DEFAULT_BANDWIDTH_BYTES = 256 * 2**20
 DEFAULT_MATMUL_N = 1024
 _REPEATS = 5
 _DTYPES = (("fp32", "float32"), ("bf16", "bfloat16"))
+# GGUF block formats whose kernels the probe times (QuantLinear, the engine's path for a
+# quantized file); the slower one is the "quantized" compute rate the cost model uses
+_QUANT_TYPES = ("Q8_0", "Q4_K")
 
 
 def cache_dir() -> Path:
@@ -43,14 +46,25 @@ def cache_dir() -> Path:
 
 
 def kernel_level() -> str:
-    """The kernel level the engine runs at: ``$INFERPATH_ISA`` if set (forced), else
-    detected from the CPU flags: "amx", "avx512bf16", "avx512", "avx2" or "generic";
-    "off" with ``INFERPATH_KERNELS=0``."""
+    """The kernel level the engine runs at, as the kernels resolve it (``$INFERPATH_ISA``
+    forces a lower one): "generic", "avx2" or "avx512", with "+amx" where the bf16 AMX
+    GEMM runs; "off" with ``INFERPATH_KERNELS=0``; read off the CPU flags if the kernels
+    cannot say."""
+    if os.environ.get("INFERPATH_KERNELS", "1") == "0":
+        return "off"
+    try:
+        import torch
+
+        from inferpath.kernels import build
+
+        level = build.active_level()
+        amx = level == "avx512" and build.native_amx_gemm(torch.bfloat16, level) is not None
+        return level + ("+amx" if amx else "")
+    except Exception:  # noqa: BLE001 - no gcc, a bad INFERPATH_ISA: fall back to the flags
+        pass
     forced = os.environ.get("INFERPATH_ISA")
     if forced:
         return forced.strip().lower()
-    if os.environ.get("INFERPATH_KERNELS", "1") == "0":
-        return "off"
     flags = cpu_flags()
     if {"amx_tile", "amx_bf16"} <= flags:
         return "amx"
@@ -125,16 +139,23 @@ def spec_from_measurement(m: dict) -> HardwareSpec:
         if not m.get(name, 0) > 0:
             raise ValueError(f"probe measurement {name}={m.get(name)!r} is not a positive rate; "
                              "run with --reprobe")
-    gemv = "".join(f", {d} GEMV {m[f'{d}_gemv_bandwidth'] / 1e9:.1f} GB/s" for d, _ in _DTYPES
+    names = [d for d, _ in _DTYPES] + [t.lower() for t in _QUANT_TYPES]
+    gemv = "".join(f", {d} GEMV {m[f'{d}_gemv_bandwidth'] / 1e9:.1f} GB/s" for d in names
                    if f"{d}_gemv_bandwidth" in m)
+    quant = "".join(f", {t} GEMM {m[f'{t.lower()}_flops'] / 1e9:.1f} GFLOP/s" for t in _QUANT_TYPES
+                    if f"{t.lower()}_flops" in m)
+    peak_flops = {"fp32": m["fp32_flops"], "bf16": m["bf16_flops"]}
+    quant_rates = [m[f"{t.lower()}_flops"] for t in _QUANT_TYPES if m.get(f"{t.lower()}_flops", 0) > 0]
+    if quant_rates:
+        peak_flops["quantized"] = min(quant_rates)
     return HardwareSpec(
         name=THIS_MACHINE, memory_bandwidth=m["read_bandwidth"],
-        peak_flops={"fp32": m["fp32_flops"], "bf16": m["bf16_flops"]},
+        peak_flops=peak_flops,
         memory_bytes=m["memory_bytes"],
         source=(f"measured on {m['device']} with {m.get('threads', '?')} threads, kernels "
                 f"{m.get('kernel_level', '?')}: read {m['read_bandwidth'] / 1e9:.1f} GB/s, copy "
                 f"{m['copy_bandwidth'] / 1e9:.1f} GB/s, fp32 GEMM {m['fp32_flops'] / 1e9:.1f} GFLOP/s, "
-                f"bf16 GEMM {m['bf16_flops'] / 1e9:.1f} GFLOP/s{gemv}"),
+                f"bf16 GEMM {m['bf16_flops'] / 1e9:.1f} GFLOP/s{quant}{gemv}"),
     )
 
 
@@ -167,6 +188,32 @@ def measure(device: str, bandwidth_bytes: int, matmul_n: int) -> dict:
             gemv_s = _best_time(lambda: small_batch_linear(one, weight, None, kernels), device)
             result[f"{name}_flops"] = 2 * n**3 / gemm_s
             result[f"{name}_gemv_bandwidth"] = weight.nbytes / gemv_s
+        result.update(measure_quantized(device, n))
+    return result
+
+
+def measure_quantized(device: str, n: int) -> dict:
+    """GEMM FLOP/s (n rows) and GEMV bytes/s (one row) of the engine's quantized linear
+    (``QuantLinear``: fused int8 dot products for few rows, dequantized tiles for many)
+    for each of ``_QUANT_TYPES``; nothing where the native kernels do not run."""
+    import torch
+
+    from inferpath.kernels.quantized import QuantLinear, quantized_kernels_available
+    from inferpath.weights.quantize import quantization_type, quantize_tensor
+
+    if device != "cpu" or not quantized_kernels_available():
+        return {}
+    result = {}
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(n, n, generator=generator)  # (n tokens, in)
+    one = rows[:1].contiguous()  # (1, in)
+    for type_name in _QUANT_TYPES:
+        weight = quantize_tensor(torch.randn(n, n, generator=generator).numpy(), quantization_type(type_name))
+        linear = QuantLinear(weight)
+        gemm_s = _best_time(lambda: linear(rows), device)
+        gemv_s = _best_time(lambda: linear(one), device)
+        result[f"{type_name.lower()}_flops"] = 2 * n**3 / gemm_s
+        result[f"{type_name.lower()}_gemv_bandwidth"] = weight.nbytes / gemv_s
     return result
 
 
