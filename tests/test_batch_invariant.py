@@ -99,3 +99,22 @@ def test_request_is_bitwise_the_same_in_any_company(tokenizer, dtype, cpu_kernel
 def test_batch_invariant_refuses_tensor_parallelism():
     with pytest.raises(ValueError, match="batch_invariant"):
         EngineConfig(batch_invariant=True, tensor_parallel_size=2)
+
+
+def test_quantized_gguf_request_is_bitwise_the_same_in_any_company():
+    """The default model as it runs by default (Q4_1 + Q8_0 blocks read in place): prompt
+    rows past the fused kernel's row count (40-token prompts) and decode rows alike."""
+    from inferpath import LLM
+
+    llm = LLM("smollm2-135m-instruct", batch_invariant=True, max_num_seqs=16)
+    assert "Q4_1" in str(llm.engine.weight_format)
+    prompts = random_prompts(7, seed=5, lengths=(33, 60))
+
+    def run_llm(batch):
+        outs = llm.generate(batch, PARAMS)
+        return [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs]) for o in outs]
+
+    alone = run_llm([TARGET])[0]
+    crowded = run_llm(prompts[:3] + [TARGET] + prompts[3:])[3]
+    assert crowded[0] == alone[0]
+    assert torch.equal(torch.tensor(crowded[1]), torch.tensor(alone[1]))
