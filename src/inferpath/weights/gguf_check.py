@@ -18,6 +18,7 @@ is a u32 item type, a u64 count and the items.
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -119,14 +120,25 @@ class _Cursor:
         return None
 
 
+# files that passed, as (path, size, mtime): the weights and the tokenizer of one model
+# read the same file, and a load should not walk its vocabulary twice
+_passed: set[tuple[str, int, int]] = set()
+
+
 def check_gguf(path: str | Path) -> None:
-    """Raise WeightsError unless ``path`` is a well-formed GGUF file (see the module doc)."""
+    """Raise WeightsError unless ``path`` is a well-formed GGUF file (see the module doc).
+    A file already checked and unchanged since (same size and mtime) is not read again."""
     path = Path(path)
     with open(path, "rb") as file:
-        if path.stat().st_size == 0:
+        stat = os.fstat(file.fileno())
+        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+        if key in _passed:
+            return
+        if stat.st_size == 0:
             raise WeightsError(f"{path}: the file is empty, not a GGUF file")
         with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
             _check(_Cursor(memoryview(data), path))
+    _passed.add(key)
 
 
 def _check(cur: _Cursor) -> None:
