@@ -188,3 +188,43 @@ def test_live_stream_of_grammar_enforced_calls_sends_arguments_before_the_end():
     first_call_fragments = [d for d in before_finish if d["tool_calls"][0]["index"] == 0
                             and d["tool_calls"][0]["function"]["arguments"]]
     assert len(first_call_fragments) > 3  # streamed as written, not in one piece at the end
+
+
+PERSON = {"type": "object", "required": ["name", "age", "tags", "home"],
+          "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                         "tags": {"type": "array", "items": {"type": "string"}},
+                         "home": {"type": "object", "required": ["city"],
+                                  "properties": {"city": {"type": "string"}}}}}
+
+
+def _adversarial_run(max_tokens: int | None, steps: int) -> bytes:
+    """Greedy decoding whose 'model' always prefers the longest allowed token: inside a
+    string it writes on forever and never closes anything by itself."""
+    grammars, tokenizer = compiler()
+    spec = StructuredOutput("json_schema", json.dumps(PERSON))
+    matcher = grammars.new_matcher(spec)
+    eos = sorted(tokenizer.eos_token_ids)
+    lengths = torch.tensor([float(len(tokenizer.token_bytes(i))) if i < tokenizer.vocab_size else 0.0
+                            for i in range(grammars.vocab_size)])
+    lengths[eos] = -1.0  # never chooses to stop either
+    sampler, output = Sampler(seed=0), []
+    for _ in range(steps):
+        row = SamplingRow(SamplingParams(temperature=0, max_tokens=max_tokens, structured=spec), [1], output,
+                          eos_token_ids=eos, grammar=matcher)
+        token = sampler(lengths.unsqueeze(0).clone(), [row]).token_ids[0]
+        if token in eos:
+            break
+        assert matcher.accept(token)
+        output.append(token)
+    return b"".join(tokenizer.token_bytes(t) for t in output)
+
+
+@pytest.mark.parametrize("max_tokens", [20, 23, 27, 34, 45])
+def test_a_schema_answer_cut_by_max_tokens_still_parses_and_validates(max_tokens):
+    import jsonschema
+
+    free = _adversarial_run(None, max_tokens)  # the same 'model' without the budget check
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(free)
+    text = _adversarial_run(max_tokens, max_tokens)
+    jsonschema.validate(json.loads(text), PERSON)

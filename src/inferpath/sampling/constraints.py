@@ -58,3 +58,33 @@ def apply_grammars(logits: torch.Tensor, rows: Sequence[Any],
         timer.seconds += time.perf_counter() - start
         timer.num_steps += 1
     return logits
+
+
+#: In its last CLOSING_HORIZON tokens a structured request is kept closable: a sampled
+#: token after which the output could no longer be completed within max_tokens is replaced
+#: by the first token of a closing path (GrammarMatcher.within_budget).
+CLOSING_HORIZON = 64
+
+
+def keep_closable(token_ids: torch.Tensor, rows: Sequence[Any]) -> torch.Tensor:
+    """``token_ids`` (num_rows,), with the rows whose grammar could no longer be completed
+    within their ``max_tokens`` steered onto a closing path (a new tensor if any changes).
+
+    So a structured answer that max_tokens cuts still parses: it closes early (its last
+    tokens are the closing path, then EOS: finish_reason "stop", or "length" where the last
+    allowed token closes it). A budget too small for any complete answer is cut as is.
+    """
+    changed = token_ids
+    for i, row in enumerate(rows):
+        if row.grammar is None or row.params.max_tokens is None:
+            continue
+        remaining = row.params.max_tokens - len(row.output_token_ids)  # this token included
+        if remaining > CLOSING_HORIZON:
+            continue
+        token = int(token_ids[i])
+        chosen = row.grammar.within_budget(token, remaining, sorted(row.eos_token_ids))
+        if chosen != token:
+            if changed is token_ids:
+                changed = token_ids.clone()
+            changed[i] = chosen
+    return changed

@@ -36,6 +36,7 @@ from inferpath.sampling.constraints import (
     ConstraintTimer,
     apply_grammars,
     apply_logit_bias,
+    keep_closable,
 )
 from inferpath.sampling.logprobs import TokenLogprobs, compute_logprobs
 from inferpath.sampling.params import SamplingParams
@@ -134,6 +135,7 @@ class Sampler:
             if sampled:
                 token_ids[sampled] = self._draw(logits[sampled], [rows[i] for i in sampled],
                                                 errors, sampled)
+        token_ids = keep_closable(token_ids, rows)
         # NOTE: a guard, not a path: no check above lets an id out of the vocabulary.
         outside = ((token_ids < 0) | (token_ids >= vocab_size)).nonzero().flatten().tolist()
         for i in outside:

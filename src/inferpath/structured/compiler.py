@@ -20,7 +20,7 @@ from typing import Any
 
 import llguidance
 
-from inferpath.structured.matcher import GrammarMatcher
+from inferpath.structured.matcher import ClosingHints, GrammarMatcher
 from inferpath.structured.schema import close_objects
 from inferpath.structured.spec import GrammarError, StructuredOutput
 
@@ -59,6 +59,7 @@ class GrammarCompiler:
         eos = sorted(eos_token_ids)
         view = _TokenizerView(tokenizer, vocab_size, eos[0])
         self.vocab_size = vocab_size
+        self.closing_hints = ClosingHints(view.tokens, [*view.special_token_ids, *eos])
         self.ll_tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(view),
                                                    n_vocab=vocab_size, eos_token=eos)
         self._cache: OrderedDict[StructuredOutput, str] = OrderedDict()
@@ -89,7 +90,7 @@ class GrammarCompiler:
         if matcher.is_error():
             raise GrammarError(f"cannot compile the {_describe(spec)}: {matcher.get_error()}",
                                spec.param)
-        return GrammarMatcher(matcher, self.vocab_size)
+        return GrammarMatcher(matcher, self.vocab_size, self.closing_hints)
 
     @staticmethod
     def _build(spec: StructuredOutput) -> str:

@@ -14,6 +14,33 @@ import numpy as np
 import torch
 
 
+class ClosingHints:
+    """What the greedy closing search prefers, per tokenizer: the ids of the tokens that end
+    JSON strings, values and containers soonest (ranked), and every token's length.
+
+    NOTE: the search is a heuristic, not a shortest path: at each state it takes the
+    best-ranked allowed token, else the longest allowed one (a forced key or literal is
+    spelled out fastest that way). Inside free text (a string: plain letters are allowed)
+    only tokens that start with a quote close anything; elsewhere brackets come first.
+    """
+
+    IN_TEXT = (b'"}', b'"]}', b'"}]', b'"]', b'","', b'":"', b'",', b'":', b'"')
+    STRUCTURAL = (b"]}", b"}]", b"}}", b"]]", b"}", b"]", b'","', b'":"', b'":[', b'":', b'",', b',"',
+                  b'""', b'"', b"0", b"[]", b"{}", b",", b":", b"[", b"{", b"null")
+    #: tokens that only free text allows (no JSON key or literal starts with both)
+    TEXT_PROBES = (b"Q", b"x")
+
+    def __init__(self, tokens: Sequence[bytes], special_ids: Sequence[int]) -> None:
+        by_bytes: dict[bytes, int] = {}
+        for i, token in enumerate(tokens):
+            by_bytes.setdefault(token, i)
+        self.in_text = [by_bytes[c] for c in self.IN_TEXT if c in by_bytes]
+        self.structural = [by_bytes[c] for c in self.STRUCTURAL if c in by_bytes]
+        self.text_probes = [by_bytes[c] for c in self.TEXT_PROBES if c in by_bytes]
+        self.lengths = np.array([len(t) for t in tokens], dtype=np.int64)  # (vocab,)
+        self.lengths[list(special_ids)] = 0  # never chosen by the fallback; EOS is apart
+
+
 class GrammarMatcher:
     """Where one sequence stands in its grammar.
 
@@ -22,10 +49,79 @@ class GrammarMatcher:
     matcher, since it keeps its output tokens).
     """
 
-    def __init__(self, ll_matcher: Any, vocab_size: int) -> None:
+    def __init__(self, ll_matcher: Any, vocab_size: int, hints: ClosingHints | None = None) -> None:
         self._matcher = ll_matcher
         self.vocab_size = vocab_size
         self.num_words = (vocab_size + 31) // 32
+        self.hints = hints
+
+    def within_budget(self, token_id: int, remaining: int, eos_token_ids: Sequence[int]) -> int:
+        """``token_id``, or the token to take instead so that the output can still be
+        completed within ``remaining`` tokens (this one included): the first token of the
+        greedy closing path, or an EOS id where the grammar is complete. ``token_id`` is
+        kept when no closing path is found (nothing better is known)."""
+        if self.hints is None:
+            return token_id
+        after = self._matcher.deep_copy()
+        if after.consume_token(token_id):
+            if after.is_stopped():
+                return token_id
+            needed = self._closing_length(after, remaining - 1)
+            if needed is not None:
+                return token_id
+        path = self._closing_path(self._matcher.deep_copy(), remaining)
+        if path is None:
+            return token_id
+        if path:
+            return path[0]
+        mask = self._mask(self._matcher)
+        allowed_eos = [t for t in eos_token_ids if t < self.vocab_size and mask[t]]
+        return allowed_eos[0] if allowed_eos else token_id
+
+    def _closing_length(self, matcher: Any, limit: int) -> int | None:
+        path = self._closing_path(matcher, limit)
+        return None if path is None else len(path)
+
+    def _closing_path(self, matcher: Any, limit: int) -> list[int] | None:
+        """Greedy tokens taking ``matcher`` (consumed) to a complete output, at most
+        ``limit`` of them; None if none is found within it.
+
+        NOTE: cheap on purpose (it runs for each constrained row at each of its last
+        CLOSING_HORIZON steps): forced tokens come from llguidance's fast-forward, ranked
+        candidates are checked one by one (``validate_tokens``), and a full mask is only
+        computed where neither applies.
+        """
+        hints = self.hints
+        path: list[int] = []
+        while not matcher.is_accepting():
+            if len(path) >= limit:
+                return None
+            forced = matcher.compute_ff_tokens()
+            if forced:
+                forced = forced[:limit - len(path)]
+                if not matcher.consume_tokens(forced):
+                    return None
+                path.extend(forced)
+                continue
+            in_text = all(matcher.validate_tokens([t]) == 1 for t in hints.text_probes)
+            ranked = hints.in_text if in_text else hints.structural
+            choice = next((t for t in ranked if matcher.validate_tokens([t]) == 1), None)
+            if choice is None:
+                mask = self._mask(matcher)
+                lengths = np.where(mask[:len(hints.lengths)], hints.lengths, 0)
+                choice = int(lengths.argmax())
+                if lengths[choice] == 0:
+                    return None
+            if not matcher.consume_token(choice):
+                return None
+            path.append(choice)
+        return path
+
+    def _mask(self, matcher: Any) -> np.ndarray:
+        """(vocab_size,) bool: the tokens ``matcher`` allows next."""
+        words = torch.empty(self.num_words, dtype=torch.int32)
+        matcher.unsafe_compute_mask_ptr(words.data_ptr(), self.num_words * 4)
+        return unpack_bitmasks(words.view(1, -1), self.vocab_size)[0]
 
     def fill_bitmask(self, bitmask_row: torch.Tensor) -> None:
         """Write the allowed-next-token bits into ``bitmask_row``: (num_words,) int32, CPU,
