@@ -126,6 +126,25 @@ def test_max_tokens_cutting_a_schema_answer_is_length(server):
                                               response_format=Person, temperature=0, max_tokens=5)
 
 
+def test_a_budget_that_cuts_the_answer_still_gets_valid_json(server):
+    """Budgets below the model's own answer (and above the shortest complete one): the
+    answer closes in time, parses and validates."""
+    c = client(server)
+    story = "Extract the person: " + PEOPLE[2] + " " + "She likes long descriptive names. " * 3
+
+    def ask(max_tokens):
+        return c.chat.completions.create(
+            model=MODEL, messages=_chat(story), temperature=0, max_tokens=max_tokens,
+            response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON_SCHEMA}})
+
+    natural = ask(60).usage.completion_tokens
+    for max_tokens in (12, 14):
+        assert max_tokens < natural  # the budget really cuts the model's own answer
+        out = ask(max_tokens)
+        assert out.usage.completion_tokens <= max_tokens
+        jsonschema.validate(json.loads(out.choices[0].message.content), PERSON_SCHEMA)
+
+
 def test_logit_bias_removes_and_forces_tokens(server):
     c = client(server)
     messages = _chat("Say hello.")
