@@ -30,8 +30,14 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from tokenizer_fixtures import model_gguf, qwen2_reference, read_corpus, smollm2_reference
+from tokenizer_fixtures import (
+    model_gguf,
+    qwen2_reference,
+    read_corpus,
+    smollm2_reference,
+)
 
+from inferpath.explain.probe import cpu_model
 from inferpath.tokenizer import load_tokenizer
 
 
@@ -133,7 +139,7 @@ def main() -> int:
     native = load_tokenizer(model_gguf("smollm2-135m-instruct")).encoder._native is not None
     result = {"benchmark": "tokenizer_encode", "repeats": ARGS.repeats, "native_merge": native,
               "python": platform.python_version(), "machine": platform.machine(),
-              "cpu": cpu_name(), "load_average": os.getloadavg(), "rows": rows}
+              "cpu": cpu_model(), "load_average": os.getloadavg(), "rows": rows}
     out = Path(ARGS.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -141,14 +147,6 @@ def main() -> int:
     return 0
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 ARGS: argparse.Namespace

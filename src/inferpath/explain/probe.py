@@ -48,44 +48,27 @@ def cache_dir() -> Path:
 def kernel_level() -> str:
     """The kernel level the engine runs at, as the kernels resolve it (``$INFERPATH_ISA``
     forces a lower one): "generic", "avx2" or "avx512", with "+amx" where the bf16 AMX
-    GEMM runs; "off" with ``INFERPATH_KERNELS=0``; read off the CPU flags if the kernels
-    cannot say."""
+    GEMM runs; "off" with ``INFERPATH_KERNELS=0``; an ``INFERPATH_ISA`` the kernels refuse
+    keys the cache as written (the engine refuses it with the kernels' message)."""
+    import torch
+
+    from inferpath.kernels import build
+
     if os.environ.get("INFERPATH_KERNELS", "1") == "0":
         return "off"
     try:
-        import torch
-
-        from inferpath.kernels import build
-
         level = build.active_level()
-        amx = level == "avx512" and build.native_amx_gemm(torch.bfloat16, level) is not None
-        return level + ("+amx" if amx else "")
-    except Exception:  # noqa: BLE001 - no gcc, a bad INFERPATH_ISA: fall back to the flags
-        pass
-    forced = os.environ.get("INFERPATH_ISA")
-    if forced:
-        return forced.strip().lower()
-    flags = cpu_flags()
-    if {"amx_tile", "amx_bf16"} <= flags:
-        return "amx"
-    if {"avx512f", "avx512_bf16"} <= flags:
-        return "avx512bf16"
-    if "avx512f" in flags:
-        return "avx512"
-    if "avx2" in flags:
-        return "avx2"
-    return "generic"
+    except ValueError:
+        return os.environ.get("INFERPATH_ISA", "").strip().lower()
+    amx = level == "avx512" and build.native_amx_gemm(torch.bfloat16, level) is not None
+    return level + ("+amx" if amx else "")
 
 
 def cpu_flags() -> frozenset[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+    """The CPU's flags, as the kernels read them (kernels/build.py)."""
+    from inferpath.kernels import build
+
+    return build._cpu_flags()
 
 
 def cpu_model() -> str:
