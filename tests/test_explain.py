@@ -61,12 +61,13 @@ def test_mixtral_counts_total_and_active_parameters():
 
 
 def test_gguf_model_has_exactly_the_parameters_the_cost_model_counts():
-    from inferpath.weights.gguf import config_from_gguf, open_gguf
+    from inferpath.weights.gguf import config_from_gguf
+    from inferpath.weights.gguf_index import read_gguf_index
 
     path = smollm2_gguf()
-    reader = open_gguf(path)  # parsing the header takes seconds: once
-    config = config_from_gguf(reader, path)  # what resolve_model_config(".gguf") returns
-    in_file = sum(int(t.n_elements) for t in reader.tensors)
+    index = read_gguf_index(path)
+    config = config_from_gguf(index, path)  # what resolve_model_config(".gguf") returns
+    in_file = sum(t.num_elements for t in index.tensors)
     assert weight_breakdown(config, 2).total_params == in_file
     preset = MODEL_PRESETS["smollm2-135m"]
     assert dataclasses.replace(config, name="", rms_norm_eps=0) == dataclasses.replace(preset, name="", rms_norm_eps=0)

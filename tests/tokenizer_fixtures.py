@@ -129,9 +129,9 @@ def hf_tokenizer_from_gguf(path: Path, pre_tokenizer):
     SmolLM2's digit splitting)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models
 
-    from inferpath.tokenizer.gguf_meta import read_gguf_metadata
+    from inferpath.weights.gguf_index import read_gguf_index
 
-    metadata = read_gguf_metadata(path)
+    metadata = read_gguf_index(path).metadata
     tokens, types = (
         metadata["tokenizer.ggml.tokens"],
         metadata["tokenizer.ggml.token_type"],

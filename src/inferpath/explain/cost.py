@@ -76,15 +76,15 @@ class Precision:
         in place (their bytes per weight, averaged over the file's weights; NOTE: per
         stage this spreads a mix evenly) and float32 activations. A file with no quantized
         tensor gives plain fp32."""
-        from inferpath.weights.gguf import open_gguf
+        from inferpath.weights.gguf_index import read_gguf_index
         from inferpath.weights.quantized import QUANTIZED_TYPES
 
-        tensors = [t for t in open_gguf(path).tensors if len(t.shape) >= 2]
-        kinds = sorted({t.tensor_type.name for t in tensors if t.tensor_type in QUANTIZED_TYPES})
+        tensors = [t for t in read_gguf_index(path).tensors if len(t.shape) >= 2]
+        kinds = sorted({t.qtype.name for t in tensors if t.qtype in QUANTIZED_TYPES})
         if not kinds:
             return cls("fp32")
-        nbytes = sum(int(t.n_bytes) for t in tensors)
-        params = sum(int(t.n_elements) for t in tensors)
+        nbytes = sum(t.nbytes for t in tensors)
+        params = sum(t.num_elements for t in tensors)
         return cls("fp32", nbytes / params, " + ".join(kinds))
 
     @classmethod

@@ -1,7 +1,7 @@
 """A ModelConfig from a GGUF file's header, without dequantizing any tensor.
 
-The cost model needs shapes only. The weights package's reader memory-maps the file and
-parses the header; no tensor data is touched until a tensor is read, which we never do.
+The cost model needs shapes only: the weights package's index of the file (its header,
+read and checked once, then cached); no tensor data is read.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from inferpath.config import ModelConfig
 
 
 def gguf_model_config(path: Path) -> ModelConfig:
-    from inferpath.weights.gguf import config_from_gguf, open_gguf
+    from inferpath.weights.gguf import config_from_gguf
+    from inferpath.weights.gguf_index import read_gguf_index
 
-    return config_from_gguf(open_gguf(path), path)
+    return config_from_gguf(read_gguf_index(path), path)

@@ -115,7 +115,7 @@ class Transformer(nn.Module):
                                                True: self.local_rope_table or self.rope_table})
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
             self.to(dtype)
-        self.to_empty(device=device)
+        _allocate_uninitialised(self, device)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.requires_grad_(False)  # inference only: no autograd graph even outside inference_mode
@@ -205,6 +205,21 @@ class Transformer(nn.Module):
             else:
                 values = torch.randn(param.shape, generator=generator, dtype=torch.float32) * std
                 param.copy_(values)
+
+
+def _allocate_uninitialised(module: nn.Module, device: str | torch.device) -> None:
+    """Give each meta parameter and buffer its own uninitialised storage on ``device``.
+
+    NOTE: what ``Module.to_empty`` does, minus its ``torch.empty_like`` of meta tensors,
+    whose first call imports sympy (~0.4 s of every load).
+    """
+    for sub in module.modules():
+        for table in (sub._parameters, sub._buffers):
+            for name, tensor in table.items():
+                if tensor is None or not tensor.is_meta:
+                    continue
+                empty = torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
+                table[name] = nn.Parameter(empty, requires_grad=False) if table is sub._parameters else empty
 
 
 def build_model(checkpoint, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Transformer:

@@ -56,9 +56,21 @@ def bytes_to_piece(data: bytes) -> str:
     return data.decode("latin-1").translate(_LATIN1_TO_BYTE_CHARS)
 
 
+# str.translate table: a byte-level character -> the latin-1 character of its byte; a
+# character below 256 outside the table -> its UTF-8 bytes as latin-1 characters (so that
+# encoding the result as latin-1 gives piece_to_bytes's answer for every piece that has no
+# character above 255 outside the table)
+_PIECE_TO_LATIN1 = {cp: chr(cp).encode("utf-8").decode("latin-1") for cp in range(256)}
+_PIECE_TO_LATIN1.update({ord(c): chr(b) for b, c in enumerate(BYTE_TO_CHAR)})
+
+
 def piece_to_bytes(piece: str) -> bytes:
     """Byte-level vocabulary string -> raw bytes. Characters outside the table keep their
     UTF-8 form (vocabularies sometimes hold such entries; they are never produced by BPE)."""
+    try:
+        return piece.translate(_PIECE_TO_LATIN1).encode("latin-1")
+    except UnicodeEncodeError:  # a character above 255 outside the table: one by one
+        pass
     out = bytearray()
     for char in piece:
         byte = CHAR_TO_BYTE.get(char)

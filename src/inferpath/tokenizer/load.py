@@ -18,7 +18,6 @@ from pathlib import Path
 
 from inferpath.errors import ModelFileError
 from inferpath.tokenizer.bpe import BytePairEncoder, bytes_to_piece
-from inferpath.tokenizer.gguf_meta import read_gguf_metadata
 from inferpath.tokenizer.pretokenize import LLAMA3_PATTERN, PreTokenizer, patterns_for
 from inferpath.tokenizer.tokenizer import AddedToken, Tokenizer
 
@@ -97,14 +96,12 @@ def _require(metadata: dict, key: str, path: Path):
 
 
 def load_gguf(path: str | Path) -> Tokenizer:
-    """A Tokenizer from GGUF metadata (``tokenizer.ggml.model`` must be ``gpt2``)."""
-    from inferpath.weights.gguf_check import (
-        check_gguf,  # counts against the file size first
-    )
+    """A Tokenizer from GGUF metadata (``tokenizer.ggml.model`` must be ``gpt2``), read
+    through the file's index: checked, cached, and shared with the weights' loader."""
+    from inferpath.weights.gguf_index import read_gguf_index
 
     path = Path(path)
-    check_gguf(path)
-    metadata = read_gguf_metadata(path)
+    metadata = read_gguf_index(path).metadata
     model = _require(metadata, "tokenizer.ggml.model", path)
     if model != "gpt2":
         raise ModelFileError(

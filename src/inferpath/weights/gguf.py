@@ -1,8 +1,9 @@
 """GGUF reader: llama.cpp's single-file format → ModelConfig and Hugging Face-named tensors.
 
-The file is memory-mapped by ``gguf.GGUFReader`` (numpy); each tensor is dequantized by
-``gguf.quants.dequantize`` to float32, renamed (names.py), and cast to the compute dtype.
-Nothing is unpickled.
+The header is read (and checked) once per file into a ``GGUFIndex`` (gguf_index.py,
+cached across processes); the file is memory-mapped and each tensor is either kept in its
+block layout (``QuantizedTensor``) or dequantized by ``gguf.quants.dequantize`` to
+float32, renamed (names.py), and cast to the compute dtype. Nothing is unpickled.
 
 NOTE: llama.cpp's converter permutes the rows of Q and K (and their biases) of
 Llama-architecture models so that its RoPE can rotate adjacent pairs; Hugging Face's
@@ -20,11 +21,10 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
-from tqdm import tqdm
 
 from inferpath.config import ConfigError, ModelConfig
 from inferpath.weights.errors import WeightsError
-from inferpath.weights.gguf_check import check_gguf
+from inferpath.weights.gguf_index import GGUFIndex, read_gguf_index
 from inferpath.weights.gguf_keys import check_metadata_keys
 from inferpath.weights.names import IGNORED_GGUF_TENSORS, hf_name, stacked_expert_names
 from inferpath.weights.quantized import QUANTIZED_TYPES, QuantizedTensor
@@ -40,12 +40,8 @@ _ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}
 _PERMUTED_ARCHITECTURES = frozenset({"llama", "mistral"})
 
 
-class _CheckedGGUFReader(GGUFReader):
-    """GGUFReader that checks every tensor lies inside the file before viewing it.
-
-    GGUFReader itself fails on a truncated file with a bare numpy reshape error; this one
-    names the tensor, its shape and type, and how many bytes are missing.
-    """
+class _PlainViewGGUFReader(GGUFReader):
+    """GGUFReader over plain ndarray views of the mapped file (``open_gguf``)."""
 
     def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
         # NOTE: slices of an np.memmap are memmaps, whose bookkeeping dominated the parse of
@@ -54,34 +50,14 @@ class _CheckedGGUFReader(GGUFReader):
             self.data = self.data.view(np.ndarray)
         return super()._get(offset, dtype, count, override_order)
 
-    def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
-        from gguf.constants import GGML_QUANT_SIZES
-
-        file_size = len(self.data)
-        for field in fields:
-            _name_len, name_data, _n_dims, dims, raw_dtype, offset = field.parts
-            name = bytes(name_data).decode("utf-8", "replace")
-            qtype = GGMLQuantizationType(int(raw_dtype[0]))
-            block_size, type_size = GGML_QUANT_SIZES[qtype]
-            num_bytes = int(np.prod(dims)) * type_size // block_size
-            end = int(start_offs + offset[0]) + num_bytes
-            if end > file_size:
-                shape = tuple(reversed([int(d) for d in dims]))
-                raise WeightsError(
-                    f"tensor {name!r} (shape {shape}, {qtype.name}) needs bytes up to offset "
-                    f"{end} but the file has only {file_size} bytes: the file is truncated; "
-                    "download it again"
-                )
-        super()._build_tensors(start_offs, fields)
-
 
 def open_gguf(path: Path) -> GGUFReader:
-    """Memory-map a GGUF file, turning any parse failure into a WeightsError naming it."""
-    check_gguf(path)  # counts against the file size, before GGUFReader trusts them
+    """A ``gguf.GGUFReader`` over a file that passed gguf_check (for what needs the file's
+    own value types, such as rewriting it: weights/quantize.py). Loading reads the cheaper
+    ``read_gguf_index`` instead."""
+    read_gguf_index(path)  # checked, before GGUFReader trusts the counts
     try:
-        return _CheckedGGUFReader(path)
-    except WeightsError as exc:
-        raise WeightsError(f"{path}: {exc}") from None
+        return _PlainViewGGUFReader(path)
     except (ValueError, IndexError, KeyError, OSError, UnicodeDecodeError) as exc:
         if isinstance(exc, FileNotFoundError):
             raise
@@ -92,34 +68,35 @@ def open_gguf(path: Path) -> GGUFReader:
 
 
 def field(reader: GGUFReader, key: str, default: Any = None) -> Any:
-    """One metadata value (scalar, string or list), or ``default`` if absent."""
+    """One metadata value of a GGUFReader (scalar, string or list), or ``default``."""
     f = reader.get_field(key)
     return default if f is None else f.contents()
 
 
-def eos_token_ids(reader: GGUFReader) -> list[int]:
+def eos_token_ids(index: GGUFIndex) -> list[int]:
     """End-of-sequence ids: eos, then eot and eom (end of turn/message) when present."""
     ids: list[int] = []
     for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
-        value = field(reader, f"tokenizer.ggml.{key}")
+        value = index.field(f"tokenizer.ggml.{key}")
         if value is not None and int(value) not in ids:
             ids.append(int(value))
     return ids
 
 
-def config_from_gguf(reader: GGUFReader, path: Path) -> ModelConfig:
-    """ModelConfig from GGUF metadata, via the equivalent Hugging Face config dict."""
-    arch = field(reader, "general.architecture")
+def config_from_gguf(index: GGUFIndex, path: Path) -> ModelConfig:
+    """ModelConfig from GGUF metadata (``read_gguf_index``), via the equivalent Hugging
+    Face config dict."""
+    arch = index.field("general.architecture")
     if arch not in _ARCHITECTURES:
         raise WeightsError(
             f"{path}: GGUF architecture {arch!r} is not supported; "
             f"supported: {', '.join(_ARCHITECTURES)}"
         )
-    check_metadata_keys(reader.fields, arch, path)
-    tensor_shapes = {t.name: tuple(reversed([int(d) for d in t.shape])) for t in reader.tensors}
+    check_metadata_keys(index.metadata, arch, path)
+    tensor_shapes = {t.name: t.shape for t in index.tensors}
 
     def meta(key: str, default: Any = None) -> Any:
-        return field(reader, f"{arch}.{key}", default)
+        return index.field(f"{arch}.{key}", default)
 
     def required(key: str) -> int:
         if (value := meta(key)) is None:
@@ -135,12 +112,12 @@ def config_from_gguf(reader: GGUFReader, path: Path) -> ModelConfig:
     head_dim = int(meta("attention.key_length") or hidden // num_heads)
     rope_theta = float(meta("rope.freq_base", 10000.0))
     rope_scaling = _rope_scaling(meta)
-    if rope_scaling is None and (freqs := _tensor(reader, "rope_freqs.weight")) is not None:
-        rope_scaling = rope_scaling_from_freqs(dequantize(freqs.data, freqs.tensor_type),
-                                               rope_theta, head_dim, path)
+    if rope_scaling is None and (freqs := index.tensor("rope_freqs.weight")) is not None:
+        values = dequantize(index.array(index.map_data(), freqs), freqs.qtype)
+        rope_scaling = rope_scaling_from_freqs(values, rope_theta, head_dim, path)
     vocab = meta("vocab_size") or tensor_shapes.get("token_embd.weight", (None,))[0]
     if vocab is None:
-        vocab = len(field(reader, "tokenizer.ggml.tokens", []))
+        vocab = len(index.field("tokenizer.ggml.tokens", []))
     window = meta("attention.sliding_window")
     model_type = "mixtral" if num_experts else _ARCHITECTURES[arch]
     if model_type == "llama" and window is not None:
@@ -172,13 +149,9 @@ def config_from_gguf(reader: GGUFReader, path: Path) -> ModelConfig:
     if num_experts:
         hf.update(num_local_experts=num_experts, num_experts_per_tok=int(meta("expert_used_count", 0) or 0))
     try:
-        return ModelConfig.from_hf_config(hf, name=str(field(reader, "general.name", path.stem)))
+        return ModelConfig.from_hf_config(hf, name=str(index.field("general.name", path.stem)))
     except ConfigError as exc:
         raise WeightsError(f"{path}: GGUF metadata gives an invalid config: {exc}") from None
-
-
-def _tensor(reader: GGUFReader, name: str) -> Any:
-    return next((t for t in reader.tensors if t.name == name), None)
 
 
 def _rope_scaling(meta: Any) -> dict[str, Any] | None:
@@ -211,35 +184,41 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
     rows of permuted architectures are copied into Hugging Face order); the rest are
     dequantized to ``dtype`` as usual.
     """
-    reader = open_gguf(path)
-    config = config_from_gguf(reader, path)
-    arch = field(reader, "general.architecture")
+    index = read_gguf_index(path)
+    config = config_from_gguf(index, path)
+    data = index.map_data()
+    arch = index.field("general.architecture")
     heads_of = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads}
     tensors: dict[str, torch.Tensor] = {}
-    for t in tqdm(reader.tensors, desc=f"loading {path.name}", unit="tensor", disable=not progress):
+    infos = index.tensors
+    if progress:
+        from tqdm import tqdm
+
+        infos = tqdm(infos, desc=f"loading {path.name}", unit="tensor")
+    for t in infos:
         if IGNORED_GGUF_TENSORS.match(t.name):
             continue
-        if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
+        if t.qtype not in SUPPORTED_TENSOR_TYPES:
             raise WeightsError(
-                f"{path}: tensor {t.name!r} is stored as {t.tensor_type.name}, which inferpath "
+                f"{path}: tensor {t.name!r} is stored as {t.qtype.name}, which inferpath "
                 f"does not dequantize; supported: {', '.join(q.name for q in SUPPORTED_TENSOR_TYPES)}"
             )
-        shape = tuple(reversed([int(d) for d in t.shape]))  # numpy order: (rows, cols)
+        shape = t.shape  # numpy order: (rows, cols)
         kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
         if arch in _PERMUTED_ARCHITECTURES and kind in heads_of and shape[0] % (2 * heads_of[kind]):
             raise WeightsError(f"{path}: tensor {t.name!r} has {shape[0]} rows, not a whole number of "
                                f"row pairs for its {heads_of[kind]} heads; the file is inconsistent")
-        if keep_quantized and t.tensor_type in QUANTIZED_TYPES and len(shape) == 2:
-            quantized = QuantizedTensor.from_gguf(t.data, t.tensor_type, shape)
+        if keep_quantized and t.qtype in QUANTIZED_TYPES and len(shape) == 2:
+            quantized = QuantizedTensor.from_gguf(index.array(data, t), t.qtype, shape)
             if arch in _PERMUTED_ARCHITECTURES and kind in heads_of:
                 quantized = quantized.permute_rows(unpermute_rows(np.arange(shape[0]), heads_of[kind]))
             tensors[_hf_name_or_raise(t.name, config, path)] = quantized
             continue
         try:
-            values = dequantize(t.data, t.tensor_type).reshape(shape)
+            values = dequantize(index.array(data, t), t.qtype).reshape(shape)
         except ValueError as exc:
             raise WeightsError(f"{path}: tensor {t.name!r} (shape {shape}, "
-                               f"{t.tensor_type.name}) is corrupt: {exc}") from None
+                               f"{t.qtype.name}) is corrupt: {exc}") from None
         if arch in _PERMUTED_ARCHITECTURES and kind in heads_of:
             values = unpermute_rows(values, heads_of[kind])
         if (names := stacked_expert_names(t.name, shape[0])) is not None:
@@ -247,7 +226,7 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
                 tensors[name] = _to_torch(expert, dtype)
             continue
         tensors[_hf_name_or_raise(t.name, config, path)] = _to_torch(values, dtype)
-    return config, tensors, eos_token_ids(reader)
+    return config, tensors, eos_token_ids(index)
 
 
 def _hf_name_or_raise(gguf_tensor: str, config: ModelConfig, path: Path) -> str:

@@ -41,10 +41,10 @@ TOKENIZER_KEYS = frozenset({
 HARMLESS_PREFIXES = ("GGUF.", "general.", "tokenizer.chat_template.", "quantize.")
 
 
-def check_metadata_keys(fields: dict[str, Any], arch: str, path: Path) -> None:
+def check_metadata_keys(metadata: dict[str, Any], arch: str, path: Path) -> None:
     """Raise WeightsError naming the first key neither read nor harmless, or a value we
-    do not implement (``fields``: GGUFReader.fields, key -> field with ``contents()``)."""
-    for key in fields:
+    do not implement (``metadata``: key -> value, as ``GGUFIndex.metadata``)."""
+    for key in metadata:
         if key.startswith(HARMLESS_PREFIXES) or key in TOKENIZER_KEYS:
             continue
         if key.startswith(f"{arch}.") and key[len(arch) + 1:] in ARCH_KEYS:
@@ -54,9 +54,7 @@ def check_metadata_keys(fields: dict[str, Any], arch: str, path: Path) -> None:
             "the model's math; refusing rather than answering wrong"
         )
 
-    def value(key: str) -> Any:
-        f = fields.get(key)
-        return None if f is None else f.contents()
+    value = metadata.get
 
     if value("tokenizer.ggml.add_space_prefix"):
         raise WeightsError(f"{path}: tokenizer.ggml.add_space_prefix = true is not implemented "
