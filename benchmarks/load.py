@@ -64,7 +64,7 @@ def worker(engine: str, path: str, threads: int) -> dict:
 
 
 def clear_index_cache() -> None:
-    from inferpath.weights.gguf_index import index_cache_dir
+    from inferpath.weights.gguf_index_cache import index_cache_dir
 
     for entry in index_cache_dir().glob("*"):
         entry.unlink()

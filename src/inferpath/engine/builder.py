@@ -8,6 +8,9 @@ reads as schedule -> execute -> update.
 
 from __future__ import annotations
 
+import contextlib
+import gc
+
 import torch
 
 from inferpath.cache.kv import KVCache
@@ -53,12 +56,31 @@ def build_engine(model: str, engine_config: EngineConfig | None = None, progress
 
     engine_config = engine_config or EngineConfig()
     configure_threads(engine_config.threads)
-    # dtype "auto": quantized GGUF weights stay quantized, floats bf16 or fp32 (engine/load.py)
-    checkpoint, dtype = load_weights(resolve_model(model), engine_config, progress)
-    tokenizer = load_tokenizer(checkpoint.tokenizer_path)
-    transformer = build_for_engine(checkpoint, dtype, engine_config)
-    return LLMEngine(transformer, tokenizer, checkpoint.config, engine_config,
-                     eos_token_ids=checkpoint.eos_token_ids,
-                     model_name=served_model_name(model),
-                     kv_cache=build_kv_cache(checkpoint.config, engine_config, dtype),
-                     sampler=build_sampler(engine_config))
+    with collections_deferred():
+        # dtype "auto": quantized GGUF weights stay quantized, floats bf16 or fp32 (engine/load.py)
+        checkpoint, dtype = load_weights(resolve_model(model), engine_config, progress)
+        tokenizer = load_tokenizer(checkpoint.tokenizer_path)
+        transformer = build_for_engine(checkpoint, dtype, engine_config)
+        return LLMEngine(transformer, tokenizer, checkpoint.config, engine_config,
+                         eos_token_ids=checkpoint.eos_token_ids,
+                         model_name=served_model_name(model),
+                         kv_cache=build_kv_cache(checkpoint.config, engine_config, dtype),
+                         sampler=build_sampler(engine_config))
+
+
+@contextlib.contextmanager
+def collections_deferred():
+    """Python's cyclic garbage collector off for the block (if it was on), on after.
+
+    NOTE: with PyTorch imported the heap holds ~10^6 objects, and every full collection
+    scans them all (~0.1 s here); a load allocates enough (a vocabulary's strings, the
+    modules, lazy imports) to trigger several. A load makes no cyclic garbage worth
+    collecting midway; what it does make is collected at the first collection after.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

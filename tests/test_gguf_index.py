@@ -1,0 +1,191 @@
+"""The GGUF index (weights/gguf_index.py) and its on-disk cache (gguf_index_cache.py).
+
+The checked walk gives what the ``gguf`` package's own reader gives; a load from the cache
+gives the same weights, tokenizer and logits as a load that walks the file; a file
+rewritten behind the cache's back (same size, same mtime) is walked again; a corrupted
+entry is ignored and rewritten. The hostile-file checks are tests/test_model_files.py's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from inferpath.models import resolve_model
+from inferpath.weights import gguf_check, gguf_index, gguf_index_cache
+from inferpath.weights.gguf_index import read_gguf_index
+
+PROMPT = "The lighthouse keeper found 3 bottles, each holding a message."
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch) -> Path:
+    """An empty index cache of its own, and no index remembered in this process."""
+    directory = tmp_path / "cache" / "gguf-index"
+    monkeypatch.setattr(gguf_index_cache, "index_cache_dir", lambda: directory)
+    monkeypatch.setattr(gguf_index, "_recent", type(gguf_index._recent)())
+    return directory
+
+
+def walks(monkeypatch) -> list[Path]:
+    """Record every checked walk of a file (a cache miss)."""
+    seen: list[Path] = []
+    walk = gguf_check.check_gguf
+
+    def recorded(path):
+        seen.append(Path(path))
+        return walk(path)
+
+    monkeypatch.setattr(gguf_check, "check_gguf", recorded)
+    return seen
+
+
+def big_header_gguf(path: Path, description: str = "a" * 100_000) -> Path:
+    """A small vocab-only GGUF whose header is big enough to be cached."""
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_description(description)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(["a", "b", "ab"])
+    writer.add_token_merges(["a b"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_the_walk_reads_what_gguf_reader_reads():
+    path = resolve_model("smollm2-135m-instruct")
+    index = gguf_check.check_gguf(path)
+    reader = gguf.GGUFReader(path)
+    assert index.metadata == {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    data = index.map_data()
+    assert [t.name for t in index.tensors] == [t.name for t in reader.tensors]
+    for ours, theirs in zip(index.tensors, reader.tensors):
+        assert (ours.qtype, ours.offset, ours.nbytes) == (theirs.tensor_type, theirs.data_offset, theirs.n_bytes)
+        assert ours.shape == tuple(reversed(theirs.shape.tolist()))
+        mine = index.array(data, ours)
+        assert mine.dtype == theirs.data.dtype and mine.shape == theirs.data.shape
+        assert np.array_equal(mine, theirs.data)
+
+
+def test_cache_hit_and_miss_give_identical_weights_tokenizer_and_logits(fresh_cache, monkeypatch):
+    from inferpath.config import EngineConfig
+    from inferpath.engine.load import build_for_engine, load_weights
+    from inferpath.tokenizer import load_tokenizer
+
+    path = resolve_model("smollm2-135m-instruct")
+    seen = walks(monkeypatch)
+    config = EngineConfig(threads=1)
+
+    def load():
+        checkpoint, dtype = load_weights(path, config)
+        tokenizer = load_tokenizer(path)
+        ids = tokenizer.encode(PROMPT)
+        return checkpoint, ids, forward_logits(build_for_engine(checkpoint, dtype, config), ids)
+
+    missed = load()
+    assert seen == [path] and len(list(fresh_cache.glob("*.json"))) == 1  # walked once, for both readers
+    monkeypatch.setattr(gguf_index, "_recent", type(gguf_index._recent)())  # a new process
+    hit = load()
+    assert seen == [path]  # not walked again
+    assert missed[0].config == hit[0].config and missed[0].eos_token_ids == hit[0].eos_token_ids
+    assert missed[0].tensors.keys() == hit[0].tensors.keys()
+    for name, tensor in missed[0].tensors.items():
+        other = hit[0].tensors[name]
+        assert torch.equal(getattr(tensor, "data", tensor), getattr(other, "data", other)), name
+    assert missed[1] == hit[1]
+    assert torch.equal(missed[2], hit[2])
+
+
+def forward_logits(model, ids: list[int]) -> torch.Tensor:
+    """Logits of every position of one sequence: (len(ids), vocab)."""
+    from inferpath.cache.kv import KVCache
+    from inferpath.model import AttentionMetadata
+
+    n, num_blocks = len(ids), (len(ids) + 15) // 16
+    cache = KVCache(model.config, num_blocks, 16, torch.float32)
+    meta = AttentionMetadata(slot_mapping=torch.arange(n), query_start_loc=torch.tensor([0, n]),
+                             seq_lens=torch.tensor([n]), block_tables=torch.arange(num_blocks)[None, :],
+                             query_lens=[n], seq_lens_list=[n], block_size=16)
+    with torch.inference_mode():
+        return model.compute_logits(model(torch.tensor(ids), torch.arange(n), cache, meta))
+
+
+@pytest.mark.parametrize("forget_process", [False, True])
+def test_a_file_rewritten_with_the_same_size_and_mtime_is_read_again(tmp_path, fresh_cache, monkeypatch,
+                                                                      forget_process):
+    path = big_header_gguf(tmp_path / "vocab.gguf")
+    assert read_gguf_index(path).field("general.description") == "a" * 100_000
+    assert len(list(fresh_cache.glob("*.json"))) == 1
+    stat = path.stat()
+    big_header_gguf(path, "b" * 100_000)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    if forget_process:  # the on-disk entry is the stale one
+        monkeypatch.setattr(gguf_index, "_recent", type(gguf_index._recent)())
+    seen = walks(monkeypatch)
+    assert read_gguf_index(path).field("general.description") == "b" * 100_000
+    assert seen == [path]
+
+
+@pytest.mark.parametrize("damage", ["flip a byte", "truncate", "not json", "empty", "other format",
+                                    "tensor out of the file"])
+def test_a_damaged_cache_entry_is_ignored_and_rewritten(tmp_path, fresh_cache, monkeypatch, damage):
+    path = resolve_model("smollm2-135m-instruct")
+    expected = read_gguf_index(path)
+    (entry,) = fresh_cache.glob("*.json")
+    raw = entry.read_bytes()
+    digest, _, payload = raw.partition(b"\n")
+    if damage == "flip a byte":  # inside a token string: still valid JSON
+        at = payload.index(b'"tokenizer.ggml.tokens"') + 1000
+        raw = digest + b"\n" + payload[:at] + bytes([payload[at] ^ 1]) + payload[at + 1:]
+    elif damage == "truncate":
+        raw = raw[:len(raw) // 2]
+    elif damage == "not json":
+        raw = b"\x00" * 100
+    elif damage == "empty":
+        raw = b""
+    else:  # well-formed entries (a valid digest) that must still be refused
+        import hashlib
+        import json
+
+        document = json.loads(payload)
+        if damage == "other format":
+            document["format"] = "an older inferpath"
+        else:
+            document["index"]["tensors"][0][3] = expected.file_size  # offset past the end
+        payload = json.dumps(document).encode()
+        raw = hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+    entry.write_bytes(raw)
+    monkeypatch.setattr(gguf_index, "_recent", type(gguf_index._recent)())
+    seen = walks(monkeypatch)
+    got = read_gguf_index(path)
+    assert seen == [path]  # the entry was not used: the file was walked
+    assert got == expected
+    assert gguf_index_cache.read(os.path.realpath(path), expected.file_size) == expected  # rewritten
+
+
+def test_small_headers_are_not_cached_and_entries_are_bounded(tmp_path, fresh_cache, monkeypatch):
+    from test_model_files import write_tiny_gguf
+
+    read_gguf_index(write_tiny_gguf(tmp_path / "tiny.gguf"))
+    assert not fresh_cache.exists() or not list(fresh_cache.glob("*.json"))
+    monkeypatch.setattr(gguf_index_cache, "MAX_ENTRIES", 2)
+    for i in range(3):
+        read_gguf_index(big_header_gguf(tmp_path / f"vocab{i}.gguf"))
+    assert len(list(fresh_cache.glob("*.json"))) == 2
+
+
+def test_an_unwritable_cache_only_costs_the_walk(tmp_path, fresh_cache, monkeypatch):
+    fresh_cache.parent.mkdir(parents=True)
+    fresh_cache.write_text("a file where the cache directory should be")
+    path = big_header_gguf(tmp_path / "vocab.gguf")
+    assert read_gguf_index(path).field("general.description") == "a" * 100_000
+    shutil.rmtree(fresh_cache.parent)
