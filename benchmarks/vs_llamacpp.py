@@ -55,14 +55,21 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def rss_mb() -> float:
+    """Resident MB now: a worker's baseline after its imports, before it loads the model."""
+    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
 # ---------------------------------------------------------------- workers (one process each)
 def worker_llamacpp(path: str, task: str, threads: int) -> dict:
     from llama_cpp import Llama
 
+    baseline = rss_mb()
     start = time.perf_counter()
     llm = Llama(model_path=path, n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads,
                 verbose=False)
-    result = {"load_s": time.perf_counter() - start}
+    result = {"load_s": time.perf_counter() - start, "baseline_mb": baseline}
     if task == "prefill":
         ids = prompt_ids(path, PREFILL_TOKENS)
         start = time.perf_counter()
@@ -77,6 +84,7 @@ def worker_llamacpp(path: str, task: str, threads: int) -> dict:
             token = llm.sample(temp=0.0)
         result["decode_tok_s"] = DECODE_TOKENS / (time.perf_counter() - start)
     result["rss_mb"] = peak_rss_mb()
+    result["model_mb"] = result["rss_mb"] - baseline  # what the model and its runs added
     return result
 
 
@@ -88,10 +96,11 @@ def worker_inferpath(path: str, task: str, threads: int, dtype: str = "auto") ->
 
     # KV cache sized like llama.cpp's n_ctx=1024 context (its resident memory includes it too)
     kv_bytes = (96 if task.startswith("batch") else 32) * 2**20
+    baseline = rss_mb()  # torch and inferpath imported: ~220 MB before any model
     start = time.perf_counter()
     engine = LLMEngine.from_model(path, EngineConfig(threads=threads, max_num_seqs=64, kv_cache_memory_bytes=kv_bytes,
                                                      dtype=dtype))
-    result = {"load_s": time.perf_counter() - start, "format": engine.weight_format.describe(),
+    result = {"load_s": time.perf_counter() - start, "baseline_mb": baseline, "format": engine.weight_format.describe(),
               "decode_bytes": engine.weight_format.decode_bytes, "kv_mb": kv_bytes / 2**20}
 
     def run(prompts, max_tokens):
@@ -119,6 +128,7 @@ def worker_inferpath(path: str, task: str, threads: int, dtype: str = "auto") ->
         last = max(o.metrics.finished_time for o in outs)
         result[f"{task}_tok_s"] = batch * BATCH_TOKENS / (last - first)
     result["rss_mb"] = peak_rss_mb()
+    result["model_mb"] = result["rss_mb"] - baseline  # what the model and its runs added
     return result
 
 
@@ -229,7 +239,9 @@ def main() -> None:
             if "decode_bytes" in m:
                 floor = info["read_bandwidth"] / m["decode_bytes"]
                 m["floor_tok_s"], m["floor_fraction"] = floor, m["decode_tok_s"] / floor
-        results["files"][fmt] = {"path": path, "size_mb": size_mb, "engines": summary}
+        # issue 9's target: what the model adds <= 1.5x the file + the KV cache (32 MiB for decode)
+        target_mb = 1.5 * Path(path).stat().st_size / 2**20 + 32
+        results["files"][fmt] = {"path": path, "size_mb": size_mb, "target_model_mb": target_mb, "engines": summary}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))
     print_table(results)
@@ -242,7 +254,7 @@ def print_table(results: dict) -> None:
           f"{info['read_bandwidth'] / 1e9:.1f} GB/s; medians of {results['repeats']}")
     print("ratios: against llama.cpp (or, without it, inferpath-fp32: the file dequantized)")
     header = f"{'file':6} {'engine':16} {'decode tok/s':>12} {'ratio':>6} {'prefill tok/s':>13} {'ratio':>6} " \
-             f"{'load s':>7} {'RSS MB':>7} {'floor':>6}"
+             f"{'load s':>7} {'RSS MB':>7} {'base MB':>7} {'model MB':>8} {'floor':>6}"
     print(header)
     for fmt, entry in results["files"].items():
         base = entry["engines"].get("llamacpp") or entry["engines"].get("inferpath-fp32", {})
@@ -251,12 +263,14 @@ def print_table(results: dict) -> None:
             pr = m.get("prefill_tok_s", 0) / base["prefill_tok_s"] if base.get("prefill_tok_s") else float("nan")
             floor = f"{m['floor_fraction']:.0%}" if "floor_fraction" in m else ""
             print(f"{fmt:6} {key:16} {m.get('decode_tok_s', 0):12.1f} {dr:6.2f} {m.get('prefill_tok_s', 0):13.1f} "
-                  f"{pr:6.2f} {m['load_s']:7.2f} {m['rss_mb']:7.0f} {floor:>6}")
+                  f"{pr:6.2f} {m['load_s']:7.2f} {m['rss_mb']:7.0f} {m.get('baseline_mb', 0):7.0f} "
+                  f"{m.get('model_mb', 0):8.0f} {floor:>6}")
             for batch in ("batch8", "batch32"):
                 if f"{batch}_tok_s" in m:
                     print(f"{'':6} {key:16} {batch}: {m[f'{batch}_tok_s']:.1f} tok/s aggregate "
                           f"({m[f'{batch}_tok_s'] / m['decode_tok_s']:.1f}x its batch 1)")
-        print(f"{'':6} file {entry['size_mb']:.1f} MB")
+        print(f"{'':6} file {entry['size_mb']:.1f} MB; target: model MB (peak RSS - RSS after imports) <= "
+              f"1.5 x file + KV = {entry.get('target_model_mb', 0):.0f} MB")
 
 
 if __name__ == "__main__":
