@@ -16,6 +16,7 @@ C-level ``min``; a long one uses a heap over a linked list, so a long piece (a r
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from itertools import chain
 
 from inferpath.tokenizer.native import MAX_WORD as NATIVE_MAX_WORD
@@ -81,6 +82,46 @@ def piece_to_bytes(piece: str) -> bytes:
     return bytes(out)
 
 
+class MergeRanks(Mapping):
+    """(left, right) -> rank, over a merge list as GGUF stores it ("left right" strings; a
+    pair listed twice keeps its first rank).
+
+    NOTE: the dict of pairs (~10 MB for 48k merges, ~20 ms) is built on first lookup only:
+    encoding runs on the id table (``BytePairEncoder._id_tables``, built from ``triples``);
+    the string path (words over ``SHORT_WORD`` symbols, bytes without an id) needs it.
+    """
+
+    def __init__(self, merges: list[str]) -> None:
+        self.merges = merges
+        self._ranks: dict[tuple[str, str], int] | None = None
+
+    def triples(self):
+        """(left, right, rank) of every merge, in order, duplicates included."""
+        for rank, merge in enumerate(self.merges):
+            left, _, right = merge.partition(" ")
+            yield left, right, rank
+
+    def _built(self) -> dict[tuple[str, str], int]:
+        if self._ranks is None:
+            ranks: dict[tuple[str, str], int] = {}
+            for left, right, rank in self.triples():
+                ranks.setdefault((left, right), rank)
+            self._ranks = ranks
+        return self._ranks
+
+    def get(self, pair, default=None):
+        return self._built().get(pair, default)
+
+    def __getitem__(self, pair: tuple[str, str]) -> int:
+        return self._built()[pair]
+
+    def __iter__(self):
+        return iter(self._built())
+
+    def __len__(self) -> int:
+        return len(self._built())
+
+
 class BytePairEncoder:
     """Encodes pre-tokens (text) to ids with one vocabulary and one merge table.
 
@@ -93,7 +134,7 @@ class BytePairEncoder:
     def __init__(
         self,
         vocab: dict[str, int],
-        merge_ranks: dict[tuple[str, str], int] | None,
+        merge_ranks: Mapping[tuple[str, str], int] | None,
         ignore_merges: bool = False,
         max_cache_size: int = 200_000,
         native_enabled: bool = True,
@@ -123,7 +164,11 @@ class BytePairEncoder:
         if self.merge_ranks is None or max(vocab.values(), default=0) >= ID_SPAN:
             return None, byte_ids
         table: dict[int, int] = {}
-        for (left, right), rank in self.merge_ranks.items():
+        if isinstance(self.merge_ranks, MergeRanks):  # the merge list: its dict stays unbuilt
+            triples = self.merge_ranks.triples()
+        else:
+            triples = ((left, right, rank) for (left, right), rank in self.merge_ranks.items())
+        for left, right, rank in triples:
             left_id, right_id, merged_id = vocab.get(left), vocab.get(right), vocab.get(left + right)
             if left_id is None or right_id is None or merged_id is None:
                 return None, byte_ids

@@ -17,7 +17,7 @@ import binascii
 from pathlib import Path
 
 from inferpath.errors import ModelFileError
-from inferpath.tokenizer.bpe import BytePairEncoder, bytes_to_piece
+from inferpath.tokenizer.bpe import BytePairEncoder, MergeRanks, bytes_to_piece
 from inferpath.tokenizer.pretokenize import LLAMA3_PATTERN, PreTokenizer, patterns_for
 from inferpath.tokenizer.tokenizer import AddedToken, Tokenizer
 
@@ -131,14 +131,11 @@ def load_gguf(path: str | Path) -> Tokenizer:
         for i, (piece, kind) in enumerate(zip(pieces, token_types))
         if kind not in (_GGUF_CONTROL, _GGUF_USER_DEFINED)
     }
-    merge_ranks = {}
     for rank, merge in enumerate(merges):
-        left, sep, right = merge.partition(" ")
-        if not sep:
+        if " " not in merge:
             raise ModelFileError(
                 f"GGUF file {path}: tokenizer.ggml.merges[{rank}] = {merge!r} is not 'left right'"
             )
-        merge_ranks.setdefault((left, right), rank)
     is_llama3 = pre in ("llama-bpe", "llama3")
     eos_id = metadata.get("tokenizer.ggml.eos_token_id")
     extra_eos = [
@@ -153,7 +150,7 @@ def load_gguf(path: str | Path) -> Tokenizer:
             )
     return Tokenizer(
         pieces=pieces,
-        encoder=BytePairEncoder(vocab, merge_ranks, ignore_merges=is_llama3),
+        encoder=BytePairEncoder(vocab, MergeRanks(merges), ignore_merges=is_llama3),
         pre_tokenizer=PreTokenizer(patterns),
         added_tokens=added,
         bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
