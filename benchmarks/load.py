@@ -4,7 +4,8 @@ Each load runs in a fresh process of its own; the two engines alternate, repeat 
 repeat, and medians are reported. Per engine:
 
 - load s: ``LLMEngine.from_model`` (inferpath) or ``Llama(...)`` (llama.cpp), timed in
-  the worker after its imports;
+  the worker after its imports; cpu s: the process's CPU time over the same span (steadier
+  than the wall clock on a busy machine);
 - baseline MB: the worker's resident memory after its imports, before the load
   (inferpath imports PyTorch: ~220 MB before any model);
 - peak MB: the worker's peak resident memory after the load;
@@ -46,7 +47,7 @@ def worker(engine: str, path: str, threads: int) -> dict:
         from llama_cpp import Llama
 
         baseline = rss_mb()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         llm = Llama(model_path=path, n_ctx=1024, n_threads=threads, verbose=False)
     else:
         import inferpath  # noqa: F401  (before torch: threads.py)
@@ -54,13 +55,13 @@ def worker(engine: str, path: str, threads: int) -> dict:
         from inferpath.engine.llm_engine import LLMEngine
 
         baseline = rss_mb()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         llm = LLMEngine.from_model(path, EngineConfig(threads=threads, max_num_seqs=64,
                                                       kv_cache_memory_bytes=KV_BYTES))
-    load_s = time.perf_counter() - start
+    load_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu
     peak = rss_mb("VmHWM")
     del llm
-    return {"load_s": load_s, "baseline_mb": baseline, "peak_mb": peak, "model_mb": peak - baseline}
+    return {"load_s": load_s, "cpu_s": cpu_s, "baseline_mb": baseline, "peak_mb": peak, "model_mb": peak - baseline}
 
 
 def clear_index_cache() -> None:
@@ -109,12 +110,13 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"{result['cpu']}; {Path(path).name} ({size_mb:.0f} MiB); medians of {args.repeats}"
           f"{', index cache cleared before each inferpath run' if args.cold else ''}")
-    print(f"{'engine':10} {'load s':>7} {'ratio':>6} {'baseline MB':>12} {'peak MB':>8} {'model MB':>9} "
+    print(f"{'engine':10} {'load s':>7} {'ratio':>6} {'cpu s':>6} {'ratio':>6} {'baseline MB':>12} {'peak MB':>8} {'model MB':>9} "
           f"{'/ target':>8}")
     peer = summary.get("llamacpp")
     for engine, m in summary.items():
         ratio = m["load_s"] / peer["load_s"] if peer else float("nan")
-        print(f"{engine:10} {m['load_s']:7.3f} {ratio:6.2f} {m['baseline_mb']:12.0f} {m['peak_mb']:8.0f} "
+        cpu_ratio = m["cpu_s"] / peer["cpu_s"] if peer else float("nan")
+        print(f"{engine:10} {m['load_s']:7.3f} {ratio:6.2f} {m['cpu_s']:6.3f} {cpu_ratio:6.2f} {m['baseline_mb']:12.0f} {m['peak_mb']:8.0f} "
               f"{m['model_mb']:9.0f} {m['model_mb'] / target_mb:8.2f}")
     print(f"target: load <= 2.00x llama.cpp; model MB <= 1.5 x file + KV = {target_mb:.0f} MB")
 

@@ -211,7 +211,7 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
         if keep_quantized and t.qtype in QUANTIZED_TYPES and len(shape) == 2:
             quantized = QuantizedTensor.from_gguf(index.array(data, t), t.qtype, shape)
             if arch in _PERMUTED_ARCHITECTURES and kind in heads_of:
-                quantized = quantized.permute_rows(unpermute_rows(np.arange(shape[0]), heads_of[kind]))
+                quantized.permute_rows_(unpermute_rows(np.arange(shape[0]), heads_of[kind]))
             tensors[_hf_name_or_raise(t.name, config, path)] = quantized
             continue
         try:

@@ -81,8 +81,10 @@ class GGUFIndex:
         return next((t for t in self.tensors if t.name == name), None)
 
     def map_data(self) -> np.ndarray:
-        """The file's bytes, memory-mapped read-only: (file_size,) uint8."""
-        data = np.memmap(self.path, dtype=np.uint8, mode="r")
+        """The file's bytes, memory-mapped copy-on-write: (file_size,) uint8. Pages are
+        shared with the page cache until written; a write (only the loader's, putting Q and
+        K rows in Hugging Face order in place) changes this process's copy, never the file."""
+        data = np.memmap(self.path, dtype=np.uint8, mode="c")
         if len(data) != self.file_size:
             raise WeightsError(f"{self.path}: the file changed while it was being loaded "
                                f"({self.file_size} bytes, now {len(data)}); load it again")

@@ -26,7 +26,8 @@ class QuantizedTensor:
     """A 2-D weight (rows, cols) in a GGUF block format.
 
     Invariant: ``data`` is (rows, row_bytes) uint8 with row_bytes = cols / block_size *
-    type_size, rows contiguous; it may be a read-only view of the file (never written).
+    type_size, rows contiguous; it may be a view of the mapped file (written only by
+    ``permute_rows_`` at load, in a copy-on-write mapping).
     """
 
     data: torch.Tensor
@@ -35,11 +36,11 @@ class QuantizedTensor:
 
     @classmethod
     def from_gguf(cls, data: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, int]) -> "QuantizedTensor":
-        """Wrap a GGUFReader tensor's bytes (rows, row_bytes) without copying them."""
+        """Wrap a GGUF tensor's bytes (rows, row_bytes) without copying them."""
         block, size = GGML_QUANT_SIZES[qtype]
         rows, cols = shape
         data = data.reshape(rows, cols // block * size)
-        with warnings.catch_warnings():  # the mapping is read-only; the kernels only read it
+        with warnings.catch_warnings():  # a read-only array (the kernels only read it)
             warnings.simplefilter("ignore", UserWarning)
             return cls(torch.from_numpy(data), qtype, (rows, cols))
 
@@ -54,9 +55,11 @@ class QuantizedTensor:
     def numel(self) -> int:
         return self.shape[0] * self.shape[1]
 
-    def permute_rows(self, order: np.ndarray) -> "QuantizedTensor":
-        """A copy with rows taken in ``order`` (blocks never straddle rows)."""
-        return QuantizedTensor(self.data[torch.from_numpy(np.asarray(order))].contiguous(), self.qtype, self.shape)
+    def permute_rows_(self, order: np.ndarray) -> None:
+        """Put the rows in ``order``, in place (blocks never straddle rows). ``data`` must be
+        writable: a view of a copy-on-write mapping (``GGUFIndex.map_data``) turns just these
+        pages into the process's own, where a copy would hold both."""
+        self.data.copy_(self.data[torch.from_numpy(np.asarray(order))])
 
     def dequantize(self) -> torch.Tensor:
         """The float32 values (rows, cols), by the gguf package (the reference)."""
