@@ -189,3 +189,32 @@ def test_an_unwritable_cache_only_costs_the_walk(tmp_path, fresh_cache, monkeypa
     path = big_header_gguf(tmp_path / "vocab.gguf")
     assert read_gguf_index(path).field("general.description") == "a" * 100_000
     shutil.rmtree(fresh_cache.parent)
+
+
+@pytest.mark.parametrize("damage", ["flip a byte", "truncate", "wrong shape"])
+def test_a_damaged_tokenizer_table_is_ignored_and_rebuilt(fresh_cache, monkeypatch, damage):
+    """The vocabulary's id table (tokenizer/load.py) is cached beside the index; a damaged
+    one is rebuilt, never used."""
+    import hashlib
+    import io
+
+    from inferpath.tokenizer import load_tokenizer
+
+    path = resolve_model("smollm2-135m-instruct")
+    expected = load_tokenizer(path).encode(PROMPT)
+    (table,) = fresh_cache.glob("*.npy")
+    raw = table.read_bytes()
+    if damage == "flip a byte":
+        raw = raw[:-100] + bytes([raw[-100] ^ 1]) + raw[-99:]
+    elif damage == "truncate":
+        raw = raw[:len(raw) // 2]
+    else:  # intact, a valid digest, but not a (2, n) table
+        buffer = io.BytesIO()
+        np.save(buffer, np.zeros(6, dtype=np.int64))
+        raw = hashlib.sha256(buffer.getvalue()).digest() + buffer.getvalue()
+    table.write_bytes(raw)
+    monkeypatch.setattr(gguf_index, "_recent", type(gguf_index._recent)())
+    assert load_tokenizer(path).encode(PROMPT) == expected
+    assert table.read_bytes()[32:].startswith(b"\x93NUMPY") and len(table.read_bytes()) > len(raw) // 2
+    reloaded = load_tokenizer(path)
+    assert reloaded.encode(PROMPT) == expected and reloaded.encoder.id_table.shape[0] == 2
