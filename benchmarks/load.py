@@ -122,8 +122,11 @@ def main() -> None:
 
 
 def _cpu() -> str:
-    return next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")), "?")
+    """The CPU's model name and its vector flags."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    return f"{model} ({', '.join(sorted(f for f in flags if f.startswith(('avx', 'amx', 'fma', 'f16c'))))})"
 
 
 if __name__ == "__main__":
