@@ -59,7 +59,8 @@ class QuantizedTensor:
         """Put the rows in ``order``, in place (blocks never straddle rows). ``data`` must be
         writable: a view of a copy-on-write mapping (``GGUFIndex.map_data``) turns just these
         pages into the process's own, where a copy would hold both."""
-        self.data.copy_(self.data[torch.from_numpy(np.asarray(order))])
+        rows = self.data.numpy()
+        rows[:] = rows[np.asarray(order)]
 
     def dequantize(self) -> torch.Tensor:
         """The float32 values (rows, cols), by the gguf package (the reference)."""
