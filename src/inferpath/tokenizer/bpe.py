@@ -19,6 +19,8 @@ import heapq
 from collections.abc import Mapping
 from itertools import chain
 
+import numpy as np
+
 from inferpath.tokenizer.native import MAX_WORD as NATIVE_MAX_WORD
 from inferpath.tokenizer.native import NativeMerger
 
@@ -87,7 +89,7 @@ class MergeRanks(Mapping):
     pair listed twice keeps its first rank).
 
     NOTE: the dict of pairs (~10 MB for 48k merges, ~20 ms) is built on first lookup only:
-    encoding runs on the id table (``BytePairEncoder._id_tables``, built from ``triples``);
+    encoding runs on the id table (``BytePairEncoder.build_id_table``, from ``triples``);
     the string path (words over ``SHORT_WORD`` symbols, bytes without an id) needs it.
     """
 
@@ -138,31 +140,36 @@ class BytePairEncoder:
         ignore_merges: bool = False,
         max_cache_size: int = 200_000,
         native_enabled: bool = True,
+        id_table: np.ndarray | None = None,
     ):
         self.vocab = vocab
         self.merge_ranks = merge_ranks
         self.ignore_merges = ignore_merges
         self.max_cache_size = max_cache_size
         self.cache: dict[str, list[int]] = {}
-        self._pair_table, self._byte_ids = self._id_tables()
+        self.id_table = self.build_id_table() if id_table is None else id_table
+        self._byte_ids = [vocab.get(char) for char in BYTE_TO_CHAR]
+        self._pair_dict: dict[int, int] | None = None  # id_table as a dict, on first use
         self._native = None  # the C merge loop (native.py), when it builds here
-        if self._pair_table is not None and native_enabled:
+        if self.id_table is not None and native_enabled:
             try:
-                self._native = NativeMerger(self._pair_table, self._byte_ids)
+                self._native = NativeMerger(self.id_table, self._byte_ids)
             except OSError:
                 self._native = None
 
-    def _id_tables(self) -> tuple[dict[int, int] | None, list[int | None]]:
-        """The merge table over ids, for the fast path (``_merge_ids``): key
-        ``left_id * ID_SPAN + right_id``, value ``rank << 32 | merged_id``; and byte -> id.
+    def build_id_table(self) -> np.ndarray | None:
+        """The merge table over ids, for the fast paths (``_merge_ids``, the native loop):
+        (2, num_pairs) int64, row 0 the keys ``left_id * ID_SPAN + right_id``, row 1 the
+        values ``rank << 32 | merged_id``, one per pair (its first rank).
 
         None (string path only) for tiktoken ranks, or when a merge's result or side is not
-        in the vocabulary (the string path then reproduces the reference's handling).
+        in the vocabulary (the string path then reproduces the reference's handling). A
+        loader may pass the table it built before (``id_table``): building is most of a
+        vocabulary's load.
         """
         vocab = self.vocab
-        byte_ids = [vocab.get(char) for char in BYTE_TO_CHAR]
         if self.merge_ranks is None or max(vocab.values(), default=0) >= ID_SPAN:
-            return None, byte_ids
+            return None
         table: dict[int, int] = {}
         if isinstance(self.merge_ranks, MergeRanks):  # the merge list: its dict stays unbuilt
             triples = self.merge_ranks.triples()
@@ -171,9 +178,18 @@ class BytePairEncoder:
         for left, right, rank in triples:
             left_id, right_id, merged_id = vocab.get(left), vocab.get(right), vocab.get(left + right)
             if left_id is None or right_id is None or merged_id is None:
-                return None, byte_ids
+                return None
             table.setdefault(left_id * ID_SPAN + right_id, rank << 32 | merged_id)
-        return table, byte_ids
+        return np.array([list(table), list(table.values())], dtype=np.int64).reshape(2, len(table))
+
+    @property
+    def _pair_table(self) -> dict[int, int]:
+        """``id_table`` as a dict (key -> value) for the Python loop, built on first use:
+        with the native loop it is rarely needed (~8 MB for 48k merges)."""
+        if self._pair_dict is None:
+            keys, values = self.id_table.tolist()
+            self._pair_dict = dict(zip(keys, values))
+        return self._pair_dict
 
     def encode_pieces(self, pieces: list[str]) -> list[int]:
         """The ids of consecutive pre-tokens. The hot path: one cache lookup per piece, done by
@@ -210,7 +226,7 @@ class BytePairEncoder:
         """The ids of one pre-token (cached)."""
         data = piece.encode("utf-8")
         piece_ids = None
-        if self._pair_table is not None and len(data) <= SHORT_WORD:
+        if self.id_table is not None and len(data) <= SHORT_WORD:
             piece_ids = self._merge_ids(data)
         if piece_ids is None:
             vocab = self.vocab

@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
+import hashlib
 from pathlib import Path
+
+import numpy as np
 
 from inferpath.errors import ModelFileError
 from inferpath.tokenizer.bpe import BytePairEncoder, MergeRanks, bytes_to_piece
@@ -101,7 +105,8 @@ def load_gguf(path: str | Path) -> Tokenizer:
     from inferpath.weights.gguf_index import read_gguf_index
 
     path = Path(path)
-    metadata = read_gguf_index(path).metadata
+    index = read_gguf_index(path)
+    metadata = index.metadata
     model = _require(metadata, "tokenizer.ggml.model", path)
     if model != "gpt2":
         raise ModelFileError(
@@ -150,7 +155,7 @@ def load_gguf(path: str | Path) -> Tokenizer:
             )
     return Tokenizer(
         pieces=pieces,
-        encoder=BytePairEncoder(vocab, MergeRanks(merges), ignore_merges=is_llama3),
+        encoder=_encoder_with_cached_table(index, vocab, MergeRanks(merges), is_llama3),
         pre_tokenizer=PreTokenizer(patterns),
         added_tokens=added,
         bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
@@ -162,6 +167,31 @@ def load_gguf(path: str | Path) -> Tokenizer:
         chat_template=metadata.get("tokenizer.chat_template"),
         name=str(metadata.get("general.name", path.stem)),
     )
+
+
+def _encoder_with_cached_table(index, vocab: dict[str, int], merges: MergeRanks,
+                               ignore_merges: bool) -> BytePairEncoder:
+    """The encoder, its id table read from the GGUF index cache when this file's metadata
+    and this code built it before (building it is most of the load), else built and stored."""
+    from inferpath.weights import gguf_index_cache
+
+    name = f"bpe-id-table-{_id_table_version()}"
+    table = gguf_index_cache.read_array(index, name)
+    if table is not None and (table.dtype != np.int64 or table.ndim != 2 or table.shape[0] != 2):
+        table = None
+    encoder = BytePairEncoder(vocab, merges, ignore_merges=ignore_merges, id_table=table)
+    if table is None and encoder.id_table is not None:
+        gguf_index_cache.write_array(index, name, encoder.id_table)
+    return encoder
+
+
+@functools.cache
+def _id_table_version() -> str:
+    """Changes with the code that makes a GGUF vocabulary's id table (this file, bpe.py)."""
+    from inferpath.tokenizer import bpe
+
+    sources = Path(__file__).read_bytes() + Path(bpe.__file__).read_bytes()
+    return hashlib.sha256(sources).hexdigest()[:16]
 
 
 def load_tiktoken(path: str | Path) -> Tokenizer:

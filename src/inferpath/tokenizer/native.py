@@ -68,18 +68,20 @@ def _build() -> ctypes.CDLL | None:
 class NativeMerger:
     """The merge table in C's layout and the call that merges many short words at once."""
 
-    def __init__(self, pair_table: dict[int, int], byte_ids: list[int | None]) -> None:
+    def __init__(self, id_table: np.ndarray, byte_ids: list[int | None]) -> None:
+        """``id_table``: (2, num_pairs) int64 keys and values (BytePairEncoder.build_id_table)."""
         lib = _load()
         if lib is None:
             raise OSError("the native BPE merge is unavailable")
         self._fn = lib.inferpath_bpe_merge_words
-        size = 1 << max(4, (2 * len(pair_table)).bit_length())  # at most half full
+        num_pairs = id_table.shape[1]
+        size = 1 << max(4, (2 * num_pairs).bit_length())  # at most half full
         self._keys = np.zeros(size, dtype=np.uint64)
         self._values = np.zeros(size, dtype=np.uint64)
         self._mask = size - 1
-        pair_keys = np.fromiter(pair_table.keys(), dtype=np.uint64, count=len(pair_table))
-        pair_values = np.fromiter(pair_table.values(), dtype=np.uint64, count=len(pair_table))
-        lib.inferpath_bpe_build_table(pair_keys.ctypes.data, pair_values.ctypes.data, len(pair_table),
+        pair_keys = np.ascontiguousarray(id_table[0], dtype=np.uint64)
+        pair_values = np.ascontiguousarray(id_table[1], dtype=np.uint64)
+        lib.inferpath_bpe_build_table(pair_keys.ctypes.data, pair_values.ctypes.data, num_pairs,
                                       self._keys.ctypes.data, self._values.ctypes.data, self._mask)
         self._byte_ids = np.array([-1 if b is None else b for b in byte_ids], dtype=np.int32)
 

@@ -11,16 +11,25 @@ it names the same real path and file size, and then ``read_gguf_index`` compares
 file's header bytes with the digest the entry recorded. Any failure to read or write the
 cache only costs the walk. Files whose header is smaller than ``MIN_HEADER_BYTES`` (the
 walk takes under ~2 ms) are not cached; at most ``MAX_ENTRIES`` entries are kept.
+
+Readers may store arrays they derive from a file's metadata beside its entry
+(``read_array`` / ``write_array``: the tokenizer's merge table over ids), keyed by the
+header's digest and a name that carries the deriving code's version, checked by their own
+SHA-256. NOTE: the cache directory is trusted as the model directory is: an entry forged
+with matching digests would be believed.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import json
 import os
 import tempfile
 from pathlib import Path
+
+import numpy as np
 
 from inferpath.weights.gguf_index import GGUFIndex
 
@@ -73,12 +82,43 @@ def write(real_path: str, index: GGUFIndex) -> None:
         return
     payload = json.dumps({"format": entry_format(), "path": real_path, "index": index.to_json()},
                          ensure_ascii=False).encode("utf-8")
-    target = entry_path(real_path)
+    _write_atomically(entry_path(real_path), hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+
+
+def read_array(index: GGUFIndex, name: str) -> np.ndarray | None:
+    """An array a reader derived from ``index``'s file and stored under ``name`` (which
+    must name the deriving code's version), if intact; else None. Keyed by the header's
+    digest: any file whose header is byte for byte the same shares it."""
+    try:
+        raw = _array_path(index, name).read_bytes()
+        digest, payload = raw[:32], raw[32:]
+        if hashlib.sha256(payload).digest() != digest:
+            return None
+        return np.load(io.BytesIO(payload), allow_pickle=False)
+    except Exception:  # noqa: BLE001  a hint, as index entries are
+        return None
+
+
+def write_array(index: GGUFIndex, name: str, array: np.ndarray) -> None:
+    """Store ``array`` for ``read_array`` (best effort; files too small to cache skipped)."""
+    if index.header_bytes < MIN_HEADER_BYTES:
+        return
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    payload = buffer.getvalue()
+    _write_atomically(_array_path(index, name), hashlib.sha256(payload).digest() + payload)
+
+
+def _array_path(index: GGUFIndex, name: str) -> Path:
+    return index_cache_dir() / f"{index.header_sha256[:32]}-{name}.npy"
+
+
+def _write_atomically(target: Path, content: bytes) -> None:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".tmp", delete=False) as tmp:
             try:
-                tmp.write(hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+                tmp.write(content)
             except OSError:
                 os.unlink(tmp.name)
                 raise
@@ -89,6 +129,7 @@ def write(real_path: str, index: GGUFIndex) -> None:
 
 
 def _prune(directory: Path) -> None:
-    entries = sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
-    for stale in entries[:-MAX_ENTRIES]:
-        stale.unlink(missing_ok=True)
+    for pattern in ("*.json", "*.npy"):
+        entries = sorted(directory.glob(pattern), key=lambda p: p.stat().st_mtime_ns)
+        for stale in entries[:-MAX_ENTRIES]:
+            stale.unlink(missing_ok=True)
