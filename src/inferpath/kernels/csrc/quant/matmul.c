@@ -28,21 +28,36 @@
 
 #include "blocks.h"
 
+/* A row tile: one weight row against up to TILE_ROWS rows of x. */
+#define TILE_ROWS 8
+
+/* Rows of x quantized. The per-block scalars are laid out tile by tile, block by block,
+ * a lane per row of the tile ([m / TILE_ROWS][k / 32][TILE_ROWS], unused lanes zero), so
+ * that a tile's eight values for one block are one vector. */
 typedef struct {
     const int8_t *q;   /* (m, k) */
-    const int8_t *r;   /* (m, k): the residual x - d q in steps of d / RESIDUAL_STEPS */
-    const float *d;    /* (m, k / 32) */
-    const float *s;    /* (m, k / 32): d * sum(q + r / RESIDUAL_STEPS) */
+    const int8_t *r;   /* (m, k): the residual x / d_x - q in steps of 1 / RESIDUAL_STEPS */
+    const float *d;    /* d_x / RESIDUAL_STEPS per block */
+    const float *s;    /* d_x * sum(q + r / RESIDUAL_STEPS) over the block */
+    const float *h;    /* the same sum over each half block: [..][k / 32][2][TILE_ROWS] */
     int64_t k;
 } q8_rows;
 
-/* x = d (q + r / RESIDUAL_STEPS) + e with |e| <= d / 508: the residual |x/d - q| <= 1/2
- * is itself rounded to int8, so the activations carry ~15 bits through two int8 dot
- * products. One pass alone (q8_0) flipped 1.9% of SmolLM2's greedy tokens against its
- * float32 self over 520 tokens of text; two flip none of them. */
-#define RESIDUAL_STEPS 254.0f
+/* where row j's value for block b lies in a tile-major array, and its half-block pair */
+static inline int64_t lane_of(int64_t j, int64_t b, int64_t nb) { return (j / TILE_ROWS * nb + b) * TILE_ROWS + j % TILE_ROWS; }
+static inline int64_t half_lane_of(int64_t j, int64_t b, int64_t nb, int half) {
+    return ((j / TILE_ROWS * nb + b) * 2 + half) * TILE_ROWS + j % TILE_ROWS;
+}
 
-static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, int8_t *r, float *d, float *s,
+/* x = d_x (q + r / RESIDUAL_STEPS) + e with |e| <= d_x / 512: the residual |x/d_x - q| <=
+ * 1/2 is itself rounded to int8, so the activations carry ~15 bits through two int8 dot
+ * products, summed in int32 as (w.q << RESIDUAL_SHIFT) + w.r. One pass alone (q8_0)
+ * flipped 1.9% of SmolLM2's greedy tokens against its float32 self over 520 tokens of
+ * text; two flip none of them. */
+#define RESIDUAL_SHIFT 8
+#define RESIDUAL_STEPS 256.0f
+
+static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, int8_t *r, float *d, float *s, float *h,
                           int num_threads) {
     int64_t nb = k / 32;
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (m * k >= 65536)
@@ -51,24 +66,35 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, int8_
         float amax = 0.0f;
         for (int e = 0; e < 32; e++) amax = fmaxf(amax, fabsf(xb[e]));
         float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int sum = 0, residual_sum = 0;
+        int sums[2] = {0, 0}, residual_sums[2] = {0, 0};
         for (int e = 0; e < 32; e++) {
             float v = xb[e] * inv;
-            int whole = (int)lrintf(v);
-            int rest = (int)lrintf((v - (float)whole) * RESIDUAL_STEPS);
-            rest = rest > 127 ? 127 : (rest < -127 ? -127 : rest);
+            float whole = nearbyintf(v);
+            float rest = nearbyintf((v - whole) * RESIDUAL_STEPS);
+            rest = fminf(fmaxf(rest, -127.0f), 127.0f);
             q[i * 32 + e] = (int8_t)whole;
             r[i * 32 + e] = (int8_t)rest;
-            sum += whole;
-            residual_sum += rest;
+            sums[e / 16] += (int)whole;
+            residual_sums[e / 16] += (int)rest;
         }
-        d[i] = scale;
-        s[i] = scale * ((float)sum + (float)residual_sum / RESIDUAL_STEPS);
+        int64_t j = i / nb, b = i % nb;
+        float lo = scale * ((float)sums[0] + (float)residual_sums[0] / RESIDUAL_STEPS);
+        float hi = scale * ((float)sums[1] + (float)residual_sums[1] / RESIDUAL_STEPS);
+        d[lane_of(j, b, nb)] = scale / RESIDUAL_STEPS;
+        s[lane_of(j, b, nb)] = lo + hi;
+        h[half_lane_of(j, b, nb, 0)] = lo;
+        h[half_lane_of(j, b, nb, 1)] = hi;
     }
 }
 
 #if defined(__AVX2__)
 /* ---------------------------------------------------------------- AVX2 / AVX-512 VNNI */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define VNNI 1
+#else
+#define VNNI 0
+#endif
+
 static inline __m256i nibbles256(const uint8_t *q16) {
     __m128i b = _mm_loadu_si128((const __m128i *)q16);
     __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0xf)), hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0xf));
@@ -116,21 +142,27 @@ static inline __m256i q6_k_vec(const uint8_t *row, int64_t b) {
     return _mm256_or_si256(l, _mm256_slli_epi16(h, 4));
 }
 
-/* Eight int32 sums of four (w - offset) * x products each: lanes 0-3 are values 0-15. */
-static inline __m256i int_dot(__m256i w, __m256i x, int offset, int is_signed) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    if (is_signed) return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
-    __m256i sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
-    if (offset) sum = _mm256_sub_epi32(sum, _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)offset), x));
-    return sum;
+/* Eight int32 sums of four w * x products each, x carried as (q << RESIDUAL_SHIFT) + r:
+ * lanes 0-3 are values 0-15. w is unsigned (at most 6 bits; 8 with VNNI, whose products
+ * are summed in int32), or signed (Q8_0 without VNNI: |w| against x carrying w's sign, so
+ * that pairs stay <= 2 * 127 * 127 < 32768 in maddubs' int16). */
+static inline __m256i int_dot(__m256i w, __m256i xq, __m256i xr, int is_signed) {
+#if VNNI
+    (void)is_signed;  /* VNNI's Q8_0 weights arrive offset to unsigned (tile_setup) */
+    __m256i sum = _mm256_slli_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, xq), RESIDUAL_SHIFT);
+    return _mm256_dpbusd_epi32(sum, w, xr);
 #else
-    __m256i pairs;
-    if (is_signed) pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
-    else {
-        pairs = _mm256_maddubs_epi16(w, x);
-        if (offset) pairs = _mm256_sub_epi16(pairs, _mm256_maddubs_epi16(_mm256_set1_epi8((char)offset), x));
+    __m256i pq, pr;
+    if (is_signed) {
+        __m256i a = _mm256_abs_epi8(w);
+        pq = _mm256_maddubs_epi16(a, _mm256_sign_epi8(xq, w));
+        pr = _mm256_maddubs_epi16(a, _mm256_sign_epi8(xr, w));
+    } else {
+        pq = _mm256_maddubs_epi16(w, xq);
+        pr = _mm256_maddubs_epi16(w, xr);
     }
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    return _mm256_add_epi32(_mm256_madd_epi16(pq, _mm256_set1_epi16(1 << RESIDUAL_SHIFT)),
+                            _mm256_madd_epi16(pr, _mm256_set1_epi16(1)));
 #endif
 }
 
@@ -141,35 +173,55 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-#define DEFINE_ROWS(NAME, OFFSET, IS_SIGNED)                                                       \
-static void NAME##_rows(const uint8_t *row, q8_rows x, int64_t rows, float *out) {                  \
-    int64_t nb = x.k / 32;                                                                          \
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}; \
-    float min_acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                                    \
+/* One weight row against R rows of x (R a constant at each call site, so that the
+ * accumulators live in registers). The weight offset (w - OFFSET) is not subtracted from
+ * the weights: it joins the min, as -OFFSET * scale times the x block's sum. */
+#define DEFINE_ROWS(NAME, OFFSET, IS_SIGNED, TWO_SCALES)                                            \
+static inline __attribute__((always_inline)) void NAME##_tile(const uint8_t *row, const q8_rows *x,   \
+                                                                const int R, float *out) {            \
+    const int64_t nb = x->k / 32, k = x->k;                                                         \
+    const int is_signed = IS_SIGNED && !VNNI, offset = (IS_SIGNED && VNNI) ? 128 : OFFSET;          \
+    __m256 acc[TILE_ROWS], mins = _mm256_setzero_ps();                                              \
+    float scaled[2][TILE_ROWS];                                                                     \
+    for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();                                       \
     for (int64_t b = 0; b < nb; b++) {                                                              \
         block_params p;                                                                             \
         NAME##_params(row, b, &p);                                                                  \
         __m256i w = NAME##_vec(row, b);                                                             \
-        __m256 scale = _mm256_set_m128(_mm_set1_ps(p.scale[1]), _mm_set1_ps(p.scale[0]));           \
-        for (int64_t j = 0; j < rows; j++) {                                                        \
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(x.q + j * x.k + 32 * b));             \
-            __m256i rv = _mm256_loadu_si256((const __m256i *)(x.r + j * x.k + 32 * b));             \
-            __m256 sums = _mm256_fmadd_ps(_mm256_cvtepi32_ps(int_dot(w, rv, OFFSET, IS_SIGNED)),    \
-                                          _mm256_set1_ps(1.0f / RESIDUAL_STEPS),                    \
-                                          _mm256_cvtepi32_ps(int_dot(w, xv, OFFSET, IS_SIGNED)));   \
-            acc[j] = _mm256_fmadd_ps(sums, _mm256_mul_ps(scale, _mm256_set1_ps(x.d[j * nb + b])), acc[j]); \
-            min_acc[j] += p.min * x.s[j * nb + b];                                                  \
+        if (IS_SIGNED && VNNI) w = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));              \
+        /* the tile's eight rows at once: their scales, and the min (with the offset) */           \
+        __m256 dx = _mm256_loadu_ps(x->d + b * TILE_ROWS);                                          \
+        _mm256_storeu_ps(scaled[0], _mm256_mul_ps(dx, _mm256_set1_ps(p.scale[0])));                 \
+        if (TWO_SCALES) {                                                                           \
+            _mm256_storeu_ps(scaled[1], _mm256_mul_ps(dx, _mm256_set1_ps(p.scale[1])));             \
+            const float *h = x->h + b * 2 * TILE_ROWS;                                              \
+            mins = _mm256_fmadd_ps(_mm256_loadu_ps(h), _mm256_set1_ps(p.min - (float)offset * p.scale[0]), mins); \
+            mins = _mm256_fmadd_ps(_mm256_loadu_ps(h + TILE_ROWS),                                  \
+                                   _mm256_set1_ps(p.min - (float)offset * p.scale[1]), mins);       \
+        } else if (offset || p.min != 0.0f) {                                                       \
+            mins = _mm256_fmadd_ps(_mm256_loadu_ps(x->s + b * TILE_ROWS),                           \
+                                   _mm256_set1_ps(p.min - (float)offset * p.scale[0]), mins);       \
+        }                                                                                           \
+        for (int j = 0; j < R; j++) {                                                               \
+            __m256i xq = _mm256_loadu_si256((const __m256i *)(x->q + j * k + 32 * b));              \
+            __m256i xr = _mm256_loadu_si256((const __m256i *)(x->r + j * k + 32 * b));              \
+            __m256 sums = _mm256_cvtepi32_ps(int_dot(w, xq, xr, is_signed));                        \
+            __m256 f = TWO_SCALES ? _mm256_set_m128(_mm_broadcast_ss(&scaled[1][j]), _mm_broadcast_ss(&scaled[0][j])) \
+                                  : _mm256_broadcast_ss(&scaled[0][j]);                             \
+            acc[j] = _mm256_fmadd_ps(sums, f, acc[j]);                                              \
         }                                                                                           \
     }                                                                                               \
-    for (int64_t j = 0; j < rows; j++) out[j] = hsum256(acc[j]) + min_acc[j];                       \
+    float min_of[TILE_ROWS];                                                                        \
+    _mm256_storeu_ps(min_of, mins);                                                                 \
+    for (int j = 0; j < R; j++) out[j] = hsum256(acc[j]) + min_of[j];                              \
 }
 
 #else
 /* ---------------------------------------------------------------- portable */
-#define DEFINE_ROWS(NAME, OFFSET, IS_SIGNED)                                                       \
-static void NAME##_rows(const uint8_t *row, q8_rows x, int64_t rows, float *out) {                  \
-    int64_t nb = x.k / 32;                                                                          \
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                                        \
+#define DEFINE_ROWS(NAME, OFFSET, IS_SIGNED, TWO_SCALES)                                            \
+static inline void NAME##_tile(const uint8_t *row, const q8_rows *x, const int R, float *out) {     \
+    const int64_t nb = x->k / 32, k = x->k;                                                         \
+    float acc[TILE_ROWS] = {0.0f};                                                                  \
     for (int64_t b = 0; b < nb; b++) {                                                              \
         block_params p;                                                                             \
         uint8_t q[32];                                                                              \
@@ -177,30 +229,53 @@ static void NAME##_rows(const uint8_t *row, q8_rows x, int64_t rows, float *out)
         NAME##_params(row, b, &p);                                                                  \
         NAME##_quants(row, b, q);                                                                   \
         for (int e = 0; e < 32; e++) w[e] = IS_SIGNED ? (int8_t)q[e] : (int8_t)(q[e] - OFFSET);     \
-        for (int64_t j = 0; j < rows; j++) {                                                        \
-            const int8_t *xq = x.q + j * x.k + 32 * b, *xr = x.r + j * x.k + 32 * b;                \
+        for (int j = 0; j < R; j++) {                                                               \
+            const int8_t *xq = x->q + j * k + 32 * b, *xr = x->r + j * k + 32 * b;                  \
             int32_t lo = 0, hi = 0, rlo = 0, rhi = 0;                                               \
             for (int e = 0; e < 16; e++) { lo += w[e] * xq[e]; hi += w[e + 16] * xq[e + 16]; }      \
             for (int e = 0; e < 16; e++) { rlo += w[e] * xr[e]; rhi += w[e + 16] * xr[e + 16]; }    \
-            float flo = (float)lo + (float)rlo / RESIDUAL_STEPS, fhi = (float)hi + (float)rhi / RESIDUAL_STEPS; \
-            acc[j] += x.d[j * nb + b] * (p.scale[0] * flo + p.scale[1] * fhi)                       \
-                      + p.min * x.s[j * nb + b];                                                    \
+            float flo = (float)((lo << RESIDUAL_SHIFT) + rlo), fhi = (float)((hi << RESIDUAL_SHIFT) + rhi); \
+            acc[j] += x->d[b * TILE_ROWS + j] * (p.scale[0] * flo + p.scale[1] * fhi)               \
+                      + p.min * x->s[b * TILE_ROWS + j];                                            \
         }                                                                                           \
     }                                                                                               \
-    for (int64_t j = 0; j < rows; j++) out[j] = acc[j];                                             \
+    for (int j = 0; j < R; j++) out[j] = acc[j];                                                    \
 }
 #endif
 
-DEFINE_ROWS(q8_0, 0, 1)
-DEFINE_ROWS(q4_0, 8, 0)
-DEFINE_ROWS(q4_1, 0, 0)
-DEFINE_ROWS(q5_0, 16, 0)
-DEFINE_ROWS(q5_1, 0, 0)
-DEFINE_ROWS(q4_k, 0, 0)
-DEFINE_ROWS(q5_k, 0, 0)
-DEFINE_ROWS(q6_k, 32, 0)
+/* The tile at a constant row count (1..TILE_ROWS), so each is compiled for its count. */
+#define DEFINE_TILES(NAME)                                                                          \
+static void NAME##_rows(const uint8_t *row, const q8_rows *x, int64_t rows, float *out) {           \
+    switch (rows) {                                                                                 \
+        case 1: NAME##_tile(row, x, 1, out); break;                                                 \
+        case 2: NAME##_tile(row, x, 2, out); break;                                                 \
+        case 3: NAME##_tile(row, x, 3, out); break;                                                 \
+        case 4: NAME##_tile(row, x, 4, out); break;                                                 \
+        case 5: NAME##_tile(row, x, 5, out); break;                                                 \
+        case 6: NAME##_tile(row, x, 6, out); break;                                                 \
+        case 7: NAME##_tile(row, x, 7, out); break;                                                 \
+        default: NAME##_tile(row, x, 8, out); break;                                                \
+    }                                                                                               \
+}
 
-typedef void (*rows_fn)(const uint8_t *, q8_rows, int64_t, float *);
+DEFINE_ROWS(q8_0, 0, 1, 0)
+DEFINE_ROWS(q4_0, 8, 0, 0)
+DEFINE_ROWS(q4_1, 0, 0, 0)
+DEFINE_ROWS(q5_0, 16, 0, 0)
+DEFINE_ROWS(q5_1, 0, 0, 0)
+DEFINE_ROWS(q4_k, 0, 0, 0)
+DEFINE_ROWS(q5_k, 0, 0, 0)
+DEFINE_ROWS(q6_k, 32, 0, 1)
+DEFINE_TILES(q8_0)
+DEFINE_TILES(q4_0)
+DEFINE_TILES(q4_1)
+DEFINE_TILES(q5_0)
+DEFINE_TILES(q5_1)
+DEFINE_TILES(q4_k)
+DEFINE_TILES(q5_k)
+DEFINE_TILES(q6_k)
+
+typedef void (*rows_fn)(const uint8_t *, const q8_rows *, int64_t, float *);
 
 /* (values per block, bytes per block) of a format; 0 if not one of ours */
 static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
@@ -239,10 +314,10 @@ int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *co
     }
     int64_t n = starts[count];
     int8_t *xq = (int8_t *)malloc((size_t)(2 * m * k)), *xr = xq + m * k;
-    float *xd = (float *)malloc(sizeof(float) * (size_t)(m * k / 32));
-    float *xs = (float *)malloc(sizeof(float) * (size_t)(m * k / 32));
-    if (!xq || !xd || !xs) { free(xq); free(xd); free(xs); return -2; }
-    quantize_rows(x, m, k, xq, xr, xd, xs, num_threads);
+    int64_t lanes = (m + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS * (k / 32);  /* per-block scalars, tile-major */
+    float *xd = (float *)calloc((size_t)(4 * lanes), sizeof(float)), *xs = xd + lanes, *xh = xs + lanes;
+    if (!xq || !xd) { free(xq); free(xd); return -2; }
+    quantize_rows(x, m, k, xq, xr, xd, xs, xh, num_threads);
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t r = 0; r < n; r++) {
         int i = 0;
@@ -250,15 +325,15 @@ int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *co
         int64_t local = r - starts[i];
         const uint8_t *row = ws[i] + local * row_bytes[i];
         float add = biases[i] ? biases[i][local] : 0.0f;
-        for (int64_t j0 = 0; j0 < m; j0 += 4) {
-            float out[4];
-            int64_t rows = m - j0 < 4 ? m - j0 : 4;
-            q8_rows xj = {xq + j0 * k, xr + j0 * k, xd + j0 * (k / 32), xs + j0 * (k / 32), k};
-            fns[i](row, xj, rows, out);
+        for (int64_t j0 = 0; j0 < m; j0 += TILE_ROWS) {
+            float out[TILE_ROWS];
+            int64_t rows = m - j0 < TILE_ROWS ? m - j0 : TILE_ROWS;
+            q8_rows xj = {xq + j0 * k, xr + j0 * k, xd + j0 * (k / 32), xs + j0 * (k / 32), xh + 2 * j0 * (k / 32), k};
+            fns[i](row, &xj, rows, out);
             for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + r] = out[j] + add;
         }
     }
-    free(xq); free(xd); free(xs);
+    free(xq); free(xd);
     return 0;
 }
 
