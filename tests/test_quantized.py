@@ -24,7 +24,7 @@ from inferpath.weights.quantized import QUANTIZED_TYPES, QuantizedTensor
 
 Q = GGMLQuantizationType
 TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-ROWS = [1, 3, 8, 64]
+ROWS = [1, 3, 8, 13, 64]  # the row kernel; the wide kernel (tiles of 8); both (a tile and a tail)
 
 
 @pytest.fixture(params=build.LEVEL_NAMES)
@@ -186,7 +186,7 @@ def test_real_model_quantized_agrees_with_its_dequantized_self(alias, fused_head
     assert abs(ppl_fused / ppl_reference - 1) <= 0.01, (ppl_fused, ppl_reference)
 
 
-@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("rows", [1, 5, 11])
 def test_a_group_of_weights_is_their_matmuls_side_by_side(rows, isa):
     """Q/K/V of different formats and sizes, with biases, as one call: each weight's
     columns are exactly its own matmul (the same per-row arithmetic)."""

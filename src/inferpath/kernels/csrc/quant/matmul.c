@@ -28,119 +28,12 @@
 
 #include "blocks.h"
 
-/* A row tile: one weight row against up to TILE_ROWS rows of x. */
-#define TILE_ROWS 8
-
-/* Rows of x quantized. The per-block scalars are laid out tile by tile, block by block,
- * a lane per row of the tile ([m / TILE_ROWS][k / 32][TILE_ROWS], unused lanes zero), so
- * that a tile's eight values for one block are one vector. */
-typedef struct {
-    const int8_t *q;   /* (m, k) */
-    const int8_t *r;   /* (m, k): the residual x / d_x - q in steps of 1 / RESIDUAL_STEPS */
-    const float *d;    /* d_x / RESIDUAL_STEPS per block */
-    const float *s;    /* d_x * sum(q + r / RESIDUAL_STEPS) over the block */
-    const float *h;    /* the same sum over each half block: [..][k / 32][2][TILE_ROWS] */
-    int64_t k;
-} q8_rows;
-
-/* where row j's value for block b lies in a tile-major array, and its half-block pair */
-static inline int64_t lane_of(int64_t j, int64_t b, int64_t nb) { return (j / TILE_ROWS * nb + b) * TILE_ROWS + j % TILE_ROWS; }
-static inline int64_t half_lane_of(int64_t j, int64_t b, int64_t nb, int half) {
-    return ((j / TILE_ROWS * nb + b) * 2 + half) * TILE_ROWS + j % TILE_ROWS;
-}
-
-/* x = d_x (q + r / RESIDUAL_STEPS) + e with |e| <= d_x / 512: the residual |x/d_x - q| <=
- * 1/2 is itself rounded to int8, so the activations carry ~15 bits through two int8 dot
- * products, summed in int32 as (w.q << RESIDUAL_SHIFT) + w.r. One pass alone (q8_0)
- * flipped 1.9% of SmolLM2's greedy tokens against its float32 self over 520 tokens of
- * text; two flip none of them. */
-#define RESIDUAL_SHIFT 8
-#define RESIDUAL_STEPS 256.0f
-
-static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, int8_t *r, float *d, float *s, float *h,
-                          int num_threads) {
-    int64_t nb = k / 32;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (m * k >= 65536)
-    for (int64_t i = 0; i < m * nb; i++) {
-        const float *xb = x + i * 32;
-        float amax = 0.0f;
-        for (int e = 0; e < 32; e++) amax = fmaxf(amax, fabsf(xb[e]));
-        float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int sums[2] = {0, 0}, residual_sums[2] = {0, 0};
-        for (int e = 0; e < 32; e++) {
-            float v = xb[e] * inv;
-            float whole = nearbyintf(v);
-            float rest = nearbyintf((v - whole) * RESIDUAL_STEPS);
-            rest = fminf(fmaxf(rest, -127.0f), 127.0f);
-            q[i * 32 + e] = (int8_t)whole;
-            r[i * 32 + e] = (int8_t)rest;
-            sums[e / 16] += (int)whole;
-            residual_sums[e / 16] += (int)rest;
-        }
-        int64_t j = i / nb, b = i % nb;
-        float lo = scale * ((float)sums[0] + (float)residual_sums[0] / RESIDUAL_STEPS);
-        float hi = scale * ((float)sums[1] + (float)residual_sums[1] / RESIDUAL_STEPS);
-        d[lane_of(j, b, nb)] = scale / RESIDUAL_STEPS;
-        s[lane_of(j, b, nb)] = lo + hi;
-        h[half_lane_of(j, b, nb, 0)] = lo;
-        h[half_lane_of(j, b, nb, 1)] = hi;
-    }
-}
+#include "activations.h"
+#include "wide.h"
 
 #if defined(__AVX2__)
 /* ---------------------------------------------------------------- AVX2 / AVX-512 VNNI */
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define VNNI 1
-#else
-#define VNNI 0
-#endif
-
-static inline __m256i nibbles256(const uint8_t *q16) {
-    __m128i b = _mm_loadu_si128((const __m128i *)q16);
-    __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0xf)), hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0xf));
-    return _mm256_set_m128i(hi, lo);
-}
-/* 0x10 in byte j where bit j of the 32-bit word at qh4 is set */
-static inline __m256i fifth_bits256(const uint8_t *qh4) {
-    uint32_t h;
-    memcpy(&h, qh4, 4);
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h),
-                                    _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
-                                                       0x0303030303030303LL));
-    __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(0x10));
-}
-static inline __m256i k4_quants256(const uint8_t *qs, int s) {
-    __m256i b = _mm256_loadu_si256((const __m256i *)(qs + 32 * (s / 2)));
-    if (s % 2) b = _mm256_srli_epi16(b, 4);
-    return _mm256_and_si256(b, _mm256_set1_epi8(0xf));
-}
-static inline __m256i q8_0_vec(const uint8_t *row, int64_t b) { return _mm256_loadu_si256((const __m256i *)(row + 34 * b + 2)); }
-static inline __m256i q4_0_vec(const uint8_t *row, int64_t b) { return nibbles256(row + 18 * b + 2); }
-static inline __m256i q4_1_vec(const uint8_t *row, int64_t b) { return nibbles256(row + 20 * b + 4); }
-static inline __m256i q5_0_vec(const uint8_t *row, int64_t b) {
-    return _mm256_or_si256(nibbles256(row + 22 * b + 6), fifth_bits256(row + 22 * b + 2));
-}
-static inline __m256i q5_1_vec(const uint8_t *row, int64_t b) {
-    return _mm256_or_si256(nibbles256(row + 24 * b + 8), fifth_bits256(row + 24 * b + 4));
-}
-static inline __m256i q4_k_vec(const uint8_t *row, int64_t b) { return k4_quants256(row + 144 * (b / 8) + 16, (int)(b % 8)); }
-static inline __m256i q5_k_vec(const uint8_t *row, int64_t b) {
-    const uint8_t *sb = row + 176 * (b / 8);
-    int s = (int)(b % 8);
-    __m256i h = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(sb + 16)), s), _mm256_set1_epi8(1));
-    return _mm256_or_si256(k4_quants256(sb + 48, s), _mm256_slli_epi16(h, 4));
-}
-static inline __m256i q6_k_vec(const uint8_t *row, int64_t b) {
-    const uint8_t *sb = row + 210 * (b / 8);
-    int n = (int)(b % 8) / 4, i = (int)(b % 8) % 4;
-    __m256i l = _mm256_loadu_si256((const __m256i *)(sb + 64 * n + 32 * (i % 2)));
-    if (i >= 2) l = _mm256_srli_epi16(l, 4);
-    l = _mm256_and_si256(l, _mm256_set1_epi8(0xf));
-    __m256i h = _mm256_loadu_si256((const __m256i *)(sb + 128 + 32 * n));
-    h = _mm256_and_si256(_mm256_srli_epi16(h, 2 * i), _mm256_set1_epi8(3));
-    return _mm256_or_si256(l, _mm256_slli_epi16(h, 4));
-}
+#include "unpack.h"
 
 /* Eight int32 sums of four w * x products each, x carried as (q << RESIDUAL_SHIFT) + r:
  * lanes 0-3 are values 0-15. w is unsigned (at most 6 bits; 8 with VNNI, whose products
@@ -182,13 +75,28 @@ static inline __attribute__((always_inline)) void NAME##_tile(const uint8_t *row
     const int64_t nb = x->k / 32, k = x->k;                                                         \
     const int is_signed = IS_SIGNED && !VNNI, offset = (IS_SIGNED && VNNI) ? 128 : OFFSET;          \
     __m256 acc[TILE_ROWS], mins = _mm256_setzero_ps();                                              \
-    float scaled[2][TILE_ROWS];                                                                     \
+    float scaled[2][TILE_ROWS], min_one = 0.0f;                                                     \
     for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();                                       \
     for (int64_t b = 0; b < nb; b++) {                                                              \
         block_params p;                                                                             \
         NAME##_params(row, b, &p);                                                                  \
         __m256i w = NAME##_vec(row, b);                                                             \
         if (IS_SIGNED && VNNI) w = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));              \
+        if (R == 1) {  /* one row (decode): scalars, no tile vectors */                             \
+            const float dx = x->d[b * TILE_ROWS];                                                   \
+            __m256i xq = _mm256_loadu_si256((const __m256i *)(x->q + 32 * b));                      \
+            __m256i xr = _mm256_loadu_si256((const __m256i *)(x->r + 32 * b));                      \
+            __m256 sums = _mm256_cvtepi32_ps(int_dot(w, xq, xr, is_signed));                        \
+            if (TWO_SCALES) {                                                                       \
+                const float *h = x->h + b * 2 * TILE_ROWS;                                          \
+                acc[0] = _mm256_fmadd_ps(sums, _mm256_set_m128(_mm_set1_ps(p.scale[1] * dx), _mm_set1_ps(p.scale[0] * dx)), acc[0]); \
+                min_one += (p.min - (float)offset * p.scale[0]) * h[0] + (p.min - (float)offset * p.scale[1]) * h[TILE_ROWS]; \
+            } else {                                                                                \
+                acc[0] = _mm256_fmadd_ps(sums, _mm256_set1_ps(p.scale[0] * dx), acc[0]);            \
+                min_one += (p.min - (float)offset * p.scale[0]) * x->s[b * TILE_ROWS];              \
+            }                                                                                       \
+            continue;                                                                               \
+        }                                                                                           \
         /* the tile's eight rows at once: their scales, and the min (with the offset) */           \
         __m256 dx = _mm256_loadu_ps(x->d + b * TILE_ROWS);                                          \
         _mm256_storeu_ps(scaled[0], _mm256_mul_ps(dx, _mm256_set1_ps(p.scale[0])));                 \
@@ -213,6 +121,7 @@ static inline __attribute__((always_inline)) void NAME##_tile(const uint8_t *row
     }                                                                                               \
     float min_of[TILE_ROWS];                                                                        \
     _mm256_storeu_ps(min_of, mins);                                                                 \
+    min_of[0] += min_one;                                                                           \
     for (int j = 0; j < R; j++) out[j] = hsum256(acc[j]) + min_of[j];                              \
 }
 
@@ -312,25 +221,39 @@ int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *co
             return -1;
         starts[i + 1] = starts[i] + ns[i];
     }
-    int64_t n = starts[count];
-    int8_t *xq = (int8_t *)malloc((size_t)(2 * m * k)), *xr = xq + m * k;
-    int64_t lanes = (m + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS * (k / 32);  /* per-block scalars, tile-major */
+    int64_t n = starts[count], nb = k / 32, tiles = (m + TILE_ROWS - 1) / TILE_ROWS;
+    wide_fn wides[MAX_GROUP];
+    int use_wide = m >= WIDE_MIN_ROWS;
+    for (int i = 0; i < count; i++) use_wide = use_wide && (wides[i] = wide_kernel(qtypes[i])) != 0;
+    int64_t padded = tiles * TILE_ROWS;
+    int8_t *xq = (int8_t *)malloc((size_t)((use_wide ? 4 : 2) * padded * k)), *xr = xq + m * k;
+    int64_t lanes = padded * nb;  /* per-block scalars, tile-major */
     float *xd = (float *)calloc((size_t)(4 * lanes), sizeof(float)), *xs = xd + lanes, *xh = xs + lanes;
     if (!xq || !xd) { free(xq); free(xd); return -2; }
     quantize_rows(x, m, k, xq, xr, xd, xs, xh, num_threads);
+    int8_t *wq = xq + 2 * padded * k, *wr = wq + padded * k;  /* interleaved copies (wide) */
+    if (use_wide) { interleave_rows(xq, m, k, wq); interleave_rows(xr, m, k, wr); }
+    /* Weight rows in chunks over the threads; for each tile of x, the chunk's rows (a tile of
+     * x and a chunk of weights stay in cache while they meet). */
+    const int64_t chunk = 16;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t r = 0; r < n; r++) {
-        int i = 0;
-        while (r >= starts[i + 1]) i++;
-        int64_t local = r - starts[i];
-        const uint8_t *row = ws[i] + local * row_bytes[i];
-        float add = biases[i] ? biases[i][local] : 0.0f;
-        for (int64_t j0 = 0; j0 < m; j0 += TILE_ROWS) {
-            float out[TILE_ROWS];
-            int64_t rows = m - j0 < TILE_ROWS ? m - j0 : TILE_ROWS;
-            q8_rows xj = {xq + j0 * k, xr + j0 * k, xd + j0 * (k / 32), xs + j0 * (k / 32), xh + 2 * j0 * (k / 32), k};
-            fns[i](row, &xj, rows, out);
-            for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + r] = out[j] + add;
+    for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+        int64_t c1 = c0 + chunk < n ? c0 + chunk : n;
+        for (int64_t t = 0; t < tiles; t++) {
+            int64_t j0 = t * TILE_ROWS, rows = m - j0 < TILE_ROWS ? m - j0 : TILE_ROWS;
+            const float *d = xd + j0 * nb, *sx = xs + j0 * nb, *h = xh + 2 * j0 * nb;
+            q8_rows xj = {xq + j0 * k, xr + j0 * k, d, sx, h, k};
+            wide_rows xw = {wq + j0 * k, wr + j0 * k, d, sx, h, k};
+            int i = 0;
+            for (int64_t r = c0; r < c1; r++) {
+                while (r >= starts[i + 1]) i++;
+                int64_t local = r - starts[i];
+                const uint8_t *row = ws[i] + local * row_bytes[i];
+                float add = biases[i] ? biases[i][local] : 0.0f, out[TILE_ROWS];
+                if (use_wide && rows >= WIDE_MIN_ROWS) wides[i](row, &xw, out);
+                else fns[i](row, &xj, rows, out);
+                for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + r] = out[j] + add;
+            }
         }
     }
     free(xq); free(xd);
