@@ -8,17 +8,21 @@
  *
  *     dot = d_x * sum_h scale_h * sum_{e in h} (q_e - OFFSET) * qx_e  +  min * s_x
  *
- * The integer part, per level (chosen by the flags this file is compiled with):
- *   AVX-512 VNNI: vpdpbusd on 256-bit registers (u8 x s8 summed by fours into int32);
+ * The integer part, per level (chosen by the flags this file is compiled with), for x's
+ * two int8 passes (activations.h) summed in int32 as (q << 8) + r:
+ *   AVX-512 VNNI: vpdpbusd on 256-bit registers (u8 x s8 summed by fours into int32;
+ *         Q8_0's signed weights offset by 128 to unsigned, the offset joining the min);
  *   AVX2: vpmaddubsw (u8 x s8 pairs into int16: |sum| <= 2 * 63 * 127, no saturation
- *         since weights have at most 6 bits) then vpmaddwd into int32; the OFFSET term is
- *         a second maddubs of the constant against x, subtracted in int16;
- *   Q8_0 (signed weights, |q| <= 127): |w| against x carrying w's sign (pairs <= 2 *
- *         127 * 127 < 32768);
+ *         since weights have at most 6 bits) then vpmaddwd into int32;
+ *   Q8_0 on AVX2 (signed weights, |q| <= 127): |w| against x carrying w's sign (pairs <=
+ *         2 * 127 * 127 < 32768);
  *   portable: the same sums in plain integer C.
- * A weight block is unpacked once for up to four rows of x. Weight rows are split over
- * OpenMP threads. ``inferpath_quant_dequantize`` turns rows into float32 (embedding
- * lookups, and large batches where a float GEMM over a dequantized tile is faster).
+ * Every format's OFFSET (w - OFFSET) joins its min as -OFFSET * scale * sum(x). The row
+ * kernel here unpacks a weight block once for a tile of up to 8 rows of x (one row: the
+ * decode step); wide.c's kernel takes whole tiles of 6+ rows a 32-bit lane per row. Weight
+ * rows are split over OpenMP threads in chunks. ``inferpath_quant_dequantize`` turns rows
+ * into float32 (embedding lookups, and large batches where a float GEMM over a dequantized
+ * tile is faster).
  */
 #include <stdlib.h>
 
@@ -205,11 +209,14 @@ static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
  * (k values each, format qtypes[i]), bias i (ns[i],) or NULL; x (m, k); y (m, sum ns) with
  * the weights' outputs side by side (a fused Q/K/V or gate/up projection, read in place
  * from three or two tensors of the file). x is quantized once and one parallel region
- * covers all rows. Returns 0, -1 for a bad format or shape, -2 out of memory. */
+ * covers all rows. rows_alone: every row through the row kernel, whatever m (a row's
+ * result then never depends on the rows beside it: batch invariance); else tiles of
+ * WIDE_MIN_ROWS rows or more take the wide kernel. Returns 0, -1 for a bad format or
+ * shape, -2 out of memory. */
 #define MAX_GROUP 8
 int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *const *ws, const int64_t *row_bytes,
                                  const int64_t *ns, const float *const *biases, const float *x, float *y,
-                                 int64_t m, int64_t k, int num_threads) {
+                                 int64_t m, int64_t k, int num_threads, int rows_alone) {
     rows_fn fns[MAX_GROUP];
     int64_t starts[MAX_GROUP + 1];
     if (count < 1 || count > MAX_GROUP || m < 1 || k < 32) return -1;
@@ -223,7 +230,7 @@ int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *co
     }
     int64_t n = starts[count], nb = k / 32, tiles = (m + TILE_ROWS - 1) / TILE_ROWS;
     wide_fn wides[MAX_GROUP];
-    int use_wide = m >= WIDE_MIN_ROWS;
+    int use_wide = m >= WIDE_MIN_ROWS && !rows_alone;
     for (int i = 0; i < count; i++) use_wide = use_wide && (wides[i] = wide_kernel(qtypes[i])) != 0;
     int64_t padded = tiles * TILE_ROWS;
     int8_t *xq = (int8_t *)malloc((size_t)((use_wide ? 4 : 2) * padded * k)), *xr = xq + m * k;
@@ -263,8 +270,8 @@ int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *co
 /* w: n rows of row_bytes (k values each in format qtype); x (m, k), bias (n,) or NULL,
  * y (m, n), all float32: a group of one. */
 int inferpath_quant_matmul(int qtype, const uint8_t *w, int64_t row_bytes, const float *x, const float *bias,
-                           float *y, int64_t m, int64_t n, int64_t k, int num_threads) {
-    return inferpath_quant_matmul_group(1, &qtype, &w, &row_bytes, &n, &bias, x, y, m, k, num_threads);
+                           float *y, int64_t m, int64_t n, int64_t k, int num_threads, int rows_alone) {
+    return inferpath_quant_matmul_group(1, &qtype, &w, &row_bytes, &n, &bias, x, y, m, k, num_threads, rows_alone);
 }
 
 #define DEQUANT_CASE(TYPE, NAME, OFFSET, IS_SIGNED)                                                \
