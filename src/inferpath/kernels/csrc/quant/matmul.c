@@ -214,6 +214,11 @@ static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
  * WIDE_MIN_ROWS rows or more take the wide kernel. Returns 0, -1 for a bad format or
  * shape, -2 out of memory. */
 #define MAX_GROUP 8
+/* Less work than this runs on the calling thread alone: waking the other threads (a futex
+ * each under OMP_WAIT_POLICY=PASSIVE, tens of microseconds) costs more than it saves; a
+ * decode step's small projections (SmolLM2's Q/K/V and O: 0.3-0.6 M multiply-adds, ~30 us
+ * on one core) stay on one thread, the MLP and the LM head split. */
+#define PARALLEL_MIN_MACS (1 << 20)
 int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *const *ws, const int64_t *row_bytes,
                                  const int64_t *ns, const float *const *biases, const float *x, float *y,
                                  int64_t m, int64_t k, int num_threads, int rows_alone) {
@@ -243,7 +248,7 @@ int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *co
     /* Weight rows in chunks over the threads; for each tile of x, the chunk's rows (a tile of
      * x and a chunk of weights stay in cache while they meet). */
     const int64_t chunk = 16;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
         int64_t c1 = c0 + chunk < n ? c0 + chunk : n;
         for (int64_t t = 0; t < tiles; t++) {
