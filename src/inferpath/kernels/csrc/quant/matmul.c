@@ -242,9 +242,12 @@ int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *co
     int64_t lanes = padded * nb;  /* per-block scalars, tile-major */
     float *xd = (float *)calloc((size_t)(4 * lanes), sizeof(float)), *xs = xd + lanes, *xh = xs + lanes;
     if (!xq || !xd) { free(xq); free(xd); return -2; }
-    quantize_rows(x, m, k, xq, xr, xd, xs, xh, num_threads);
-    int8_t *wq = xq + 2 * padded * k, *wr = wq + padded * k;  /* interleaved copies (wide) */
-    if (use_wide) { interleave_rows(xq, m, k, wq); interleave_rows(xr, m, k, wr); }
+    int8_t *wq = use_wide ? xq + 2 * padded * k : 0, *wr = use_wide ? wq + padded * k : 0;  /* interleaved (wide) */
+    if (use_wide && padded > m) {  /* the last tile's missing rows: zero lanes */
+        memset(wq + (padded - TILE_ROWS) * k, 0, (size_t)(TILE_ROWS * k));
+        memset(wr + (padded - TILE_ROWS) * k, 0, (size_t)(TILE_ROWS * k));
+    }
+    quantize_rows(x, m, k, xq, xr, xd, xs, xh, wq, wr, num_threads);
     /* Weight rows in chunks over the threads; for each tile of x, the chunk's rows (a tile of
      * x and a chunk of weights stay in cache while they meet). */
     const int64_t chunk = 16;
