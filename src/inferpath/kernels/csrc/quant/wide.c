@@ -13,25 +13,38 @@
 
 #if defined(__AVX2__)
 
-/* acc + eight int32 sums of four w * x products (w's dword broadcast, x's lane j: row j) */
-static inline __m256i dot4(__m256i acc, __m256i w, __m256i x, int is_signed) {
+/* acc + the int32 sums of groups g and g + 1: in each 32-bit lane (row j) the eight
+ * products of the groups' broadcast weights with row j's values. VNNI: vpdpbusd, twice.
+ * AVX2: vpmaddubsw pairs into int16, the two groups' pairs added in int16 (unsigned
+ * weights have at most 6 bits: 2 * 2 * 63 * 127 = 32004 < 32768), one vpmaddwd; Q8_0's
+ * signed weights (|w| against x carrying w's sign, pairs up to 2 * 127 * 127) widen each
+ * group apart. */
+static inline __m256i dot_pair(__m256i acc, __m256i w0, __m256i x0, __m256i w1, __m256i x1, int is_signed) {
 #if VNNI
     (void)is_signed;
-    return _mm256_dpbusd_epi32(acc, w, x);
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc, w0, x0), w1, x1);
 #else
-    __m256i pairs = is_signed ? _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w))
-                              : _mm256_maddubs_epi16(w, x);
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (is_signed) {
+        __m256i p0 = _mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(x0, w0));
+        __m256i p1 = _mm256_maddubs_epi16(_mm256_abs_epi8(w1), _mm256_sign_epi8(x1, w1));
+        return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones)));
+    }
+    __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(w0, x0), _mm256_maddubs_epi16(w1, x1));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones));
 #endif
 }
 
 /* (q << RESIDUAL_SHIFT) + r over the groups [g0, g0 + 4) of one block, for the 8 rows */
 static inline __m256i half_block(__m256i w, const int8_t *xq, const int8_t *xr, int g0, int is_signed) {
     __m256i sq = _mm256_setzero_si256(), sr = _mm256_setzero_si256();
-    for (int g = g0; g < g0 + 4; g++) {
-        __m256i wg = _mm256_permutevar8x32_epi32(w, _mm256_set1_epi32(g));
-        sq = dot4(sq, wg, _mm256_loadu_si256((const __m256i *)(xq + 32 * g)), is_signed);
-        sr = dot4(sr, wg, _mm256_loadu_si256((const __m256i *)(xr + 32 * g)), is_signed);
+    for (int g = g0; g < g0 + 4; g += 2) {
+        __m256i w0 = _mm256_permutevar8x32_epi32(w, _mm256_set1_epi32(g));
+        __m256i w1 = _mm256_permutevar8x32_epi32(w, _mm256_set1_epi32(g + 1));
+        sq = dot_pair(sq, w0, _mm256_loadu_si256((const __m256i *)(xq + 32 * g)),
+                      w1, _mm256_loadu_si256((const __m256i *)(xq + 32 * (g + 1))), is_signed);
+        sr = dot_pair(sr, w0, _mm256_loadu_si256((const __m256i *)(xr + 32 * g)),
+                      w1, _mm256_loadu_si256((const __m256i *)(xr + 32 * (g + 1))), is_signed);
     }
     return _mm256_add_epi32(_mm256_slli_epi32(sq, RESIDUAL_SHIFT), sr);
 }
