@@ -282,6 +282,29 @@ int inferpath_quant_matmul(int qtype, const uint8_t *w, int64_t row_bytes, const
     return inferpath_quant_matmul_group(1, &qtype, &w, &row_bytes, &n, &bias, x, y, m, k, num_threads, rows_alone);
 }
 
+#if defined(__AVX2__)
+/* 32 values of a block: scale[e / 16] * (q - OFFSET) + min, rounded as the scalar form
+ * (a multiply, then an add: never fused, so that the values equal the gguf package's) */
+static inline void __attribute__((optimize("fp-contract=off")))
+dequant_block(__m256i q, const block_params *p, int offset, int is_signed, float *dst) {
+    __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+    for (int c = 0; c < 4; c++) {
+        __m128i bytes = c % 2 ? _mm_srli_si128(halves[c / 2], 8) : halves[c / 2];
+        __m256i ints = is_signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes);
+        __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(ints, _mm256_set1_epi32(offset)));
+        v = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(p->scale[c / 2]), v), _mm256_set1_ps(p->min));
+        _mm256_storeu_ps(dst + 8 * c, v);
+    }
+}
+#define DEQUANT_CASE(TYPE, NAME, OFFSET, IS_SIGNED)                                                \
+    case TYPE:                                                                                      \
+        for (int64_t b = 0; b < k / 32; b++) {                                                      \
+            block_params p;                                                                         \
+            NAME##_params(row, b, &p);                                                              \
+            dequant_block(NAME##_vec(row, b), &p, OFFSET, IS_SIGNED, dst + 32 * b);                 \
+        }                                                                                           \
+        break;
+#else
 #define DEQUANT_CASE(TYPE, NAME, OFFSET, IS_SIGNED)                                                \
     case TYPE:                                                                                      \
         for (int64_t b = 0; b < k / 32; b++) {                                                      \
@@ -293,6 +316,7 @@ int inferpath_quant_matmul(int qtype, const uint8_t *w, int64_t row_bytes, const
                 dst[32 * b + e] = p.scale[e / 16] * (float)(IS_SIGNED ? (int)(int8_t)q[e] : (int)q[e] - OFFSET) + p.min; \
         }                                                                                           \
         break;
+#endif
 
 /* rows of w (row_bytes each, k values) -> out (rows, k) float32. Same return codes. */
 int inferpath_quant_dequantize(int qtype, const uint8_t *w, int64_t row_bytes, float *out, int64_t rows, int64_t k,
