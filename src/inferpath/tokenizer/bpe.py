@@ -21,6 +21,7 @@ from itertools import chain
 
 import numpy as np
 
+from inferpath.tokenizer.merges import MergeRanks
 from inferpath.tokenizer.native import MAX_WORD as NATIVE_MAX_WORD
 from inferpath.tokenizer.native import NativeMerger
 
@@ -82,46 +83,6 @@ def piece_to_bytes(piece: str) -> bytes:
         else:
             out.append(byte)
     return bytes(out)
-
-
-class MergeRanks(Mapping):
-    """(left, right) -> rank, over a merge list as GGUF stores it ("left right" strings; a
-    pair listed twice keeps its first rank).
-
-    NOTE: the dict of pairs (~10 MB for 48k merges, ~20 ms) is built on first lookup only:
-    encoding runs on the id table (``BytePairEncoder.build_id_table``, from ``triples``);
-    the string path (words over ``SHORT_WORD`` symbols, bytes without an id) needs it.
-    """
-
-    def __init__(self, merges: list[str]) -> None:
-        self.merges = merges
-        self._ranks: dict[tuple[str, str], int] | None = None
-
-    def triples(self):
-        """(left, right, rank) of every merge, in order, duplicates included."""
-        for rank, merge in enumerate(self.merges):
-            left, _, right = merge.partition(" ")
-            yield left, right, rank
-
-    def _built(self) -> dict[tuple[str, str], int]:
-        if self._ranks is None:
-            ranks: dict[tuple[str, str], int] = {}
-            for left, right, rank in self.triples():
-                ranks.setdefault((left, right), rank)
-            self._ranks = ranks
-        return self._ranks
-
-    def get(self, pair, default=None):
-        return self._built().get(pair, default)
-
-    def __getitem__(self, pair: tuple[str, str]) -> int:
-        return self._built()[pair]
-
-    def __iter__(self):
-        return iter(self._built())
-
-    def __len__(self) -> int:
-        return len(self._built())
 
 
 class BytePairEncoder:

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from inferpath.errors import ModelFileError
-from inferpath.tokenizer.bpe import BytePairEncoder, MergeRanks, bytes_to_piece
+from inferpath.tokenizer.bpe import BytePairEncoder, bytes_to_piece
+from inferpath.tokenizer.merges import MergeRanks
 from inferpath.tokenizer.pretokenize import LLAMA3_PATTERN, PreTokenizer, patterns_for
 from inferpath.tokenizer.tokenizer import AddedToken, Tokenizer
 
