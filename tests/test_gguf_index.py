@@ -218,3 +218,24 @@ def test_a_damaged_tokenizer_table_is_ignored_and_rebuilt(fresh_cache, monkeypat
     assert table.read_bytes()[32:].startswith(b"\x93NUMPY") and len(table.read_bytes()) > len(raw) // 2
     reloaded = load_tokenizer(path)
     assert reloaded.encode(PROMPT) == expected and reloaded.encoder.id_table.shape[0] == 2
+
+
+def test_long_words_take_the_string_path_on_the_lazily_built_merge_ranks():
+    """Words over SHORT_WORD symbols merge by (left, right) strings: the GGUF loader's
+    MergeRanks builds that dict on first use, and the ids stay Hugging Face's."""
+    from tokenizer_fixtures import smollm2_reference
+
+    from inferpath.tokenizer import load_tokenizer
+    from inferpath.tokenizer.merges import MergeRanks
+
+    path = resolve_model("smollm2-135m-instruct")
+    tokenizer = load_tokenizer(path)
+    ranks = tokenizer.encoder.merge_ranks
+    assert isinstance(ranks, MergeRanks) and ranks._ranks is None  # encoding runs on ids
+    text = "Pneumonoultramicroscopicsilicovolcanoconiosis" * 3 + " " + "=" * 300 + " ok"
+    assert tokenizer.encode(text, add_bos=False) == smollm2_reference(path).encode(text).ids
+    assert ranks._ranks is not None
+    eager: dict[tuple[str, str], int] = {}
+    for rank, merge in enumerate(ranks.merges):
+        eager.setdefault(tuple(merge.split(" ", 1)), rank)
+    assert dict(ranks) == eager
