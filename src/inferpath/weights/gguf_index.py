@@ -108,7 +108,7 @@ class GGUFIndex:
                 "tensors": [[t.name, int(t.qtype), list(t.shape), t.offset, t.nbytes] for t in self.tensors]}
 
     @classmethod
-    def from_json(cls, path: Path, entry: dict[str, Any]) -> "GGUFIndex":
+    def from_json(cls, path: Path, entry: dict[str, Any]) -> GGUFIndex:
         """The index ``to_json`` wrote; raises (KeyError, TypeError, ValueError) on any entry
         not of that form, or whose tensors do not fit in ``file_size``."""
         size = _int(entry["file_size"])
