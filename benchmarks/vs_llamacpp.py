@@ -65,13 +65,13 @@ def rss_mb() -> float:
 def worker_llamacpp(path: str, task: str, threads: int) -> dict:
     from llama_cpp import Llama
 
+    ids = prompt_ids(path, PREFILL_TOKENS) if task == "prefill" else []  # before the baseline
     baseline = rss_mb()
     start = time.perf_counter()
     llm = Llama(model_path=path, n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads,
                 verbose=False)
     result = {"load_s": time.perf_counter() - start, "baseline_mb": baseline}
     if task == "prefill":
-        ids = prompt_ids(path, PREFILL_TOKENS)
         start = time.perf_counter()
         llm.eval(ids)
         result["prefill_tok_s"] = PREFILL_TOKENS / (time.perf_counter() - start)
