@@ -239,3 +239,24 @@ def test_long_words_take_the_string_path_on_the_lazily_built_merge_ranks():
     for rank, merge in enumerate(ranks.merges):
         eager.setdefault(tuple(merge.split(" ", 1)), rank)
     assert dict(ranks) == eager
+
+
+def test_a_file_too_big_to_map_copy_on_write_loads_read_only_with_the_same_tensors(monkeypatch):
+    """Linux refuses a private writable mapping larger than RAM + swap (ENOMEM); the file is
+    then mapped read-only and the Q/K rows copied: the same tensors."""
+    from inferpath.weights import load_checkpoint
+
+    path = resolve_model("smollm2-135m-instruct")
+    expected = load_checkpoint(path, keep_quantized=True).tensors
+    memmap = np.memmap
+
+    def no_private_mapping(*args, mode="r+", **kwargs):
+        if mode == "c":
+            raise OSError(12, "Cannot allocate memory")
+        return memmap(*args, mode=mode, **kwargs)
+
+    monkeypatch.setattr(gguf_index.np, "memmap", no_private_mapping)
+    got = load_checkpoint(path, keep_quantized=True).tensors
+    assert got.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(getattr(tensor, "data", tensor), getattr(got[name], "data", got[name])), name

@@ -209,10 +209,10 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
             raise WeightsError(f"{path}: tensor {t.name!r} has {shape[0]} rows, not a whole number of "
                                f"row pairs for its {heads_of[kind]} heads; the file is inconsistent")
         if keep_quantized and t.qtype in QUANTIZED_TYPES and len(shape) == 2:
-            quantized = QuantizedTensor.from_gguf(index.array(data, t), t.qtype, shape)
+            blocks = index.array(data, t)  # (rows, row_bytes)
             if arch in _PERMUTED_ARCHITECTURES and kind in heads_of:
-                quantized.permute_rows_(unpermute_rows(np.arange(shape[0]), heads_of[kind]))
-            tensors[_hf_name_or_raise(t.name, config, path)] = quantized
+                blocks = _rows_in_order(blocks, unpermute_rows(np.arange(shape[0]), heads_of[kind]))
+            tensors[_hf_name_or_raise(t.name, config, path)] = QuantizedTensor.from_gguf(blocks, t.qtype, shape)
             continue
         try:
             values = dequantize(index.array(data, t), t.qtype).reshape(shape)
@@ -227,6 +227,16 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
             continue
         tensors[_hf_name_or_raise(t.name, config, path)] = _to_torch(values, dtype)
     return config, tensors, eos_token_ids(index)
+
+
+def _rows_in_order(rows: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``rows[order]`` (whole rows of blocks): in place where the mapping is writable (copy-
+    on-write: just these pages become the process's own, where a copy would hold both), else
+    a copy. NOTE: ask numpy, not torch, whether it is writable: torch does not know."""
+    if not rows.flags.writeable:
+        return rows[order]
+    rows[:] = rows[order]
+    return rows
 
 
 def _hf_name_or_raise(gguf_tensor: str, config: ModelConfig, path: Path) -> str:

@@ -83,8 +83,15 @@ class GGUFIndex:
     def map_data(self) -> np.ndarray:
         """The file's bytes, memory-mapped copy-on-write: (file_size,) uint8. Pages are
         shared with the page cache until written; a write (only the loader's, putting Q and
-        K rows in Hugging Face order in place) changes this process's copy, never the file."""
-        data = np.memmap(self.path, dtype=np.uint8, mode="c")
+        K rows in Hugging Face order in place) changes this process's copy, never the file.
+
+        NOTE: Linux charges a private writable mapping against the commit limit, and refuses
+        one larger than RAM + swap; such a file is mapped read-only (``writeable`` False).
+        """
+        try:
+            data = np.memmap(self.path, dtype=np.uint8, mode="c")
+        except OSError:  # ENOMEM: see the note
+            data = np.memmap(self.path, dtype=np.uint8, mode="r")
         if len(data) != self.file_size:
             raise WeightsError(f"{self.path}: the file changed while it was being loaded "
                                f"({self.file_size} bytes, now {len(data)}); load it again")

@@ -26,8 +26,8 @@ class QuantizedTensor:
     """A 2-D weight (rows, cols) in a GGUF block format.
 
     Invariant: ``data`` is (rows, row_bytes) uint8 with row_bytes = cols / block_size *
-    type_size, rows contiguous; it may be a view of the mapped file (written only by
-    ``permute_rows_`` at load, in a copy-on-write mapping).
+    type_size, rows contiguous; it may be a view of the mapped file (never written after
+    the load: weights/gguf.py puts Q/K rows in order first).
     """
 
     data: torch.Tensor
@@ -54,13 +54,6 @@ class QuantizedTensor:
 
     def numel(self) -> int:
         return self.shape[0] * self.shape[1]
-
-    def permute_rows_(self, order: np.ndarray) -> None:
-        """Put the rows in ``order``, in place (blocks never straddle rows). ``data`` must be
-        writable: a view of a copy-on-write mapping (``GGUFIndex.map_data``) turns just these
-        pages into the process's own, where a copy would hold both."""
-        rows = self.data.numpy()
-        rows[:] = rows[np.asarray(order)]
 
     def dequantize(self) -> torch.Tensor:
         """The float32 values (rows, cols), by the gguf package (the reference)."""
