@@ -260,3 +260,36 @@ def test_a_file_too_big_to_map_copy_on_write_loads_read_only_with_the_same_tenso
     assert got.keys() == expected.keys()
     for name, tensor in expected.items():
         assert torch.equal(getattr(tensor, "data", tensor), getattr(got[name], "data", got[name])), name
+
+
+def test_bf16_tensors_read_as_bfloat16_are_views_equal_to_the_dequantized_ones(tmp_path):
+    """A BF16 GGUF read in bfloat16 is viewed in place (Q/K rows reordered in the
+    copy-on-write map), and equals the same file dequantized to float32 then cast."""
+    from test_model_files import VOCAB, write_tiny_gguf
+
+    from inferpath.weights import load_checkpoint
+
+    source = gguf.GGUFReader(write_tiny_gguf(tmp_path / "f32.gguf"))
+    writer = gguf.GGUFWriter(str(tmp_path / "bf16.gguf"), "llama")
+    for key, field in source.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            kind = gguf.GGUFValueType(int(field.types[0]))
+            sub = gguf.GGUFValueType(int(field.types[-1])) if kind == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(key, field.contents(), kind, sub_type=sub)
+    for t in source.tensors:
+        values = torch.from_numpy(np.array(t.data))
+        if values.ndim == 2:  # norms stay F32, as llama.cpp writes them
+            raw = values.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint8)
+            writer.add_tensor(t.name, raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
+        else:
+            writer.add_tensor(t.name, values.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    viewed = load_checkpoint(tmp_path / "bf16.gguf", dtype=torch.bfloat16).tensors
+    cast = load_checkpoint(tmp_path / "bf16.gguf", dtype=torch.float32).tensors
+    assert viewed["model.embed_tokens.weight"].shape == (len(VOCAB), 32)
+    for name, tensor in cast.items():
+        assert viewed[name].dtype == torch.bfloat16
+        assert torch.equal(viewed[name], tensor.to(torch.bfloat16)), name

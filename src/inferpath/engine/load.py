@@ -69,18 +69,26 @@ def load_weights(path: Path, engine_config, progress: bool = False):
     keep_quantized = (engine_config.cpu_kernels and engine_config.tensor_parallel_size == 1
                       and quantized_kernels_available())
     float_dtype = auto_float_dtype() if engine_config.cpu_kernels else torch.float32
-    if Path(path).is_dir():
+    if Path(path).is_dir() or not _holds_blocks(path):  # float weights: read in the dtype that runs
         return load_checkpoint(path, dtype=float_dtype, progress=progress), float_dtype
+    # a quantized file: float32 activations, its blocks kept or not
     checkpoint = load_checkpoint(path, dtype=torch.float32, progress=progress, keep_quantized=True)
-    if checkpoint.quantized_tensors:  # a quantized file: float32 activations, quantized or not
-        if not keep_quantized:  # no kernels here, or sharded: dequantize (the reference path)
-            checkpoint.tensors = {name: t.dequantize() if isinstance(t, QuantizedTensor) else t
-                                  for name, t in checkpoint.tensors.items()}
-        return checkpoint, torch.float32
-    if float_dtype == torch.float32:
-        return checkpoint, torch.float32
-    checkpoint.tensors = {name: t.to(float_dtype) for name, t in checkpoint.tensors.items()}
-    return checkpoint, float_dtype
+    if not keep_quantized:  # no kernels here, or sharded: dequantize (the reference path)
+        checkpoint.tensors = {name: t.dequantize() if isinstance(t, QuantizedTensor) else t
+                              for name, t in checkpoint.tensors.items()}
+    return checkpoint, torch.float32
+
+
+def _holds_blocks(path: Path) -> bool:
+    """Whether ``path`` is a GGUF file with a matrix in a block format the quantized
+    kernels read (its index says so: no tensor is read)."""
+    from inferpath.weights.gguf_index import read_gguf_index
+    from inferpath.weights.quantized import QUANTIZED_TYPES
+
+    with open(path, "rb") as file:
+        if file.read(4) != b"GGUF":
+            return False
+    return any(t.qtype in QUANTIZED_TYPES and len(t.shape) == 2 for t in read_gguf_index(path).tensors)
 
 
 def build_for_engine(checkpoint, dtype: torch.dtype, engine_config) -> nn.Module:

@@ -214,6 +214,12 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
                 blocks = _rows_in_order(blocks, unpermute_rows(np.arange(shape[0]), heads_of[kind]))
             tensors[_hf_name_or_raise(t.name, config, path)] = QuantizedTensor.from_gguf(blocks, t.qtype, shape)
             continue
+        if t.qtype == Q.BF16 and dtype == torch.bfloat16 and len(shape) == 2:
+            raw = index.array(data, t)  # (rows, 2 * cols) bytes: bf16 as PyTorch stores it
+            if arch in _PERMUTED_ARCHITECTURES and kind in heads_of:
+                raw = _rows_in_order(raw, unpermute_rows(np.arange(shape[0]), heads_of[kind]))
+            tensors[_hf_name_or_raise(t.name, config, path)] = _bf16_view(raw)
+            continue
         try:
             values = dequantize(index.array(data, t), t.qtype).reshape(shape)
         except ValueError as exc:
@@ -227,6 +233,13 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
             continue
         tensors[_hf_name_or_raise(t.name, config, path)] = _to_torch(values, dtype)
     return config, tensors, eos_token_ids(index)
+
+
+def _bf16_view(raw: np.ndarray) -> torch.Tensor:
+    """(rows, 2 * cols) bytes of the mapped file as a (rows, cols) bfloat16 tensor, no copy."""
+    if not raw.flags.writeable:  # a read-only map: torch would believe it may write
+        raw = raw.copy()
+    return torch.from_numpy(raw).view(torch.bfloat16)
 
 
 def _rows_in_order(rows: np.ndarray, order: np.ndarray) -> np.ndarray:
