@@ -262,12 +262,15 @@ def test_a_file_too_big_to_map_copy_on_write_loads_read_only_with_the_same_tenso
         assert torch.equal(getattr(tensor, "data", tensor), getattr(got[name], "data", got[name])), name
 
 
-def test_bf16_tensors_read_as_bfloat16_are_views_equal_to_the_dequantized_ones(tmp_path):
-    """A BF16 GGUF read in bfloat16 is viewed in place (Q/K rows reordered in the
-    copy-on-write map), and equals the same file dequantized to float32 then cast."""
+@pytest.mark.parametrize("stored", [gguf.GGMLQuantizationType.BF16, gguf.GGMLQuantizationType.F16])
+def test_float_matrices_read_by_torch_equal_the_dequantized_ones_cast(tmp_path, stored):
+    """A BF16 / F16 GGUF read in bfloat16 (a view of the map for BF16, Q/K rows reordered in
+    the copy-on-write map) equals the gguf package's float32 values cast to bfloat16."""
     from test_model_files import VOCAB, write_tiny_gguf
 
     from inferpath.weights import load_checkpoint
+    from inferpath.weights.gguf import unpermute_rows
+    from inferpath.weights.names import hf_name
 
     source = gguf.GGUFReader(write_tiny_gguf(tmp_path / "f32.gguf"))
     writer = gguf.GGUFWriter(str(tmp_path / "bf16.gguf"), "llama")
@@ -279,8 +282,9 @@ def test_bf16_tensors_read_as_bfloat16_are_views_equal_to_the_dequantized_ones(t
     for t in source.tensors:
         values = torch.from_numpy(np.array(t.data))
         if values.ndim == 2:  # norms stay F32, as llama.cpp writes them
-            raw = values.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint8)
-            writer.add_tensor(t.name, raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
+            as_stored = values.to(torch.bfloat16 if stored == gguf.GGMLQuantizationType.BF16 else torch.float16)
+            raw = as_stored.view(torch.int16).numpy().view(np.uint8)
+            writer.add_tensor(t.name, raw, raw_shape=raw.shape, raw_dtype=stored)
         else:
             writer.add_tensor(t.name, values.numpy())
     writer.write_header_to_file()
@@ -288,8 +292,14 @@ def test_bf16_tensors_read_as_bfloat16_are_views_equal_to_the_dequantized_ones(t
     writer.write_tensors_to_file()
     writer.close()
     viewed = load_checkpoint(tmp_path / "bf16.gguf", dtype=torch.bfloat16).tensors
-    cast = load_checkpoint(tmp_path / "bf16.gguf", dtype=torch.float32).tensors
+    reader = gguf.GGUFReader(tmp_path / "bf16.gguf")  # the reference: gguf's float32 values
     assert viewed["model.embed_tokens.weight"].shape == (len(VOCAB), 32)
-    for name, tensor in cast.items():
+    for t in reader.tensors:
+        values = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy())
+        if t.name.endswith(("attn_q.weight", "attn_k.weight")):
+            values = torch.from_numpy(unpermute_rows(values.numpy(), 4).copy())
+        name = hf_name(t.name)
         assert viewed[name].dtype == torch.bfloat16
-        assert torch.equal(viewed[name], tensor.to(torch.bfloat16)), name
+        assert torch.equal(viewed[name], values.to(torch.bfloat16)), name
+    as_float32 = load_checkpoint(tmp_path / "bf16.gguf", dtype=torch.float32).tensors
+    assert all(as_float32[name].dtype == torch.float32 for name in viewed)

@@ -36,6 +36,8 @@ SUPPORTED_TENSOR_TYPES = frozenset({
 })
 # GGUF architecture -> the model_type of ModelConfig; llama.cpp stores Mixtral as "llama"
 # with an expert count, and Mistral (7B) as "llama" too.
+# float types PyTorch holds as they are stored
+_TORCH_FLOATS = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 _ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}
 _PERMUTED_ARCHITECTURES = frozenset({"llama", "mistral"})
 
@@ -214,11 +216,11 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
                 blocks = _rows_in_order(blocks, unpermute_rows(np.arange(shape[0]), heads_of[kind]))
             tensors[_hf_name_or_raise(t.name, config, path)] = QuantizedTensor.from_gguf(blocks, t.qtype, shape)
             continue
-        if t.qtype == Q.BF16 and dtype == torch.bfloat16 and len(shape) == 2:
-            raw = index.array(data, t)  # (rows, 2 * cols) bytes: bf16 as PyTorch stores it
+        if t.qtype in _TORCH_FLOATS and len(shape) == 2:  # matrices: no numpy dequantization
+            rows = index.array(data, t)  # F32/F16 values, BF16 bytes (rows, 2 * cols)
             if arch in _PERMUTED_ARCHITECTURES and kind in heads_of:
-                raw = _rows_in_order(raw, unpermute_rows(np.arange(shape[0]), heads_of[kind]))
-            tensors[_hf_name_or_raise(t.name, config, path)] = _bf16_view(raw)
+                rows = _rows_in_order(rows, unpermute_rows(np.arange(shape[0]), heads_of[kind]))
+            tensors[_hf_name_or_raise(t.name, config, path)] = _float_matrix(rows, t.qtype, dtype)
             continue
         try:
             values = dequantize(index.array(data, t), t.qtype).reshape(shape)
@@ -235,11 +237,14 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
     return config, tensors, eos_token_ids(index)
 
 
-def _bf16_view(raw: np.ndarray) -> torch.Tensor:
-    """(rows, 2 * cols) bytes of the mapped file as a (rows, cols) bfloat16 tensor, no copy."""
-    if not raw.flags.writeable:  # a read-only map: torch would believe it may write
-        raw = raw.copy()
-    return torch.from_numpy(raw).view(torch.bfloat16)
+def _float_matrix(rows: np.ndarray, qtype: GGMLQuantizationType, dtype: torch.dtype) -> torch.Tensor:
+    """A float matrix of the mapped file in ``dtype``: the map itself when that is the
+    file's type, else converted by PyTorch in one pass (F16 -> bf16 without a float32
+    copy; every conversion exact or rounded once, as through float32)."""
+    if not rows.flags.writeable:  # a read-only map: torch would believe it may write
+        rows = rows.copy()
+    tensor = torch.from_numpy(rows)
+    return (tensor.view(torch.bfloat16) if qtype == Q.BF16 else tensor).to(dtype)
 
 
 def _rows_in_order(rows: np.ndarray, order: np.ndarray) -> np.ndarray:
