@@ -241,7 +241,7 @@ def _float_matrix(rows: np.ndarray, qtype: GGMLQuantizationType, dtype: torch.dt
     """A float matrix of the mapped file in ``dtype``: the map itself when that is the
     file's type, else converted by PyTorch in one pass (F16 -> bf16 without a float32
     copy; every conversion exact or rounded once, as through float32)."""
-    if not rows.flags.writeable:  # a read-only map: torch would believe it may write
+    if not (rows.flags.writeable and rows.flags.aligned):  # torch would write to a read-only map
         rows = rows.copy()
     tensor = torch.from_numpy(rows)
     return (tensor.view(torch.bfloat16) if qtype == Q.BF16 else tensor).to(dtype)
@@ -268,8 +268,8 @@ def _hf_name_or_raise(gguf_tensor: str, config: ModelConfig, path: Path) -> str:
 
 
 def _to_torch(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    # F32 tensors come back as read-only views of the memory map: copy them out.
+    # F32 tensors come back as views of the memory map: copy those read-only or misaligned
     values = np.ascontiguousarray(values, dtype=np.float32)
-    if not values.flags.writeable:
+    if not (values.flags.writeable and values.flags.aligned):
         values = values.copy()
     return torch.from_numpy(values).to(dtype)
