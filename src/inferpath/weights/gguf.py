@@ -1,9 +1,10 @@
 """GGUF reader: llama.cpp's single-file format → ModelConfig and Hugging Face-named tensors.
 
 The header is read (and checked) once per file into a ``GGUFIndex`` (gguf_index.py,
-cached across processes); the file is memory-mapped and each tensor is either kept in its
-block layout (``QuantizedTensor``) or dequantized by ``gguf.quants.dequantize`` to
-float32, renamed (names.py), and cast to the compute dtype. Nothing is unpickled.
+cached across processes); the file is memory-mapped copy-on-write and each tensor is kept
+in its block layout (``QuantizedTensor``), or, a float matrix, viewed by PyTorch (cast to
+the compute dtype only if it differs), or else dequantized by ``gguf.quants.dequantize``
+to float32 and cast; all renamed (names.py). Nothing is unpickled.
 
 NOTE: llama.cpp's converter permutes the rows of Q and K (and their biases) of
 Llama-architecture models so that its RoPE can rotate adjacent pairs; Hugging Face's
@@ -34,10 +35,10 @@ Q = GGMLQuantizationType
 SUPPORTED_TENSOR_TYPES = frozenset({
     Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K,
 })
-# GGUF architecture -> the model_type of ModelConfig; llama.cpp stores Mixtral as "llama"
-# with an expert count, and Mistral (7B) as "llama" too.
 # float types PyTorch holds as they are stored
 _TORCH_FLOATS = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+# GGUF architecture -> the model_type of ModelConfig; llama.cpp stores Mixtral as "llama"
+# with an expert count, and Mistral (7B) as "llama" too.
 _ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}
 _PERMUTED_ARCHITECTURES = frozenset({"llama", "mistral"})
 
