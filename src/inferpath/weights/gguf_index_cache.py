@@ -5,9 +5,9 @@ One entry per GGUF file (by real path) under ``$INFERPATH_CACHE/gguf-index`` (de
 the checked walk produced, preceded by the SHA-256 of that JSON.
 
 Trust: an entry is a hint, never an answer. It is used only if its digest matches its
-bytes (a torn or corrupted write is ignored), it was written by the same code (``FORMAT``:
-a digest of the sources that make and check an index, and the ``gguf`` package version),
-it names the same real path and file size, and then ``read_gguf_index`` compares the
+bytes (a torn or corrupted write is ignored), it was written by the same code
+(``entry_format``: a digest of the sources that make and check an index, and of gguf's
+constants), it names the same real path and file size, and then ``read_gguf_index`` compares the
 file's header bytes with the digest the entry recorded. Any failure to read or write the
 cache only costs the walk. Files whose header is smaller than ``MIN_HEADER_BYTES`` (the
 walk takes under ~2 ms) are not cached; at most ``MAX_ENTRIES`` entries are kept.
