@@ -14,7 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+from gguf import (
+    GGML_QUANT_SIZES,
+    GGML_QUANT_VERSION,
+    GGMLQuantizationType,
+    LlamaFileType,
+    quants,
+)
 
 from inferpath.weights.quantized import QuantizedTensor
 
@@ -22,6 +28,11 @@ Q = GGMLQuantizationType
 # --quantization names (llama.cpp's) -> format
 QUANTIZATION_TYPES = {"q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_k": Q.Q4_K}
 FALLBACK_TYPE = Q.Q8_0
+# general.file_type written by ``inferpath quantize`` (llama.cpp's llama_ftype; Q4_K rows
+# that fall back to Q8_0 keep it "mostly Q4_K", as llama.cpp's own fallbacks do)
+FILE_TYPES = {Q.Q8_0: LlamaFileType.MOSTLY_Q8_0, Q.Q4_0: LlamaFileType.MOSTLY_Q4_0, Q.Q4_K: LlamaFileType.MOSTLY_Q4_K_S}
+# metadata the writer sets itself rather than copying from the source
+WRITTEN_KEYS = ("general.architecture", "general.alignment", "general.file_type", "general.quantization_version")
 
 
 def quantization_type(name: str) -> GGMLQuantizationType:
@@ -111,8 +122,14 @@ def write_quantized_gguf(source: Path, target: Path, type_name: str) -> dict[str
     qtype = quantization_type(type_name)
     reader = open_gguf(source)
     writer = GGUFWriter(target, arch=str(field(reader, "general.architecture")))
+    # NOTE: the writer pads tensor data to its own alignment: a source's general.alignment
+    # must become the writer's, not a copied key that points readers at the wrong offsets
+    if field(reader, "general.alignment") is not None:
+        writer.add_custom_alignment(int(field(reader, "general.alignment")))
+    writer.add_file_type(int(FILE_TYPES[qtype]))  # what the file now mostly holds (llama.cpp's ftype)
+    writer.add_quantization_version(GGML_QUANT_VERSION)  # block layouts of ggml's version 2
     for key, f in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
+        if key.startswith("GGUF.") or key in WRITTEN_KEYS:
             continue
         value_type = GGUFValueType(int(f.types[0]))
         sub_type = GGUFValueType(int(f.types[-1])) if value_type == GGUFValueType.ARRAY else None
