@@ -53,6 +53,19 @@ def test_quantize_on_load_q8_0_against_transformers_float32(tmp_path: Path):
         quantize_checkpoint(load_checkpoint(tmp_path), "q3_k")
 
 
+def test_quantize_on_load_keeps_a_tied_head_in_eight_bits(tmp_path: Path):
+    """Q4_0 on load: every projection in Q4_0, the embedding table that is also the LM head
+    (tied) in Q8_0, as llama.cpp's quantizer keeps its head above 4 bits."""
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      tie_word_embeddings=True)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    kinds = {name: t.type_name for name, t in quantize_checkpoint(load_checkpoint(tmp_path), "q4_0")
+             .quantized_tensors.items()}
+    assert kinds.pop("model.embed_tokens.weight") == "Q8_0"
+    assert len(kinds) == 7 and set(kinds.values()) == {"Q4_0"}, kinds
+
+
 def write_float_gguf(path: Path, hidden: int = 256, intermediate: int = 288, vocab: int = 320,
                      alignment: int | None = None) -> None:
     """A tiny random Llama as an F32 GGUF (no tokenizer: weights and shapes only), its
@@ -109,6 +122,8 @@ def test_quantize_command_writes_a_gguf_the_gguf_package_reads(tmp_path: Path, c
         if name.endswith("norm.weight"):
             assert t.tensor_type == Q.F32
         elif name.endswith("ffn_down.weight"):  # rows of 288 values: not whole 256-blocks
+            assert t.tensor_type == Q.Q8_0
+        elif name == "output.weight":  # the LM head keeps 8 bits (llama.cpp keeps it at Q6_K)
             assert t.tensor_type == Q.Q8_0
         else:
             assert t.tensor_type == Q.Q4_K, name
