@@ -85,12 +85,15 @@ def worker_inferpath(path: str, task: str, threads: int, dtype: str = "auto") ->
     from inferpath.config import EngineConfig
     from inferpath.engine.llm_engine import LLMEngine
     from inferpath.sampling.params import SamplingParams
+    from inferpath.threads import physical_cores
 
     # KV cache sized like llama.cpp's n_ctx=1024 context (its resident memory includes it too)
     kv_bytes = (96 if task.startswith("batch") else 32) * 2**20
     start = time.perf_counter()
-    engine = LLMEngine.from_model(path, EngineConfig(threads=threads, max_num_seqs=64, kv_cache_memory_bytes=kv_bytes,
-                                                     dtype=dtype))
+    # as many threads as the physical cores: inferpath's default (threads=None), which also
+    # measures one-sequence decode at 1 thread (threads.py DecodeThreadTuner)
+    engine = LLMEngine.from_model(path, EngineConfig(threads=None if threads == physical_cores() else threads,
+                                                     max_num_seqs=64, kv_cache_memory_bytes=kv_bytes, dtype=dtype))
     result = {"load_s": time.perf_counter() - start, "format": engine.weight_format.describe(),
               "decode_bytes": engine.weight_format.decode_bytes, "kv_mb": kv_bytes / 2**20}
 
@@ -229,7 +232,8 @@ def main() -> None:
             if "decode_bytes" in m:
                 floor = info["read_bandwidth"] / m["decode_bytes"]
                 m["floor_tok_s"], m["floor_fraction"] = floor, m["decode_tok_s"] / floor
-        results["files"][fmt] = {"path": path, "size_mb": size_mb, "engines": summary}
+        results["files"][fmt] = {"path": path, "size_mb": size_mb, "engines": summary,
+                                 "samples": samples}  # every repeat, in order: how noisy the medians are
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))
     print_table(results)
