@@ -24,7 +24,7 @@ from inferpath.model.attention import (
 )
 from inferpath.model.metadata import AttentionMetadata
 
-NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 6, 2, 8, 4, 48
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 6, 2, 8, 4, 1600
 
 # (context already cached, new tokens) per sequence, in batch order
 BATCHES = {
@@ -33,6 +33,8 @@ BATCHES = {
     "decodes-same-length": [(6, 1), (6, 1), (6, 1)],
     "single-fresh-prefill": [(0, 11)],
     "single-chunk-on-context": [(13, 4)],
+    # enough work for the native decode kernel to split over threads (PARALLEL_MIN_WORK)
+    "long-decodes": [(3000, 1), (2600, 1), (5, 1)],
 }
 
 

@@ -24,7 +24,7 @@ from inferpath.weights.quantized import QUANTIZED_TYPES, QuantizedTensor
 
 Q = GGMLQuantizationType
 TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-ROWS = [1, 3, 8, 64]
+ROWS = [1, 3, 8, 13, 64]  # the row kernel; the wide kernel (tiles of 8); both (a tile and a tail)
 
 
 @pytest.fixture(params=build.LEVEL_NAMES)
@@ -94,13 +94,14 @@ def test_quantized_matmul_within_the_activation_rounding(qtype, rows, isa):
     module = QuantLinear(weight, bias.clone())
     out = module(x)
     assert out.shape == (rows, 37) and ((out - exact).abs() <= bound).all()
-    if rows > ops.QUANT_MATMUL_MAX_ROWS:  # dequantized tiles: float32 rounding only
+    if not ops.quant_rows_fused(rows):  # dequantized tiles: float32 rounding only
         torch.testing.assert_close(out, exact, rtol=1e-4, atol=1e-4)
 
 
 def test_tiles_cover_every_row(monkeypatch):
     """Many rows through several dequantized tiles (a tile smaller than the weight)."""
     monkeypatch.setattr(ops, "DEQUANT_TILE_VALUES", 5 * 64)
+    monkeypatch.setattr(ops, "QUANT_MATMUL_MAX_ROWS", dict.fromkeys(ops.QUANT_MATMUL_MAX_ROWS, 8))
     weight = random_weight(Q.Q4_1, 23, 64, seed=1)
     x = torch.randn(40, 64)
     torch.testing.assert_close(QuantLinear(weight)(x), x @ weight.dequantize().T, rtol=1e-4, atol=1e-4)
@@ -123,7 +124,7 @@ def test_bad_shapes_are_refused():
         ops.run_quant_matmul(build.native_quant_matmul(), torch.randn(1, 48), weight.data, int(Q.Q4_0), None, 4)
 
 
-def _teacher_forced_logits(model, tokens: list[int], fused_rows: int = ops.QUANT_MATMUL_MAX_ROWS,
+def _teacher_forced_logits(model, tokens: list[int], fused_rows: int | None = None,
                            fused_head: bool = True) -> torch.Tensor:
     """One pass over ``tokens`` (one sequence), logits of every position: (len, vocab).
     Up to ``fused_rows`` rows take the fused kernel (the LM head's only if ``fused_head``)."""
@@ -137,7 +138,8 @@ def _teacher_forced_logits(model, tokens: list[int], fused_rows: int = ops.QUANT
                              query_lens=[len(tokens)], seq_lens_list=[len(tokens)], block_size=16)
     default = ops.QUANT_MATMUL_MAX_ROWS
     try:
-        ops.QUANT_MATMUL_MAX_ROWS = fused_rows
+        if fused_rows is not None:
+            ops.QUANT_MATMUL_MAX_ROWS = dict.fromkeys(default, fused_rows)
         with torch.inference_mode():
             hidden = model(torch.tensor(tokens), torch.arange(len(tokens)), cache, meta)
             if not fused_head:
@@ -186,7 +188,7 @@ def test_real_model_quantized_agrees_with_its_dequantized_self(alias, fused_head
     assert abs(ppl_fused / ppl_reference - 1) <= 0.01, (ppl_fused, ppl_reference)
 
 
-@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("rows", [1, 5, 11])
 def test_a_group_of_weights_is_their_matmuls_side_by_side(rows, isa):
     """Q/K/V of different formats and sizes, with biases, as one call: each weight's
     columns are exactly its own matmul (the same per-row arithmetic)."""

@@ -81,10 +81,10 @@ _SIGNATURES = {  # every exported function returns int: 0, or a negative error
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _EXTRA_SIGNATURES = {
     "inferpath_argmax_f32": [_P] * 2 + [_I] * 2 + [_N],
-    # qtype, weight, row bytes, x (f32), bias (f32 or NULL), y (f32), m, n, k, threads
-    "inferpath_quant_matmul": [_N, _P, _I, _P, _P, _P, _I, _I, _I, _N],
-    # count, qtypes[], weights[], row bytes[], rows[], biases[], x, y, m, k, threads
-    "inferpath_quant_matmul_group": [_N] + [_P] * 7 + [_I, _I, _N],
+    # qtype, weight, row bytes, x (f32), bias (f32 or NULL), y (f32), m, n, k, threads, rows alone
+    "inferpath_quant_matmul": [_N, _P, _I, _P, _P, _P, _I, _I, _I, _N, _N],
+    # count, qtypes[], weights[], row bytes[], rows[], biases[], x, y, m, k, threads, rows alone
+    "inferpath_quant_matmul_group": [_N] + [_P] * 7 + [_I, _I, _N, _N],
     # qtype, weight, row bytes, out (f32), rows, k, threads
     "inferpath_quant_dequantize": [_N, _P, _I, _P, _I, _I, _N],
 }

@@ -79,7 +79,7 @@ class CPUSelfAttention(SelfAttention):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         quant = (self._quant_qkv is not None and x.dtype == torch.float32
-                 and (x.shape[0] <= ops.QUANT_MATMUL_MAX_ROWS or ops.rows_must_be_invariant()))
+                 and ops.quant_rows_fused(x.shape[0]))
         if (self._qkv_weight is None and not quant) or _hooked(self.q_proj, self.k_proj, self.v_proj):
             return super().project(x)
         num_tokens = x.shape[0]
@@ -113,7 +113,7 @@ class CPUSwiGLUMLP(SwiGLUMLP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, hidden_size) -> (num_tokens, hidden_size)
         quant = (self._quant_gate_up is not None and self._silu_f32 is not None and x.dtype == torch.float32
-                 and (x.shape[0] <= ops.QUANT_MATMUL_MAX_ROWS or ops.rows_must_be_invariant()))
+                 and ops.quant_rows_fused(x.shape[0]))
         if (self._gate_up_weight is None and not quant) or _hooked(self.gate_proj, self.up_proj, self.act_fn):
             return super().forward(x)
         if quant:

@@ -166,12 +166,22 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     return out
 
 
-# Up to this many rows a quantized matmul runs the fused dequantize-dot kernel (int8
-# activations, each weight block unpacked once per 4 rows); past it, weight tiles are
-# dequantized to float32 once and reused for all rows by PyTorch's GEMM. Measured on a
-# 3072 x 576 Q4_1 weight, 2 threads, avx512, ms fused vs tiled: rows 1: 0.17 vs 1.97,
-# 8: 0.53 vs 2.51, 16: 1.08 vs 2.82, 32: 2.20 vs 3.26, 64: 9.0 vs 5.9.
-QUANT_MATMUL_MAX_ROWS = 32
+# Up to this many rows (per instruction-set level) a quantized matmul runs the fused int8
+# kernels (csrc/quant: the row kernel for a few rows, the wide kernel for tiles of 6+);
+# past it, weight tiles are dequantized to float32 once and reused for all rows by
+# PyTorch's GEMM. Measured on a 1536 x 576 Q4_1 weight, 1 thread, AMD EPYC (Zen 4), ms
+# fused vs tiled: avx512 (VNNI) rows 32: 0.52 vs 1.38, 128: 2.16 vs 3.01, 512: 8.8 vs 9.4
+# (a tie within noise); avx2 (maddubs) rows 32: 0.79 vs 1.43, 128: 3.17 vs 2.95, 512:
+# 13.0 vs 9.4. The portable level's plain-C integer sums lose to the GEMM early.
+QUANT_MATMUL_MAX_ROWS = {"generic": 32, "avx2": 96, "avx512": 1024}
+
+
+def quant_rows_fused(rows: int) -> bool:
+    """Whether ``rows`` rows of x take the fused quantized kernels (always when rows must
+    be batch-invariant: rows are independent there)."""
+    return rows <= QUANT_MATMUL_MAX_ROWS[build.active_level()] or rows_must_be_invariant()
+
+
 DEQUANT_TILE_VALUES = 1 << 22  # 16 MB of float32 per dequantized weight tile
 
 
@@ -181,7 +191,7 @@ def run_quant_matmul(fn, x: torch.Tensor, data: torch.Tensor, qtype: int, bias: 
     (num_out,) float32 or None, through ``native_quant_matmul``; data (num_out, row_bytes)."""
     out = torch.empty((x.shape[0], num_out), dtype=torch.float32)
     status = fn(qtype, data.data_ptr(), data.shape[1], x.data_ptr(), None if bias is None else bias.data_ptr(),
-                out.data_ptr(), x.shape[0], num_out, x.shape[1], torch.get_num_threads())
+                out.data_ptr(), x.shape[0], num_out, x.shape[1], torch.get_num_threads(), rows_must_be_invariant())
     if status != 0:
         raise RuntimeError(f"quantized matmul rejected x={tuple(x.shape)} weight rows={num_out} "
                            f"of {data.shape[1]} bytes, GGUF type {qtype} (status {status})")
@@ -199,9 +209,9 @@ def run_dequantize(fn, data: torch.Tensor, qtype: int, cols: int) -> torch.Tenso
 def quantized_linear(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bias: torch.Tensor | None,
                      matmul_fn, dequantize_fn) -> torch.Tensor:
     """x (m, cols) float32 contiguous -> (m, rows) float32 against a quantized weight: the
-    fused kernel for up to QUANT_MATMUL_MAX_ROWS rows, else dequantized tiles and F.linear."""
+    fused kernels (``quant_rows_fused``), else dequantized tiles and F.linear."""
     rows = data.shape[0]
-    if x.shape[0] <= QUANT_MATMUL_MAX_ROWS or rows_must_be_invariant():  # rows independent in the kernel
+    if quant_rows_fused(x.shape[0]):
         return run_quant_matmul(matmul_fn, x, data, qtype, bias, rows)
     out = torch.empty((x.shape[0], rows), dtype=torch.float32)
     tile = max(1, DEQUANT_TILE_VALUES // cols)
@@ -236,7 +246,8 @@ class QuantGroup:
         """x (m, in_features) float32 contiguous -> (m, num_out) float32."""
         out = torch.empty((x.shape[0], self.num_out), dtype=torch.float32)
         status = self._fn(len(self._qtypes), self._qtypes, self._ptrs, self._row_bytes, self._rows, self._biases,
-                          x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads())
+                          x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads(),
+                          rows_must_be_invariant())
         if status != 0:
             raise RuntimeError(f"quantized group matmul rejected x={tuple(x.shape)} (status {status})")
         return out

@@ -8,10 +8,10 @@ in the memory-mapped file's block layout: nothing is dequantized at load, and a 
 step reads the file's bytes (Q4_1 SmolLM2: ~97 MB instead of 538 MB of float32).
 
 - ``QuantLinear``: float32 activations, quantized per 32 values to int8 (plus an int8
-  residual) inside the
-  kernel, integer dot products against the weight blocks (csrc/quant/matmul.c) for up to
-  ``ops.QUANT_MATMUL_MAX_ROWS`` rows; more rows (prefill, large batches) dequantize a
-  weight tile at a time and reuse it for every row through PyTorch's GEMM.
+  residual) inside the kernel, integer dot products against the weight blocks
+  (csrc/quant: matmul.c's row kernel, wide.c's 8-row tiles) for up to
+  ``ops.QUANT_MATMUL_MAX_ROWS[level]`` rows; more rows dequantize a weight tile at a time
+  and reuse it for every row through PyTorch's GEMM.
 - ``QuantEmbedding``: the rows of the looked-up tokens, dequantized.
 
 Without the native kernels both fall back to the ``gguf`` package's dequantizer (correct,

@@ -13,6 +13,9 @@
 
 #define MAX_GROUP 16
 #define MAX_HEAD_DIM 256
+/* Less work (positions x heads x head dim, summed over the batch) than this runs on the
+ * calling thread alone: a short decode step's attention costs less than waking a thread. */
+#define PARALLEL_MIN_WORK (1 << 18)
 
 /* Load one head vector (d <= 256) as float32 vectors. */
 static inline void load_head(const void *src, int is_bf16, int64_t d, __m512 *dst) {
@@ -34,7 +37,9 @@ static int paged_decode_attention(const void *q, const void *k_cache, const void
     int64_t elem = is_bf16 ? 2 : 4;
     int64_t chunks = (d + 15) / 16;
     int status = 0;
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    int64_t work = 0;
+    for (int64_t b = 0; b < b_count; b++) work += (window > 0 && seq_lens[b] > window ? window : seq_lens[b]) * h_count * d;
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) if (work >= PARALLEL_MIN_WORK)
     for (int64_t task = 0; task < b_count * kvh_count; task++) {
         int64_t b = task / kvh_count, kvh = task % kvh_count;
         int64_t len = seq_lens[b];

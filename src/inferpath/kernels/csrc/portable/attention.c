@@ -6,6 +6,9 @@
 
 #define MAX_GROUP 16
 #define MAX_HEAD_DIM 256
+/* Less work (positions x heads x head dim, summed over the batch) than this runs on the
+ * calling thread alone: a short decode step's attention costs less than waking a thread. */
+#define PARALLEL_MIN_WORK (1 << 18)
 
 #define DEFINE_ATTENTION(NAME, T, TO_F32, FROM_F32)                                                \
 int NAME(const T *q, const T *k_cache, const T *v_cache, const int64_t *block_tables,               \
@@ -16,7 +19,10 @@ int NAME(const T *q, const T *k_cache, const T *v_cache, const int64_t *block_ta
     int64_t group = h_count / kvh_count;                                                            \
     if (group > MAX_GROUP) return -1;                                                               \
     int status = 0;                                                                                 \
-    _Pragma("omp parallel for num_threads(num_threads) schedule(dynamic, 1)")                       \
+    int64_t work = 0;                                                                               \
+    for (int64_t b = 0; b < b_count; b++)                                                           \
+        work += (window > 0 && seq_lens[b] > window ? window : seq_lens[b]) * h_count * d;          \
+    _Pragma("omp parallel for num_threads(num_threads) schedule(dynamic, 1) if (work >= PARALLEL_MIN_WORK)") \
     for (int64_t task = 0; task < b_count * kvh_count; task++) {                                    \
         int64_t b = task / kvh_count, kvh = task % kvh_count;                                       \
         int64_t len = seq_lens[b];                                                                  \

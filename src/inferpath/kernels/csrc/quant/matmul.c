@@ -8,17 +8,21 @@
  *
  *     dot = d_x * sum_h scale_h * sum_{e in h} (q_e - OFFSET) * qx_e  +  min * s_x
  *
- * The integer part, per level (chosen by the flags this file is compiled with):
- *   AVX-512 VNNI: vpdpbusd on 256-bit registers (u8 x s8 summed by fours into int32);
+ * The integer part, per level (chosen by the flags this file is compiled with), for x's
+ * two int8 passes (activations.h) summed in int32 as (q << 8) + r:
+ *   AVX-512 VNNI: vpdpbusd on 256-bit registers (u8 x s8 summed by fours into int32;
+ *         Q8_0's signed weights offset by 128 to unsigned, the offset joining the min);
  *   AVX2: vpmaddubsw (u8 x s8 pairs into int16: |sum| <= 2 * 63 * 127, no saturation
- *         since weights have at most 6 bits) then vpmaddwd into int32; the OFFSET term is
- *         a second maddubs of the constant against x, subtracted in int16;
- *   Q8_0 (signed weights, |q| <= 127): |w| against x carrying w's sign (pairs <= 2 *
- *         127 * 127 < 32768);
+ *         since weights have at most 6 bits) then vpmaddwd into int32;
+ *   Q8_0 on AVX2 (signed weights, |q| <= 127): |w| against x carrying w's sign (pairs <=
+ *         2 * 127 * 127 < 32768);
  *   portable: the same sums in plain integer C.
- * A weight block is unpacked once for up to four rows of x. Weight rows are split over
- * OpenMP threads. ``inferpath_quant_dequantize`` turns rows into float32 (embedding
- * lookups, and large batches where a float GEMM over a dequantized tile is faster).
+ * Every format's OFFSET (w - OFFSET) joins its min as -OFFSET * scale * sum(x). The row
+ * kernel here unpacks a weight block once for a tile of up to 8 rows of x (one row: the
+ * decode step); wide.c's kernel takes whole tiles of 6+ rows a 32-bit lane per row. Weight
+ * rows are split over OpenMP threads in chunks. ``inferpath_quant_dequantize`` turns rows
+ * into float32 (embedding lookups, and large batches where a float GEMM over a dequantized
+ * tile is faster).
  */
 #include <stdlib.h>
 
@@ -28,109 +32,34 @@
 
 #include "blocks.h"
 
-typedef struct {
-    const int8_t *q;   /* (m, k) */
-    const int8_t *r;   /* (m, k): the residual x - d q in steps of d / RESIDUAL_STEPS */
-    const float *d;    /* (m, k / 32) */
-    const float *s;    /* (m, k / 32): d * sum(q + r / RESIDUAL_STEPS) */
-    int64_t k;
-} q8_rows;
-
-/* x = d (q + r / RESIDUAL_STEPS) + e with |e| <= d / 508: the residual |x/d - q| <= 1/2
- * is itself rounded to int8, so the activations carry ~15 bits through two int8 dot
- * products. One pass alone (q8_0) flipped 1.9% of SmolLM2's greedy tokens against its
- * float32 self over 520 tokens of text; two flip none of them. */
-#define RESIDUAL_STEPS 254.0f
-
-static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, int8_t *r, float *d, float *s,
-                          int num_threads) {
-    int64_t nb = k / 32;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (m * k >= 65536)
-    for (int64_t i = 0; i < m * nb; i++) {
-        const float *xb = x + i * 32;
-        float amax = 0.0f;
-        for (int e = 0; e < 32; e++) amax = fmaxf(amax, fabsf(xb[e]));
-        float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int sum = 0, residual_sum = 0;
-        for (int e = 0; e < 32; e++) {
-            float v = xb[e] * inv;
-            int whole = (int)lrintf(v);
-            int rest = (int)lrintf((v - (float)whole) * RESIDUAL_STEPS);
-            rest = rest > 127 ? 127 : (rest < -127 ? -127 : rest);
-            q[i * 32 + e] = (int8_t)whole;
-            r[i * 32 + e] = (int8_t)rest;
-            sum += whole;
-            residual_sum += rest;
-        }
-        d[i] = scale;
-        s[i] = scale * ((float)sum + (float)residual_sum / RESIDUAL_STEPS);
-    }
-}
+#include "activations.h"
+#include "wide.h"
 
 #if defined(__AVX2__)
 /* ---------------------------------------------------------------- AVX2 / AVX-512 VNNI */
-static inline __m256i nibbles256(const uint8_t *q16) {
-    __m128i b = _mm_loadu_si128((const __m128i *)q16);
-    __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0xf)), hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0xf));
-    return _mm256_set_m128i(hi, lo);
-}
-/* 0x10 in byte j where bit j of the 32-bit word at qh4 is set */
-static inline __m256i fifth_bits256(const uint8_t *qh4) {
-    uint32_t h;
-    memcpy(&h, qh4, 4);
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h),
-                                    _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
-                                                       0x0303030303030303LL));
-    __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(0x10));
-}
-static inline __m256i k4_quants256(const uint8_t *qs, int s) {
-    __m256i b = _mm256_loadu_si256((const __m256i *)(qs + 32 * (s / 2)));
-    if (s % 2) b = _mm256_srli_epi16(b, 4);
-    return _mm256_and_si256(b, _mm256_set1_epi8(0xf));
-}
-static inline __m256i q8_0_vec(const uint8_t *row, int64_t b) { return _mm256_loadu_si256((const __m256i *)(row + 34 * b + 2)); }
-static inline __m256i q4_0_vec(const uint8_t *row, int64_t b) { return nibbles256(row + 18 * b + 2); }
-static inline __m256i q4_1_vec(const uint8_t *row, int64_t b) { return nibbles256(row + 20 * b + 4); }
-static inline __m256i q5_0_vec(const uint8_t *row, int64_t b) {
-    return _mm256_or_si256(nibbles256(row + 22 * b + 6), fifth_bits256(row + 22 * b + 2));
-}
-static inline __m256i q5_1_vec(const uint8_t *row, int64_t b) {
-    return _mm256_or_si256(nibbles256(row + 24 * b + 8), fifth_bits256(row + 24 * b + 4));
-}
-static inline __m256i q4_k_vec(const uint8_t *row, int64_t b) { return k4_quants256(row + 144 * (b / 8) + 16, (int)(b % 8)); }
-static inline __m256i q5_k_vec(const uint8_t *row, int64_t b) {
-    const uint8_t *sb = row + 176 * (b / 8);
-    int s = (int)(b % 8);
-    __m256i h = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(sb + 16)), s), _mm256_set1_epi8(1));
-    return _mm256_or_si256(k4_quants256(sb + 48, s), _mm256_slli_epi16(h, 4));
-}
-static inline __m256i q6_k_vec(const uint8_t *row, int64_t b) {
-    const uint8_t *sb = row + 210 * (b / 8);
-    int n = (int)(b % 8) / 4, i = (int)(b % 8) % 4;
-    __m256i l = _mm256_loadu_si256((const __m256i *)(sb + 64 * n + 32 * (i % 2)));
-    if (i >= 2) l = _mm256_srli_epi16(l, 4);
-    l = _mm256_and_si256(l, _mm256_set1_epi8(0xf));
-    __m256i h = _mm256_loadu_si256((const __m256i *)(sb + 128 + 32 * n));
-    h = _mm256_and_si256(_mm256_srli_epi16(h, 2 * i), _mm256_set1_epi8(3));
-    return _mm256_or_si256(l, _mm256_slli_epi16(h, 4));
-}
+#include "unpack.h"
 
-/* Eight int32 sums of four (w - offset) * x products each: lanes 0-3 are values 0-15. */
-static inline __m256i int_dot(__m256i w, __m256i x, int offset, int is_signed) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    if (is_signed) return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
-    __m256i sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
-    if (offset) sum = _mm256_sub_epi32(sum, _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)offset), x));
-    return sum;
+/* Eight int32 sums of four w * x products each, x carried as (q << RESIDUAL_SHIFT) + r:
+ * lanes 0-3 are values 0-15. w is unsigned (at most 6 bits; 8 with VNNI, whose products
+ * are summed in int32), or signed (Q8_0 without VNNI: |w| against x carrying w's sign, so
+ * that pairs stay <= 2 * 127 * 127 < 32768 in maddubs' int16). */
+static inline __m256i int_dot(__m256i w, __m256i xq, __m256i xr, int is_signed) {
+#if VNNI
+    (void)is_signed;  /* VNNI's Q8_0 weights arrive offset to unsigned (tile_setup) */
+    __m256i sum = _mm256_slli_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, xq), RESIDUAL_SHIFT);
+    return _mm256_dpbusd_epi32(sum, w, xr);
 #else
-    __m256i pairs;
-    if (is_signed) pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
-    else {
-        pairs = _mm256_maddubs_epi16(w, x);
-        if (offset) pairs = _mm256_sub_epi16(pairs, _mm256_maddubs_epi16(_mm256_set1_epi8((char)offset), x));
+    __m256i pq, pr;
+    if (is_signed) {
+        __m256i a = _mm256_abs_epi8(w);
+        pq = _mm256_maddubs_epi16(a, _mm256_sign_epi8(xq, w));
+        pr = _mm256_maddubs_epi16(a, _mm256_sign_epi8(xr, w));
+    } else {
+        pq = _mm256_maddubs_epi16(w, xq);
+        pr = _mm256_maddubs_epi16(w, xr);
     }
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    return _mm256_add_epi32(_mm256_madd_epi16(pq, _mm256_set1_epi16(1 << RESIDUAL_SHIFT)),
+                            _mm256_madd_epi16(pr, _mm256_set1_epi16(1)));
 #endif
 }
 
@@ -141,35 +70,71 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-#define DEFINE_ROWS(NAME, OFFSET, IS_SIGNED)                                                       \
-static void NAME##_rows(const uint8_t *row, q8_rows x, int64_t rows, float *out) {                  \
-    int64_t nb = x.k / 32;                                                                          \
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}; \
-    float min_acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                                    \
+/* One weight row against R rows of x (R a constant at each call site, so that the
+ * accumulators live in registers). The weight offset (w - OFFSET) is not subtracted from
+ * the weights: it joins the min, as -OFFSET * scale times the x block's sum. */
+#define DEFINE_ROWS(NAME, OFFSET, IS_SIGNED, TWO_SCALES)                                            \
+static inline __attribute__((always_inline)) void NAME##_tile(const uint8_t *row, const q8_rows *x,   \
+                                                                const int R, float *out) {            \
+    const int64_t nb = x->k / 32, k = x->k;                                                         \
+    const int is_signed = IS_SIGNED && !VNNI, offset = (IS_SIGNED && VNNI) ? 128 : OFFSET;          \
+    __m256 acc[TILE_ROWS], mins = _mm256_setzero_ps();                                              \
+    float scaled[2][TILE_ROWS], min_one = 0.0f;                                                     \
+    for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();                                       \
     for (int64_t b = 0; b < nb; b++) {                                                              \
         block_params p;                                                                             \
         NAME##_params(row, b, &p);                                                                  \
         __m256i w = NAME##_vec(row, b);                                                             \
-        __m256 scale = _mm256_set_m128(_mm_set1_ps(p.scale[1]), _mm_set1_ps(p.scale[0]));           \
-        for (int64_t j = 0; j < rows; j++) {                                                        \
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(x.q + j * x.k + 32 * b));             \
-            __m256i rv = _mm256_loadu_si256((const __m256i *)(x.r + j * x.k + 32 * b));             \
-            __m256 sums = _mm256_fmadd_ps(_mm256_cvtepi32_ps(int_dot(w, rv, OFFSET, IS_SIGNED)),    \
-                                          _mm256_set1_ps(1.0f / RESIDUAL_STEPS),                    \
-                                          _mm256_cvtepi32_ps(int_dot(w, xv, OFFSET, IS_SIGNED)));   \
-            acc[j] = _mm256_fmadd_ps(sums, _mm256_mul_ps(scale, _mm256_set1_ps(x.d[j * nb + b])), acc[j]); \
-            min_acc[j] += p.min * x.s[j * nb + b];                                                  \
+        if (IS_SIGNED && VNNI) w = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));              \
+        if (R == 1) {  /* one row (decode): scalars, no tile vectors */                             \
+            const float dx = x->d[b * TILE_ROWS];                                                   \
+            __m256i xq = _mm256_loadu_si256((const __m256i *)(x->q + 32 * b));                      \
+            __m256i xr = _mm256_loadu_si256((const __m256i *)(x->r + 32 * b));                      \
+            __m256 sums = _mm256_cvtepi32_ps(int_dot(w, xq, xr, is_signed));                        \
+            if (TWO_SCALES) {                                                                       \
+                const float *h = x->h + b * 2 * TILE_ROWS;                                          \
+                acc[0] = _mm256_fmadd_ps(sums, _mm256_set_m128(_mm_set1_ps(p.scale[1] * dx), _mm_set1_ps(p.scale[0] * dx)), acc[0]); \
+                min_one += (p.min - (float)offset * p.scale[0]) * h[0] + (p.min - (float)offset * p.scale[1]) * h[TILE_ROWS]; \
+            } else {                                                                                \
+                acc[0] = _mm256_fmadd_ps(sums, _mm256_set1_ps(p.scale[0] * dx), acc[0]);            \
+                min_one += (p.min - (float)offset * p.scale[0]) * x->s[b * TILE_ROWS];              \
+            }                                                                                       \
+            continue;                                                                               \
+        }                                                                                           \
+        /* the tile's eight rows at once: their scales, and the min (with the offset) */           \
+        __m256 dx = _mm256_loadu_ps(x->d + b * TILE_ROWS);                                          \
+        _mm256_storeu_ps(scaled[0], _mm256_mul_ps(dx, _mm256_set1_ps(p.scale[0])));                 \
+        if (TWO_SCALES) {                                                                           \
+            _mm256_storeu_ps(scaled[1], _mm256_mul_ps(dx, _mm256_set1_ps(p.scale[1])));             \
+            const float *h = x->h + b * 2 * TILE_ROWS;                                              \
+            mins = _mm256_fmadd_ps(_mm256_loadu_ps(h), _mm256_set1_ps(p.min - (float)offset * p.scale[0]), mins); \
+            mins = _mm256_fmadd_ps(_mm256_loadu_ps(h + TILE_ROWS),                                  \
+                                   _mm256_set1_ps(p.min - (float)offset * p.scale[1]), mins);       \
+        } else if (offset || p.min != 0.0f) {                                                       \
+            mins = _mm256_fmadd_ps(_mm256_loadu_ps(x->s + b * TILE_ROWS),                           \
+                                   _mm256_set1_ps(p.min - (float)offset * p.scale[0]), mins);       \
+        }                                                                                           \
+        for (int j = 0; j < R; j++) {                                                               \
+            __m256i xq = _mm256_loadu_si256((const __m256i *)(x->q + j * k + 32 * b));              \
+            __m256i xr = _mm256_loadu_si256((const __m256i *)(x->r + j * k + 32 * b));              \
+            __m256 sums = _mm256_cvtepi32_ps(int_dot(w, xq, xr, is_signed));                        \
+            __m256 f = TWO_SCALES ? _mm256_set_m128(_mm_broadcast_ss(&scaled[1][j]), _mm_broadcast_ss(&scaled[0][j])) \
+                                  : _mm256_broadcast_ss(&scaled[0][j]);                             \
+            acc[j] = _mm256_fmadd_ps(sums, f, acc[j]);                                              \
         }                                                                                           \
     }                                                                                               \
-    for (int64_t j = 0; j < rows; j++) out[j] = hsum256(acc[j]) + min_acc[j];                       \
+    float min_of[TILE_ROWS];                                                                        \
+    _mm256_storeu_ps(min_of, mins);                                                                 \
+    min_of[0] += min_one;                                                                           \
+    for (int j = 0; j < R; j++) out[j] = hsum256(acc[j]) + min_of[j];                              \
 }
 
 #else
 /* ---------------------------------------------------------------- portable */
-#define DEFINE_ROWS(NAME, OFFSET, IS_SIGNED)                                                       \
-static void NAME##_rows(const uint8_t *row, q8_rows x, int64_t rows, float *out) {                  \
-    int64_t nb = x.k / 32;                                                                          \
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                                        \
+#define DEFINE_ROWS(NAME, OFFSET, IS_SIGNED, TWO_SCALES)                                            \
+static inline void NAME##_tile(const uint8_t *row, const q8_rows *x, const int R, float *out) {     \
+    const int64_t nb = x->k / 32, k = x->k;                                                         \
+    float acc[TILE_ROWS] = {0.0f};                                                                  \
     for (int64_t b = 0; b < nb; b++) {                                                              \
         block_params p;                                                                             \
         uint8_t q[32];                                                                              \
@@ -177,30 +142,53 @@ static void NAME##_rows(const uint8_t *row, q8_rows x, int64_t rows, float *out)
         NAME##_params(row, b, &p);                                                                  \
         NAME##_quants(row, b, q);                                                                   \
         for (int e = 0; e < 32; e++) w[e] = IS_SIGNED ? (int8_t)q[e] : (int8_t)(q[e] - OFFSET);     \
-        for (int64_t j = 0; j < rows; j++) {                                                        \
-            const int8_t *xq = x.q + j * x.k + 32 * b, *xr = x.r + j * x.k + 32 * b;                \
+        for (int j = 0; j < R; j++) {                                                               \
+            const int8_t *xq = x->q + j * k + 32 * b, *xr = x->r + j * k + 32 * b;                  \
             int32_t lo = 0, hi = 0, rlo = 0, rhi = 0;                                               \
             for (int e = 0; e < 16; e++) { lo += w[e] * xq[e]; hi += w[e + 16] * xq[e + 16]; }      \
             for (int e = 0; e < 16; e++) { rlo += w[e] * xr[e]; rhi += w[e + 16] * xr[e + 16]; }    \
-            float flo = (float)lo + (float)rlo / RESIDUAL_STEPS, fhi = (float)hi + (float)rhi / RESIDUAL_STEPS; \
-            acc[j] += x.d[j * nb + b] * (p.scale[0] * flo + p.scale[1] * fhi)                       \
-                      + p.min * x.s[j * nb + b];                                                    \
+            float flo = (float)((lo << RESIDUAL_SHIFT) + rlo), fhi = (float)((hi << RESIDUAL_SHIFT) + rhi); \
+            acc[j] += x->d[b * TILE_ROWS + j] * (p.scale[0] * flo + p.scale[1] * fhi)               \
+                      + p.min * x->s[b * TILE_ROWS + j];                                            \
         }                                                                                           \
     }                                                                                               \
-    for (int64_t j = 0; j < rows; j++) out[j] = acc[j];                                             \
+    for (int j = 0; j < R; j++) out[j] = acc[j];                                                    \
 }
 #endif
 
-DEFINE_ROWS(q8_0, 0, 1)
-DEFINE_ROWS(q4_0, 8, 0)
-DEFINE_ROWS(q4_1, 0, 0)
-DEFINE_ROWS(q5_0, 16, 0)
-DEFINE_ROWS(q5_1, 0, 0)
-DEFINE_ROWS(q4_k, 0, 0)
-DEFINE_ROWS(q5_k, 0, 0)
-DEFINE_ROWS(q6_k, 32, 0)
+/* The tile at a constant row count (1..TILE_ROWS), so each is compiled for its count. */
+#define DEFINE_TILES(NAME)                                                                          \
+static void NAME##_rows(const uint8_t *row, const q8_rows *x, int64_t rows, float *out) {           \
+    switch (rows) {                                                                                 \
+        case 1: NAME##_tile(row, x, 1, out); break;                                                 \
+        case 2: NAME##_tile(row, x, 2, out); break;                                                 \
+        case 3: NAME##_tile(row, x, 3, out); break;                                                 \
+        case 4: NAME##_tile(row, x, 4, out); break;                                                 \
+        case 5: NAME##_tile(row, x, 5, out); break;                                                 \
+        case 6: NAME##_tile(row, x, 6, out); break;                                                 \
+        case 7: NAME##_tile(row, x, 7, out); break;                                                 \
+        default: NAME##_tile(row, x, 8, out); break;                                                \
+    }                                                                                               \
+}
 
-typedef void (*rows_fn)(const uint8_t *, q8_rows, int64_t, float *);
+DEFINE_ROWS(q8_0, 0, 1, 0)
+DEFINE_ROWS(q4_0, 8, 0, 0)
+DEFINE_ROWS(q4_1, 0, 0, 0)
+DEFINE_ROWS(q5_0, 16, 0, 0)
+DEFINE_ROWS(q5_1, 0, 0, 0)
+DEFINE_ROWS(q4_k, 0, 0, 0)
+DEFINE_ROWS(q5_k, 0, 0, 0)
+DEFINE_ROWS(q6_k, 32, 0, 1)
+DEFINE_TILES(q8_0)
+DEFINE_TILES(q4_0)
+DEFINE_TILES(q4_1)
+DEFINE_TILES(q5_0)
+DEFINE_TILES(q5_1)
+DEFINE_TILES(q4_k)
+DEFINE_TILES(q5_k)
+DEFINE_TILES(q6_k)
+
+typedef void (*rows_fn)(const uint8_t *, const q8_rows *, int64_t, float *);
 
 /* (values per block, bytes per block) of a format; 0 if not one of ours */
 static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
@@ -221,11 +209,19 @@ static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
  * (k values each, format qtypes[i]), bias i (ns[i],) or NULL; x (m, k); y (m, sum ns) with
  * the weights' outputs side by side (a fused Q/K/V or gate/up projection, read in place
  * from three or two tensors of the file). x is quantized once and one parallel region
- * covers all rows. Returns 0, -1 for a bad format or shape, -2 out of memory. */
+ * covers all rows. rows_alone: every row through the row kernel, whatever m (a row's
+ * result then never depends on the rows beside it: batch invariance); else tiles of
+ * WIDE_MIN_ROWS rows or more take the wide kernel. Returns 0, -1 for a bad format or
+ * shape, -2 out of memory. */
 #define MAX_GROUP 8
+/* Less work than this runs on the calling thread alone: waking the other threads (a futex
+ * each under OMP_WAIT_POLICY=PASSIVE, tens of microseconds) costs more than it saves; a
+ * decode step's small projections (SmolLM2's Q/K/V and O: 0.3-0.6 M multiply-adds, ~30 us
+ * on one core) stay on one thread, the MLP and the LM head split. */
+#define PARALLEL_MIN_MACS (1 << 20)
 int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *const *ws, const int64_t *row_bytes,
                                  const int64_t *ns, const float *const *biases, const float *x, float *y,
-                                 int64_t m, int64_t k, int num_threads) {
+                                 int64_t m, int64_t k, int num_threads, int rows_alone) {
     rows_fn fns[MAX_GROUP];
     int64_t starts[MAX_GROUP + 1];
     if (count < 1 || count > MAX_GROUP || m < 1 || k < 32) return -1;
@@ -237,38 +233,78 @@ int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *co
             return -1;
         starts[i + 1] = starts[i] + ns[i];
     }
-    int64_t n = starts[count];
-    int8_t *xq = (int8_t *)malloc((size_t)(2 * m * k)), *xr = xq + m * k;
-    float *xd = (float *)malloc(sizeof(float) * (size_t)(m * k / 32));
-    float *xs = (float *)malloc(sizeof(float) * (size_t)(m * k / 32));
-    if (!xq || !xd || !xs) { free(xq); free(xd); free(xs); return -2; }
-    quantize_rows(x, m, k, xq, xr, xd, xs, num_threads);
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t r = 0; r < n; r++) {
-        int i = 0;
-        while (r >= starts[i + 1]) i++;
-        int64_t local = r - starts[i];
-        const uint8_t *row = ws[i] + local * row_bytes[i];
-        float add = biases[i] ? biases[i][local] : 0.0f;
-        for (int64_t j0 = 0; j0 < m; j0 += 4) {
-            float out[4];
-            int64_t rows = m - j0 < 4 ? m - j0 : 4;
-            q8_rows xj = {xq + j0 * k, xr + j0 * k, xd + j0 * (k / 32), xs + j0 * (k / 32), k};
-            fns[i](row, xj, rows, out);
-            for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + r] = out[j] + add;
+    int64_t n = starts[count], nb = k / 32, tiles = (m + TILE_ROWS - 1) / TILE_ROWS;
+    wide_fn wides[MAX_GROUP];
+    int use_wide = m >= WIDE_MIN_ROWS && !rows_alone;
+    for (int i = 0; i < count; i++) use_wide = use_wide && (wides[i] = wide_kernel(qtypes[i])) != 0;
+    int64_t padded = tiles * TILE_ROWS;
+    int8_t *xq = (int8_t *)malloc((size_t)((use_wide ? 4 : 2) * padded * k)), *xr = xq + m * k;
+    int64_t lanes = padded * nb;  /* per-block scalars, tile-major */
+    float *xd = (float *)calloc((size_t)(4 * lanes), sizeof(float)), *xs = xd + lanes, *xh = xs + lanes;
+    if (!xq || !xd) { free(xq); free(xd); return -2; }
+    int8_t *wq = use_wide ? xq + 2 * padded * k : 0, *wr = use_wide ? wq + padded * k : 0;  /* interleaved (wide) */
+    if (use_wide && padded > m) {  /* the last tile's missing rows: zero lanes */
+        memset(wq + (padded - TILE_ROWS) * k, 0, (size_t)(TILE_ROWS * k));
+        memset(wr + (padded - TILE_ROWS) * k, 0, (size_t)(TILE_ROWS * k));
+    }
+    quantize_rows(x, m, k, xq, xr, xd, xs, xh, wq, wr, num_threads);
+    /* Weight rows in chunks over the threads; for each tile of x, the chunk's rows (a tile of
+     * x and a chunk of weights stay in cache while they meet). */
+    const int64_t chunk = 16;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
+    for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+        int64_t c1 = c0 + chunk < n ? c0 + chunk : n;
+        for (int64_t t = 0; t < tiles; t++) {
+            int64_t j0 = t * TILE_ROWS, rows = m - j0 < TILE_ROWS ? m - j0 : TILE_ROWS;
+            const float *d = xd + j0 * nb, *sx = xs + j0 * nb, *h = xh + 2 * j0 * nb;
+            q8_rows xj = {xq + j0 * k, xr + j0 * k, d, sx, h, k};
+            wide_rows xw = {wq + j0 * k, wr + j0 * k, d, sx, h, k};
+            int i = 0;
+            for (int64_t r = c0; r < c1; r++) {
+                while (r >= starts[i + 1]) i++;
+                int64_t local = r - starts[i];
+                const uint8_t *row = ws[i] + local * row_bytes[i];
+                float add = biases[i] ? biases[i][local] : 0.0f, out[TILE_ROWS];
+                if (use_wide && rows >= WIDE_MIN_ROWS) wides[i](row, &xw, out);
+                else fns[i](row, &xj, rows, out);
+                for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + r] = out[j] + add;
+            }
         }
     }
-    free(xq); free(xd); free(xs);
+    free(xq); free(xd);
     return 0;
 }
 
 /* w: n rows of row_bytes (k values each in format qtype); x (m, k), bias (n,) or NULL,
  * y (m, n), all float32: a group of one. */
 int inferpath_quant_matmul(int qtype, const uint8_t *w, int64_t row_bytes, const float *x, const float *bias,
-                           float *y, int64_t m, int64_t n, int64_t k, int num_threads) {
-    return inferpath_quant_matmul_group(1, &qtype, &w, &row_bytes, &n, &bias, x, y, m, k, num_threads);
+                           float *y, int64_t m, int64_t n, int64_t k, int num_threads, int rows_alone) {
+    return inferpath_quant_matmul_group(1, &qtype, &w, &row_bytes, &n, &bias, x, y, m, k, num_threads, rows_alone);
 }
 
+#if defined(__AVX2__)
+/* 32 values of a block: scale[e / 16] * (q - OFFSET) + min, rounded as the scalar form
+ * (a multiply, then an add: never fused, so that the values equal the gguf package's) */
+static inline void __attribute__((optimize("fp-contract=off")))
+dequant_block(__m256i q, const block_params *p, int offset, int is_signed, float *dst) {
+    __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+    for (int c = 0; c < 4; c++) {
+        __m128i bytes = c % 2 ? _mm_srli_si128(halves[c / 2], 8) : halves[c / 2];
+        __m256i ints = is_signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes);
+        __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(ints, _mm256_set1_epi32(offset)));
+        v = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(p->scale[c / 2]), v), _mm256_set1_ps(p->min));
+        _mm256_storeu_ps(dst + 8 * c, v);
+    }
+}
+#define DEQUANT_CASE(TYPE, NAME, OFFSET, IS_SIGNED)                                                \
+    case TYPE:                                                                                      \
+        for (int64_t b = 0; b < k / 32; b++) {                                                      \
+            block_params p;                                                                         \
+            NAME##_params(row, b, &p);                                                              \
+            dequant_block(NAME##_vec(row, b), &p, OFFSET, IS_SIGNED, dst + 32 * b);                 \
+        }                                                                                           \
+        break;
+#else
 #define DEQUANT_CASE(TYPE, NAME, OFFSET, IS_SIGNED)                                                \
     case TYPE:                                                                                      \
         for (int64_t b = 0; b < k / 32; b++) {                                                      \
@@ -280,6 +316,7 @@ int inferpath_quant_matmul(int qtype, const uint8_t *w, int64_t row_bytes, const
                 dst[32 * b + e] = p.scale[e / 16] * (float)(IS_SIGNED ? (int)(int8_t)q[e] : (int)q[e] - OFFSET) + p.min; \
         }                                                                                           \
         break;
+#endif
 
 /* rows of w (row_bytes each, k values) -> out (rows, k) float32. Same return codes. */
 int inferpath_quant_dequantize(int qtype, const uint8_t *w, int64_t row_bytes, float *out, int64_t rows, int64_t k,
