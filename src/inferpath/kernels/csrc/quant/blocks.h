@@ -37,6 +37,18 @@
 
 enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
+/* Every format, for the kernels to instantiate theirs from one list: X(name, GGUF type,
+ * values per block, bytes per block, OFFSET, signed q (Q8_0), two scales per block (Q6_K)) */
+#define FOR_EACH_FORMAT(X)               \
+    X(q8_0, Q8_0, 32, 34, 0, 1, 0)       \
+    X(q4_0, Q4_0, 32, 18, 8, 0, 0)       \
+    X(q4_1, Q4_1, 32, 20, 0, 0, 0)       \
+    X(q5_0, Q5_0, 32, 22, 16, 0, 0)      \
+    X(q5_1, Q5_1, 32, 24, 0, 0, 0)       \
+    X(q4_k, Q4_K, 256, 144, 0, 0, 0)     \
+    X(q5_k, Q5_K, 256, 176, 0, 0, 0)     \
+    X(q6_k, Q6_K, 256, 210, 32, 0, 1)
+
 typedef struct {
     float scale[2];  /* values 0-15 and 16-31 */
     float min;

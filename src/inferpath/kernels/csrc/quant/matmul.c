@@ -171,36 +171,18 @@ static void NAME##_rows(const uint8_t *row, const q8_rows *x, int64_t rows, floa
     }                                                                                               \
 }
 
-DEFINE_ROWS(q8_0, 0, 1, 0)
-DEFINE_ROWS(q4_0, 8, 0, 0)
-DEFINE_ROWS(q4_1, 0, 0, 0)
-DEFINE_ROWS(q5_0, 16, 0, 0)
-DEFINE_ROWS(q5_1, 0, 0, 0)
-DEFINE_ROWS(q4_k, 0, 0, 0)
-DEFINE_ROWS(q5_k, 0, 0, 0)
-DEFINE_ROWS(q6_k, 32, 0, 1)
-DEFINE_TILES(q8_0)
-DEFINE_TILES(q4_0)
-DEFINE_TILES(q4_1)
-DEFINE_TILES(q5_0)
-DEFINE_TILES(q5_1)
-DEFINE_TILES(q4_k)
-DEFINE_TILES(q5_k)
-DEFINE_TILES(q6_k)
+#define ROWS_OF(NAME, TYPE, BLOCK, BYTES, OFFSET, IS_SIGNED, TWO_SCALES) \
+    DEFINE_ROWS(NAME, OFFSET, IS_SIGNED, TWO_SCALES) DEFINE_TILES(NAME)
+FOR_EACH_FORMAT(ROWS_OF)
 
 typedef void (*rows_fn)(const uint8_t *, const q8_rows *, int64_t, float *);
 
 /* (values per block, bytes per block) of a format; 0 if not one of ours */
 static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
     switch (qtype) {
-        case Q8_0: *block = 32; *bytes = 34; *fn = q8_0_rows; return 1;
-        case Q4_0: *block = 32; *bytes = 18; *fn = q4_0_rows; return 1;
-        case Q4_1: *block = 32; *bytes = 20; *fn = q4_1_rows; return 1;
-        case Q5_0: *block = 32; *bytes = 22; *fn = q5_0_rows; return 1;
-        case Q5_1: *block = 32; *bytes = 24; *fn = q5_1_rows; return 1;
-        case Q4_K: *block = 256; *bytes = 144; *fn = q4_k_rows; return 1;
-        case Q5_K: *block = 256; *bytes = 176; *fn = q5_k_rows; return 1;
-        case Q6_K: *block = 256; *bytes = 210; *fn = q6_k_rows; return 1;
+#define FORMAT_CASE(NAME, TYPE, BLOCK, BYTES, OFFSET, IS_SIGNED, TWO_SCALES) \
+        case TYPE: *block = BLOCK; *bytes = BYTES; *fn = NAME##_rows; return 1;
+        FOR_EACH_FORMAT(FORMAT_CASE)
         default: return 0;
     }
 }
@@ -296,7 +278,7 @@ dequant_block(__m256i q, const block_params *p, int offset, int is_signed, float
         _mm256_storeu_ps(dst + 8 * c, v);
     }
 }
-#define DEQUANT_CASE(TYPE, NAME, OFFSET, IS_SIGNED)                                                \
+#define DEQUANT_CASE(NAME, TYPE, BLOCK, BYTES, OFFSET, IS_SIGNED, TWO_SCALES)                      \
     case TYPE:                                                                                      \
         for (int64_t b = 0; b < k / 32; b++) {                                                      \
             block_params p;                                                                         \
@@ -305,7 +287,7 @@ dequant_block(__m256i q, const block_params *p, int offset, int is_signed, float
         }                                                                                           \
         break;
 #else
-#define DEQUANT_CASE(TYPE, NAME, OFFSET, IS_SIGNED)                                                \
+#define DEQUANT_CASE(NAME, TYPE, BLOCK, BYTES, OFFSET, IS_SIGNED, TWO_SCALES)                      \
     case TYPE:                                                                                      \
         for (int64_t b = 0; b < k / 32; b++) {                                                      \
             block_params p;                                                                         \
@@ -330,14 +312,7 @@ int inferpath_quant_dequantize(int qtype, const uint8_t *w, int64_t row_bytes, f
         const uint8_t *row = w + r * row_bytes;
         float *dst = out + r * k;
         switch (qtype) {
-            DEQUANT_CASE(Q8_0, q8_0, 0, 1)
-            DEQUANT_CASE(Q4_0, q4_0, 8, 0)
-            DEQUANT_CASE(Q4_1, q4_1, 0, 0)
-            DEQUANT_CASE(Q5_0, q5_0, 16, 0)
-            DEQUANT_CASE(Q5_1, q5_1, 0, 0)
-            DEQUANT_CASE(Q4_K, q4_k, 0, 0)
-            DEQUANT_CASE(Q5_K, q5_k, 0, 0)
-            DEQUANT_CASE(Q6_K, q6_k, 32, 0)
+            FOR_EACH_FORMAT(DEQUANT_CASE)
         }
     }
     return 0;

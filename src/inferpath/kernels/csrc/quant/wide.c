@@ -82,25 +82,13 @@ static void NAME##_wide(const uint8_t *row, const wide_rows *x, float *out) {   
     _mm256_storeu_ps(out, _mm256_add_ps(acc, mins));                                                \
 }
 
-DEFINE_WIDE(q8_0, 0, 1, 0)
-DEFINE_WIDE(q4_0, 8, 0, 0)
-DEFINE_WIDE(q4_1, 0, 0, 0)
-DEFINE_WIDE(q5_0, 16, 0, 0)
-DEFINE_WIDE(q5_1, 0, 0, 0)
-DEFINE_WIDE(q4_k, 0, 0, 0)
-DEFINE_WIDE(q5_k, 0, 0, 0)
-DEFINE_WIDE(q6_k, 32, 0, 1)
+#define WIDE_OF(NAME, TYPE, BLOCK, BYTES, OFFSET, IS_SIGNED, TWO_SCALES) DEFINE_WIDE(NAME, OFFSET, IS_SIGNED, TWO_SCALES)
+FOR_EACH_FORMAT(WIDE_OF)
 
 wide_fn wide_kernel(int qtype) {
     switch (qtype) {
-        case Q8_0: return q8_0_wide;
-        case Q4_0: return q4_0_wide;
-        case Q4_1: return q4_1_wide;
-        case Q5_0: return q5_0_wide;
-        case Q5_1: return q5_1_wide;
-        case Q4_K: return q4_k_wide;
-        case Q5_K: return q5_k_wide;
-        case Q6_K: return q6_k_wide;
+#define WIDE_CASE(NAME, TYPE, BLOCK, BYTES, OFFSET, IS_SIGNED, TWO_SCALES) case TYPE: return NAME##_wide;
+        FOR_EACH_FORMAT(WIDE_CASE)
         default: return 0;
     }
 }
