@@ -93,13 +93,16 @@ def worker_inferpath(path: str, task: str, threads: int, dtype: str = "auto") ->
     from inferpath.config import EngineConfig
     from inferpath.engine.llm_engine import LLMEngine
     from inferpath.sampling.params import SamplingParams
+    from inferpath.threads import physical_cores
 
     # KV cache sized like llama.cpp's n_ctx=1024 context (its resident memory includes it too)
     kv_bytes = (96 if task.startswith("batch") else 32) * 2**20
     baseline = rss_mb()  # torch and inferpath imported: ~220 MB before any model
     start = time.perf_counter()
-    engine = LLMEngine.from_model(path, EngineConfig(threads=threads, max_num_seqs=64, kv_cache_memory_bytes=kv_bytes,
-                                                     dtype=dtype))
+    # as many threads as the physical cores: inferpath's default (threads=None), which also
+    # measures one-sequence decode at 1 thread (threads.py DecodeThreadTuner)
+    engine = LLMEngine.from_model(path, EngineConfig(threads=None if threads == physical_cores() else threads,
+                                                     max_num_seqs=64, kv_cache_memory_bytes=kv_bytes, dtype=dtype))
     result = {"load_s": time.perf_counter() - start, "baseline_mb": baseline, "format": engine.weight_format.describe(),
               "decode_bytes": engine.weight_format.decode_bytes, "kv_mb": kv_bytes / 2**20}
 
@@ -241,7 +244,8 @@ def main() -> None:
                 m["floor_tok_s"], m["floor_fraction"] = floor, m["decode_tok_s"] / floor
         # issue 9's target: what the model adds <= 1.5x the file + the KV cache (32 MiB for decode)
         target_mb = 1.5 * Path(path).stat().st_size / 2**20 + 32
-        results["files"][fmt] = {"path": path, "size_mb": size_mb, "target_model_mb": target_mb, "engines": summary}
+        results["files"][fmt] = {"path": path, "size_mb": size_mb, "target_model_mb": target_mb, "engines": summary,
+                                 "samples": samples}  # every repeat, in order: how noisy the medians are
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))
     print_table(results)

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFReader, GGUFWriter, LlamaFileType
+from gguf.quants import dequantize
 from test_quantized import _teacher_forced_logits
 
 from inferpath.cli import main
@@ -52,10 +53,28 @@ def test_quantize_on_load_q8_0_against_transformers_float32(tmp_path: Path):
         quantize_checkpoint(load_checkpoint(tmp_path), "q3_k")
 
 
-def write_float_gguf(path: Path, hidden: int = 256, intermediate: int = 288, vocab: int = 320) -> None:
-    """A tiny random Llama as an F32 GGUF (no tokenizer: weights and shapes only)."""
+def test_quantize_on_load_keeps_a_tied_head_in_eight_bits(tmp_path: Path):
+    """Q4_0 on load: every projection in Q4_0, the embedding table that is also the LM head
+    (tied) in Q8_0, as llama.cpp's quantizer keeps its head above 4 bits."""
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      tie_word_embeddings=True)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    kinds = {name: t.type_name for name, t in quantize_checkpoint(load_checkpoint(tmp_path), "q4_0")
+             .quantized_tensors.items()}
+    assert kinds.pop("model.embed_tokens.weight") == "Q8_0"
+    assert len(kinds) == 7 and set(kinds.values()) == {"Q4_0"}, kinds
+
+
+def write_float_gguf(path: Path, hidden: int = 256, intermediate: int = 288, vocab: int = 320,
+                     alignment: int | None = None) -> None:
+    """A tiny random Llama as an F32 GGUF (no tokenizer: weights and shapes only), its
+    tensor data aligned to ``alignment`` bytes (None: the GGUF default, 32)."""
     rng = np.random.default_rng(0)
     writer = GGUFWriter(path, arch="llama")
+    writer.add_file_type(0)  # ALL_F32: the writer must say what the new file holds
+    if alignment is not None:
+        writer.add_custom_alignment(alignment)
     writer.add_block_count(2)
     writer.add_context_length(256)
     writer.add_embedding_length(hidden)
@@ -104,10 +123,16 @@ def test_quantize_command_writes_a_gguf_the_gguf_package_reads(tmp_path: Path, c
             assert t.tensor_type == Q.F32
         elif name.endswith("ffn_down.weight"):  # rows of 288 values: not whole 256-blocks
             assert t.tensor_type == Q.Q8_0
+        elif name == "output.weight":  # the LM head keeps 8 bits (llama.cpp keeps it at Q6_K)
+            assert t.tensor_type == Q.Q8_0
         else:
             assert t.tensor_type == Q.Q4_K, name
     reader = GGUFReader(target)
     assert reader.get_field("llama.feed_forward_length").contents() == 288
+    # what llama.cpp reads from the metadata: the file type it reports ("Q4_K - Small",
+    # not the source's F32) and the block layouts' version
+    assert reader.get_field("general.file_type").contents() == LlamaFileType.MOSTLY_Q4_K_S
+    assert reader.get_field("general.quantization_version").contents() == GGML_QUANT_VERSION
     # inferpath runs the written file quantized: as the gguf package dequantizes it, and
     # near the float file it came from (4-bit random Gaussian weights, plain min/max fit)
     tokens = list(range(3, 60))
@@ -118,6 +143,25 @@ def test_quantize_command_writes_a_gguf_the_gguf_package_reads(tmp_path: Path, c
     original = _teacher_forced_logits(build_model(load_checkpoint(source)), tokens)
     assert (fused - dequantized).abs().max() <= 1e-3 * dequantized.abs().max()
     assert torch.corrcoef(torch.stack([fused.flatten(), original.flatten()]))[0, 1] > 0.9
+
+
+def test_quantize_command_keeps_the_source_alignment_true(tmp_path: Path, capsys):
+    """A source whose tensor data is aligned to 64 bytes (general.alignment): the written
+    file's key and its padding agree, so the gguf package (like llama.cpp) finds each
+    tensor where it is; a copied key over the writer's default 32 would shift every
+    tensor's bytes."""
+    source, target = tmp_path / "f32.gguf", tmp_path / "q8_0.gguf"
+    write_float_gguf(source, hidden=96, intermediate=160, vocab=40, alignment=64)  # rows of 102 bytes
+    assert main(["quantize", str(source), str(target), "--type", "Q8_0"]) == 0
+    reader = GGUFReader(target)
+    assert reader.alignment == 64 and reader.get_field("general.alignment").contents() == 64
+    assert reader.get_field("general.file_type").contents() == LlamaFileType.MOSTLY_Q8_0
+    before = {t.name: t for t in GGUFReader(source).tensors}
+    for t in reader.tensors:
+        assert t.data_offset % 64 == 0, t.name
+        values = dequantize(t.data, t.tensor_type).reshape(before[t.name].data.shape)
+        expected = np.asarray(before[t.name].data)
+        assert np.abs(values - expected).max() <= np.abs(expected).max() / 100, t.name  # Q8_0 rounding
 
 
 def test_quantize_command_refuses_what_it_cannot_read(tmp_path: Path, capsys):

@@ -9,12 +9,21 @@ and PyTorch alike (both run on the one OpenMP pool of libgomp).
   more (measured: 2.8 -> 41.7 tok/s on a 2-core VM with other work running).
   ``OMP_WAIT_POLICY=PASSIVE`` (threads sleep) is set as the default when inferpath is
   imported before torch; an explicit setting in the environment wins. libgomp reads it
-  once, when it loads: importing torch first leaves its policy as it was.
+  once, when it loads: importing torch first leaves its policy as it was. Bounded
+  spinning measured worse still on a loaded machine (``GOMP_SPINCOUNT=2000``, about 20
+  us: 28 tok/s against PASSIVE's 54, SmolLM2 Q4_1 beside a niced busy loop).
+- Single-sequence decode steps: with other programs holding cores, every parallel region
+  waits for its slowest thread, and one thread can beat two (shared 2-core VM under load,
+  SmolLM2 decode: Q4_1 79 vs 62 tok/s, BF16 47 vs 41), while on an idle machine two
+  threads read the weights faster. Which wins changes with what else runs, so
+  ``DecodeThreadTuner`` measures it while the engine decodes (when ``threads`` is left to
+  inferpath).
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 from pathlib import Path
 
 DEFAULT_WAIT_POLICY = "PASSIVE"
@@ -58,3 +67,68 @@ def configure_threads(threads: int | None) -> int:
 
 def wait_policy() -> str:
     return os.environ.get("OMP_WAIT_POLICY", "libgomp default (spin, then sleep)")
+
+
+class DecodeThreadTuner:
+    """Chooses the thread count of single-sequence decode steps by their measured time.
+
+    Decode steps run in phases: a trial runs TRIAL_STEPS steps at each candidate count (the
+    configured count, then 1; the first step after each switch is not counted: it wakes
+    or parks threads), then the count with the lower median step time serves the next
+    EXPLOIT_STEPS steps, then a new trial. A decode step of one sequence reads the same
+    weights whatever the count, and the native kernels give the same results at any
+    count (each output is one thread's sum), so switching changes only the time.
+
+    Invariant: for each decode step, ``next_count()`` once before it and ``observe()``
+    once after it; other steps run at ``configured`` and leave the phases as they were.
+    """
+
+    TRIAL_STEPS = 6
+    EXPLOIT_STEPS = 250
+
+    def __init__(self, configured: int) -> None:
+        if configured < 2:
+            raise ValueError(f"a thread tuner needs at least 2 threads to choose from, got {configured}")
+        self.configured = configured
+        self.chosen = configured  # the count of the last trial's winner (before any trial: configured)
+        self.candidates = (configured, 1)
+        self._trial: list[tuple[int, bool]] = []  # (count, counted) of the trial steps to run
+        self._times: dict[int, list[float]] = {}
+        self._exploit_left = 0
+        self.num_trials = 0  # trials finished
+
+    def next_count(self) -> int:
+        """The thread count for the next decode step."""
+        if self._exploit_left > 0:
+            return self.chosen
+        if not self._trial:
+            self._trial = [(count, step > 0) for count in self.candidates for step in range(self.TRIAL_STEPS + 1)]
+            self._times = {count: [] for count in self.candidates}
+        return self._trial[0][0]
+
+    def observe(self, seconds: float) -> None:
+        """The wall time of the decode step ``next_count()`` was asked for."""
+        if self._exploit_left > 0:
+            self._exploit_left -= 1
+            return
+        count, counted = self._trial.pop(0)
+        if counted:
+            self._times[count].append(seconds)
+        if not self._trial:
+            self.chosen = min(self.candidates, key=lambda c: statistics.median(self._times[c]))
+            self._exploit_left = self.EXPLOIT_STEPS
+            self.num_trials += 1
+
+    def describe(self) -> str:
+        """For the summary line: the configured count, and what one-sequence decode runs."""
+        if not self.num_trials:
+            return f"{self.configured} threads (one-sequence decode: trying {' and '.join(map(str, self.candidates))})"
+        return f"{self.configured} threads (one-sequence decode: {self.chosen}, measured faster)"
+
+
+def set_thread_count(count: int) -> None:
+    """PyTorch's (and so the kernels') thread count, set only when it changes."""
+    import torch
+
+    if torch.get_num_threads() != count:
+        torch.set_num_threads(count)

@@ -89,8 +89,9 @@ def _stream_answer(engine, request_id: str, prompt, params) -> str:
         raise
     sys.stdout.write("\n")
     sys.stdout.flush()
-    print(summary_line(final, engine.kv_cache.bytes_per_token, engine.weight_format, _read_bandwidth()),
-          file=sys.stderr, flush=True)
+    tuner = engine.runner.thread_tuner
+    print(summary_line(final, engine.kv_cache.bytes_per_token, engine.weight_format, _read_bandwidth(),
+                       threads=tuner.describe() if tuner else None), file=sys.stderr, flush=True)
     return final.outputs[0].text
 
 
@@ -104,10 +105,12 @@ def _read_bandwidth() -> float | None:
         return None
 
 
-def summary_line(output, kv_bytes_per_token: int, weights=None, bandwidth: float | None = None) -> str:
+def summary_line(output, kv_bytes_per_token: int, weights=None, bandwidth: float | None = None,
+                 threads: str | None = None) -> str:
     """prompt tokens | TTFT | decode tok/s | what ran (weight format, activations, kernel
-    level, threads) | weight bytes a decode step reads, and the decode speed as a fraction
-    of the bandwidth floor (bytes per token / read bandwidth) | KV bytes held | finish."""
+    level, threads: ``threads`` or PyTorch's count) | weight bytes a decode step reads, and
+    the decode speed as a fraction of the bandwidth floor (bytes per token / read
+    bandwidth) | KV bytes held | finish."""
     completion = output.outputs[0]
     metrics = output.metrics
     num_prompt, num_out = len(output.prompt_token_ids), len(completion.token_ids)
@@ -122,7 +125,8 @@ def summary_line(output, kv_bytes_per_token: int, weights=None, bandwidth: float
     if weights is not None:
         import torch
 
-        ran = f"{weights.describe()}, {torch.get_num_threads()} threads | {weights.decode_bytes / 1e6:.1f} MB/token"
+        threads = threads or f"{torch.get_num_threads()} threads"
+        ran = f"{weights.describe()}, {threads} | {weights.decode_bytes / 1e6:.1f} MB/token"
         if bandwidth and tok_s:
             ran += f", {tok_s * weights.decode_bytes / bandwidth:.0%} of the {bandwidth / 1e9:.1f} GB/s floor"
         ran += " | "

@@ -36,6 +36,7 @@ from inferpath.engine.scheduler import SampleUpdate, Scheduler
 from inferpath.model.batch_invariant import make_batch_invariant
 from inferpath.sampling.params import SamplingParams
 from inferpath.sampling.sampler import Sampler
+from inferpath.threads import DecodeThreadTuner
 
 
 class LLMEngine:
@@ -71,7 +72,7 @@ class LLMEngine:
         if engine_config.batch_invariant:  # after accelerate(): the native linears stay
             make_batch_invariant(model)
         self.runner = ModelRunner(model, self.kv_cache, self.block_manager, sampler,
-                                  self.eos_token_ids)
+                                  self.eos_token_ids, thread_tuner=self._thread_tuner(engine_config))
         self.output_processor = OutputProcessor()
         self._rng = random.Random(engine_config.seed)  # seeds of requests without one
         self._groups: dict[str, RequestGroup] = {}
@@ -82,6 +83,15 @@ class LLMEngine:
         self._num_finished = 0
         self._grammar_compiler = None  # structured output: built on the first request asking
         self.tracer = None  # an engine.trace.StepTracer while a trace is on; None: nothing attached
+
+    def _thread_tuner(self, engine_config: EngineConfig) -> DecodeThreadTuner | None:
+        """A tuner of one-sequence decode threads (threads.py) where the thread count is left
+        to inferpath and the native kernels run (their results do not depend on it)."""
+        threads = torch.get_num_threads()
+        if (engine_config.threads is not None or threads < 2 or engine_config.batch_invariant
+                or engine_config.tensor_parallel_size > 1 or self.weight_format.kernel_level == "PyTorch"):
+            return None
+        return DecodeThreadTuner(threads)
 
     @classmethod
     def from_model(cls, model: str, engine_config: EngineConfig | None = None,

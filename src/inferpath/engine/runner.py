@@ -10,7 +10,9 @@ flat batch (design.md):
     block_tables                         (num_seqs, max_blocks) padded with block 0
     logits_indices                       (num_samples,)   last row of each sampling chunk
 
-runs ``model.forward``, the LM head on ``logits_indices`` only, and the sampler.
+runs ``model.forward``, the LM head on ``logits_indices`` only, and the sampler. With a
+``DecodeThreadTuner`` (threads.py) a step that decodes one sequence runs at the tuner's
+thread count and reports its time to it; every other step runs at the configured count.
 
 NOTE: host overhead is per step, not per token where it can be helped: three
 ``torch.tensor`` calls per step (the token-indexed fields, the sequence-indexed ones, the
@@ -19,6 +21,7 @@ block tables) and views into them; slot mappings are built one range per block.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +34,7 @@ from inferpath.engine.scheduler import SchedulerOutput
 from inferpath.model.batch_invariant import row_invariant_dispatch
 from inferpath.model.metadata import AttentionMetadata
 from inferpath.sampling.sampler import Sampler, SamplingRow
+from inferpath.threads import DecodeThreadTuner, set_thread_count
 
 
 @dataclass
@@ -49,16 +53,30 @@ class ModelRunner:
     """Owns the model, its KV cache and the sampler; executes one step at a time."""
 
     def __init__(self, model: torch.nn.Module, kv_cache: KVCache, block_manager: BlockManager,
-                 sampler: Sampler, eos_token_ids: frozenset[int], device: str | torch.device = "cpu"):
+                 sampler: Sampler, eos_token_ids: frozenset[int], device: str | torch.device = "cpu",
+                 thread_tuner: DecodeThreadTuner | None = None):
         self.model = model
         self.kv_cache = kv_cache
         self.block_manager = block_manager
         self.sampler = sampler
         self.eos_token_ids = eos_token_ids
         self.device = torch.device(device)
+        self.thread_tuner = thread_tuner
+
+    def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
+        tuner = self.thread_tuner
+        if tuner is None or scheduled.is_empty:
+            return self._execute(scheduled)
+        one_decode = len(scheduled.chunks) == 1 and scheduled.chunks[0].num_new_tokens == 1
+        set_thread_count(tuner.next_count() if one_decode else tuner.configured)
+        start = time.perf_counter()
+        output = self._execute(scheduled)
+        if one_decode:
+            tuner.observe(time.perf_counter() - start)
+        return output
 
     @torch.inference_mode()
-    def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
+    def _execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         if scheduled.is_empty:
             return RunnerOutput([], [])
         batch = self.prepare(scheduled)

@@ -7,6 +7,10 @@ x), max(x)] is split in 15 steps; the eight sub-block scales and mins of a 256-v
 super-block are then stored as 6-bit multiples of a float16 d and dmin (llama.cpp
 searches each sub-block's scale further; this is the plain min/max fit). A weight whose
 row length is not a multiple of the format's block (e.g. 896 for Q4_K's 256) takes Q8_0.
+The LM head (or the embedding table that serves as it) keeps 8 bits under the 4-bit
+formats: the logits read it directly, and llama.cpp's quantizer keeps it at 6 bits or more
+(Q6_K) for the same reason (SmolLM2 Q4_0: top-1 agreement with the float model 66% with a
+4-bit tied head, benchmarks/llamacpp_compat.py).
 """
 
 from __future__ import annotations
@@ -14,7 +18,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+from gguf import (
+    GGML_QUANT_SIZES,
+    GGML_QUANT_VERSION,
+    GGMLQuantizationType,
+    LlamaFileType,
+    quants,
+)
 
 from inferpath.weights.quantized import QuantizedTensor
 
@@ -22,6 +32,11 @@ Q = GGMLQuantizationType
 # --quantization names (llama.cpp's) -> format
 QUANTIZATION_TYPES = {"q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_k": Q.Q4_K}
 FALLBACK_TYPE = Q.Q8_0
+# general.file_type written by ``inferpath quantize`` (llama.cpp's llama_ftype; Q4_K rows
+# that fall back to Q8_0 keep it "mostly Q4_K", as llama.cpp's own fallbacks do)
+FILE_TYPES = {Q.Q8_0: LlamaFileType.MOSTLY_Q8_0, Q.Q4_0: LlamaFileType.MOSTLY_Q4_0, Q.Q4_K: LlamaFileType.MOSTLY_Q4_K_S}
+# metadata the writer sets itself rather than copying from the source
+WRITTEN_KEYS = ("general.architecture", "general.alignment", "general.file_type", "general.quantization_version")
 
 
 def quantization_type(name: str) -> GGMLQuantizationType:
@@ -33,9 +48,10 @@ def quantization_type(name: str) -> GGMLQuantizationType:
     return qtype
 
 
-def type_for(qtype: GGMLQuantizationType, cols: int) -> GGMLQuantizationType:
-    """``qtype``, or FALLBACK_TYPE where rows of ``cols`` values do not fill its blocks."""
-    return qtype if cols % GGML_QUANT_SIZES[qtype][0] == 0 else FALLBACK_TYPE
+def type_for(qtype: GGMLQuantizationType, cols: int, is_head: bool = False) -> GGMLQuantizationType:
+    """``qtype``, or FALLBACK_TYPE where rows of ``cols`` values do not fill its blocks or
+    the weight is the LM head (``is_head``: module doc)."""
+    return qtype if cols % GGML_QUANT_SIZES[qtype][0] == 0 and not is_head else FALLBACK_TYPE
 
 
 def quantize_rows(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
@@ -73,11 +89,11 @@ def _quantize_q4_k(values: np.ndarray) -> np.ndarray:
     return packed.reshape(rows, -1)
 
 
-def quantize_tensor(values, qtype: GGMLQuantizationType) -> QuantizedTensor:
-    """A 2-D float tensor (torch or numpy) as a QuantizedTensor in ``qtype`` (or the
-    fallback where its rows do not fill the blocks)."""
+def quantize_tensor(values, qtype: GGMLQuantizationType, is_head: bool = False) -> QuantizedTensor:
+    """A 2-D float tensor (torch or numpy) as a QuantizedTensor in ``type_for(qtype, cols,
+    is_head)``."""
     array = values.detach().float().numpy() if hasattr(values, "detach") else np.asarray(values, np.float32)
-    chosen = type_for(qtype, array.shape[1])
+    chosen = type_for(qtype, array.shape[1], is_head)
     return QuantizedTensor.from_gguf(quantize_rows(array, chosen), chosen, array.shape)
 
 
@@ -94,9 +110,10 @@ def quantize_checkpoint(checkpoint, name: str):
         kinds = sorted({t.type_name for t in checkpoint.quantized_tensors.values()})
         raise ValueError(f"{checkpoint.path} is already quantized ({', '.join(kinds)}); "
                          f"quantization={name!r} applies to float weights only")
+    head = "model.embed_tokens.weight" if checkpoint.config.tie_word_embeddings else "lm_head.weight"
     for tensor_name, tensor in list(checkpoint.tensors.items()):
         if is_quantizable(tensor_name, tuple(tensor.shape)):
-            checkpoint.tensors[tensor_name] = quantize_tensor(tensor, qtype)
+            checkpoint.tensors[tensor_name] = quantize_tensor(tensor, qtype, is_head=tensor_name == head)
     return checkpoint
 
 
@@ -111,18 +128,26 @@ def write_quantized_gguf(source: Path, target: Path, type_name: str) -> dict[str
     qtype = quantization_type(type_name)
     reader = open_gguf(source)
     writer = GGUFWriter(target, arch=str(field(reader, "general.architecture")))
+    # NOTE: the writer pads tensor data to its own alignment: a source's general.alignment
+    # must become the writer's, not a copied key that points readers at the wrong offsets
+    if field(reader, "general.alignment") is not None:
+        writer.add_custom_alignment(int(field(reader, "general.alignment")))
+    writer.add_file_type(int(FILE_TYPES[qtype]))  # what the file now mostly holds (llama.cpp's ftype)
+    writer.add_quantization_version(GGML_QUANT_VERSION)  # block layouts of ggml's version 2
     for key, f in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
+        if key.startswith("GGUF.") or key in WRITTEN_KEYS:
             continue
         value_type = GGUFValueType(int(f.types[0]))
         sub_type = GGUFValueType(int(f.types[-1])) if value_type == GGUFValueType.ARRAY else None
         writer.add_key_value(key, f.contents(), value_type, sub_type=sub_type)
     written = {}
     float_types = (Q.F32, Q.F16, Q.BF16)
+    names = {t.name for t in reader.tensors}
+    head = "output.weight" if "output.weight" in names else "token_embd.weight"  # tied: the table is the head
     for t in reader.tensors:
         shape = tuple(reversed([int(d) for d in t.shape]))  # (rows, cols)
         if len(shape) == 2 and t.tensor_type in float_types and not t.name.endswith("norm.weight"):
-            chosen = type_for(qtype, shape[1])
+            chosen = type_for(qtype, shape[1], is_head=t.name == head)
             data = quantize_rows(dequantize(t.data, t.tensor_type).reshape(shape), chosen)
             writer.add_tensor(t.name, data, raw_shape=data.shape, raw_dtype=chosen)
         else:

@@ -1,0 +1,81 @@
+"""Thread choice (threads.py): the decode thread tuner picks the count whose steps measured
+faster, and switching counts mid-generation changes no token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferpath.config import EngineConfig
+from inferpath.engine.llm_engine import LLMEngine
+from inferpath.kernels import build
+from inferpath.models import resolve_model
+from inferpath.sampling.params import SamplingParams
+from inferpath.threads import DecodeThreadTuner, physical_cores
+
+
+def run_steps(tuner: DecodeThreadTuner, seconds_at: dict[int, float], steps: int) -> list[int]:
+    """Drive ``tuner`` for ``steps`` decode steps whose time depends on the count only."""
+    counts = []
+    for _ in range(steps):
+        count = tuner.next_count()
+        counts.append(count)
+        tuner.observe(seconds_at[count])
+    return counts
+
+
+def test_tuner_keeps_the_faster_count_then_measures_again():
+    tuner = DecodeThreadTuner(2)
+    assert tuner.describe() == "2 threads (one-sequence decode: trying 2 and 1)"
+    trial = (DecodeThreadTuner.TRIAL_STEPS + 1) * 2  # each count: one uncounted switch step + the counted ones
+    counts = run_steps(tuner, {2: 0.020, 1: 0.012}, trial)
+    assert counts == [2] * (trial // 2) + [1] * (trial // 2)
+    assert tuner.chosen == 1 and tuner.describe() == "2 threads (one-sequence decode: 1, measured faster)"
+    assert run_steps(tuner, {2: 0.020, 1: 0.012}, DecodeThreadTuner.EXPLOIT_STEPS) == [1] * DecodeThreadTuner.EXPLOIT_STEPS
+    # the machine quietens: the next trial finds two threads faster again
+    run_steps(tuner, {2: 0.010, 1: 0.012}, trial)
+    assert tuner.chosen == 2
+
+
+def test_tuner_judges_by_the_median_not_one_outlier():
+    tuner = DecodeThreadTuner(2)
+    times = iter([9.0] + [0.010] * 6 + [0.5] + [0.030] * 5 + [0.001])  # switch steps are not counted
+    for _ in range((DecodeThreadTuner.TRIAL_STEPS + 1) * 2):
+        tuner.next_count()
+        tuner.observe(next(times))
+    assert tuner.chosen == 2
+
+
+def test_tuner_needs_two_threads_to_choose_from():
+    with pytest.raises(ValueError, match="at least 2 threads"):
+        DecodeThreadTuner(1)
+
+
+@pytest.mark.skipif(build.native_quant_matmul() is None or physical_cores() < 2,
+                    reason=f"needs the native kernels and 2 threads: {build.kernel_status()}")
+def test_engine_switching_decode_threads_changes_no_token():
+    """SmolLM2 Q4_1 with the thread count left to inferpath: the tuner runs decode steps at
+    2 and at 1 thread (and prompts at 2); the greedy tokens equal those of a fixed 2."""
+    path = resolve_model("smollm2-135m-instruct")
+    params = SamplingParams(max_tokens=2 * (DecodeThreadTuner.TRIAL_STEPS + 1) + 6, temperature=0, ignore_eos=True)
+    fixed = LLMEngine.from_model(path, EngineConfig(threads=2, kv_cache_memory_bytes=16 * 2**20))
+    assert fixed.runner.thread_tuner is None
+
+    def greedy(engine: LLMEngine, seen: list[int]) -> list[int]:
+        engine.add_request("0", "The lighthouse keeper found a bottle", params)
+        done = []
+        while engine.has_unfinished_requests():
+            done += [o for o in engine.step() if o.finished]
+            seen.append(torch.get_num_threads())
+        return list(done[0].outputs[0].token_ids)
+
+    fixed_counts: list[int] = []
+    expected_tokens = greedy(fixed, fixed_counts)
+    tuned = LLMEngine.from_model(path, EngineConfig(threads=None, kv_cache_memory_bytes=16 * 2**20))
+    assert isinstance(tuned.runner.thread_tuner, DecodeThreadTuner)
+    tuned_counts: list[int] = []
+    try:
+        assert greedy(tuned, tuned_counts) == expected_tokens
+    finally:
+        torch.set_num_threads(tuned.runner.thread_tuner.configured)
+    assert set(fixed_counts) == {2} and {1, 2} <= set(tuned_counts)
