@@ -87,6 +87,8 @@ _EXTRA_SIGNATURES = {
     "inferpath_quant_matmul_group": [_N] + [_P] * 7 + [_I, _I, _N, _N],
     # qtype, weight, row bytes, out (f32), rows, k, threads
     "inferpath_quant_dequantize": [_N, _P, _I, _P, _I, _I, _N],
+    # layers, count, shape, x, m, cos, sin, slots, block tables, seq lens, threads, rows alone
+    "inferpath_decode_layers": [_P, _N, _P, _P, _I, _P, _P, _P, _P, _P, _N, _N],
 }
 _AVX512_SIGNATURES = {"inferpath_amx_gemm_bf16": [_P] * 4 + [_I] * 3 + [_N], "inferpath_amx_init": []}
 
@@ -287,6 +289,11 @@ def native_quant_matmul_group(level: str | None = None):
 def native_quant_dequantize(level: str | None = None):
     """The GGUF block dequantizer to float32 rows (csrc/quant), or None."""
     return _native("inferpath_quant_dequantize", "quantized", level)
+
+
+def native_decode_layers(level: str | None = None):
+    """A decode step's quantized Llama layers in one call (csrc/quant/decode.c), or None."""
+    return _native("inferpath_decode_layers", "quantized", level)
 
 
 def gemv_available(dtype: torch.dtype) -> bool:

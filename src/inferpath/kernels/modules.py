@@ -32,12 +32,14 @@ import torch
 from torch import nn
 
 from inferpath.kernels import build, ops
+from inferpath.kernels.decode_stack import CPUDecoderStack
 from inferpath.kernels.fused import CPUSelfAttention, CPUSwiGLUMLP
 from inferpath.kernels.ops import run_paged_decode_attention, run_rms_norm, run_rope, run_silu_mul, small_batch_linear
 from inferpath.model.attention import DecodeGroup, PagedAttention
 from inferpath.model.layers import RMSNorm, SiluAndMul, SwiGLUMLP
 from inferpath.model.rope import RotaryEmbedding
 from inferpath.model.self_attention import SelfAttention
+from inferpath.model.transformer import DecoderStack
 
 
 class CPULinear(nn.Linear):
@@ -122,6 +124,7 @@ _SWAPS = {
     SiluAndMul: CPUSiluAndMul,
     RotaryEmbedding: CPURotaryEmbedding,
     PagedAttention: CPUPagedAttention,
+    DecoderStack: CPUDecoderStack,  # a decode step's layers in one native call
 }
 _SWAPS.update({cpu: cpu for cpu in list(_SWAPS.values())})  # idempotent
 

@@ -1,0 +1,109 @@
+/* A decode step's layers in one call: for each layer, the same kernels in the same order
+ * as the PyTorch modules call them one by one (kernels/fused.py, modules.py, quantized.py),
+ * so the result is the same to the bit, without a Python round trip per kernel (a decode
+ * step of a small model is otherwise mostly those round trips: SmolLM2 makes ~360 of them).
+ *
+ * Per layer, x (m, hidden) the residual stream, every row one sequence's next token:
+ *   h = rms_norm(x) ; qkv = [Wq; Wk; Wv] h (+ b) ; q, k = rope(q, k) ; cache[slot] = k, v ;
+ *   a = paged_attention(q) ; x += Wo a (+ b) ; h = rms_norm(x) ;
+ *   g, u = [Wg; Wu] h ; x += Wd (silu(g) * u)
+ * Weights in GGUF blocks (matmul.c), activations float32. Llama-family layers only (the
+ * Python side checks the model: no QK-norm, no sandwich norms, no soft-capping, SwiGLU).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* the kernels this calls, from the same library (portable/ or avx512/, and matmul.c) */
+int inferpath_rms_norm_f32(const float *x, const float *w, float *y, int64_t m, int64_t n, float eps,
+                           int num_threads);
+int inferpath_rope_f32(const float *q, int64_t q_stride, int64_t heads, const float *k, int64_t k_stride,
+                       int64_t kv_heads, const float *cos, const float *sin, float *q_out, float *k_out,
+                       int64_t tokens, int64_t d, int num_threads);
+int inferpath_silu_mul_f32(const float *gate, int64_t gate_stride, const float *up, int64_t up_stride,
+                           float *out, int64_t out_stride, int64_t m, int64_t n, int num_threads);
+int inferpath_paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
+                                         const int64_t *block_tables, const int64_t *seq_lens, float *out,
+                                         int64_t b, int64_t h, int64_t kvh, int64_t d, int64_t block_size,
+                                         int64_t max_blocks, float scale, int64_t window, int num_threads);
+int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *const *ws, const int64_t *row_bytes,
+                                 const int64_t *ns, const float *const *biases, const float *x, float *y,
+                                 int64_t m, int64_t k, int num_threads, int rows_alone);
+
+/* Several quantized weights sharing an input (QuantGroup's arrays; a group of one for a
+ * single projection). */
+typedef struct {
+    int count;
+    const int *qtypes;
+    const uint8_t *const *weights;
+    const int64_t *row_bytes;
+    const int64_t *rows;
+    const float *const *biases;
+} quant_weights;
+
+typedef struct {
+    const float *input_norm, *post_norm;  /* (hidden,) */
+    quant_weights qkv, o, gate_up, down;
+    float *k_cache, *v_cache;             /* (num_blocks, block_size, num_kv_heads, head_dim) */
+} decode_layer;
+
+typedef struct {
+    int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate;
+    int64_t block_size, max_blocks, window;
+    float eps, scale;
+} decode_shape;
+
+static int matmul(const quant_weights *w, const float *x, float *y, int64_t m, int64_t k, int threads,
+                  int rows_alone) {
+    return inferpath_quant_matmul_group(w->count, w->qtypes, w->weights, w->row_bytes, w->rows, w->biases, x, y, m,
+                                        k, threads, rows_alone);
+}
+
+/* x (m, hidden) in place through num_layers layers. cos, sin (m, head_dim): the rows'
+ * RoPE; slots (m,): where each row's K/V go; block_tables (m, max_blocks) and seq_lens
+ * (m,): each row's context, its new token included. Returns 0, a kernel's error code, or
+ * -2 out of memory. */
+int inferpath_decode_layers(const decode_layer *layers, int num_layers, const decode_shape *s, float *x,
+                            int64_t m, const float *cos, const float *sin, const int64_t *slots,
+                            const int64_t *block_tables, const int64_t *seq_lens, int num_threads, int rows_alone) {
+    const int64_t q_size = s->num_heads * s->head_dim, kv_size = s->num_kv_heads * s->head_dim;
+    const int64_t qkv_size = q_size + 2 * kv_size;
+    size_t floats = (size_t)(m * (s->hidden * 2 + qkv_size + q_size + kv_size + q_size + 3 * s->intermediate));
+    float *buffer = (float *)malloc(sizeof(float) * floats);
+    if (!buffer) return -2;
+    float *normed = buffer, *qkv = normed + m * s->hidden, *q = qkv + m * qkv_size, *k = q + m * q_size;
+    float *attended = k + m * kv_size, *projected = attended + m * q_size, *gate_up = projected + m * s->hidden;
+    float *act = gate_up + m * 2 * s->intermediate;
+    int status = 0;
+    for (int l = 0; l < num_layers && !status; l++) {
+        const decode_layer *L = &layers[l];
+        status = inferpath_rms_norm_f32(x, L->input_norm, normed, m, s->hidden, s->eps, num_threads);
+        if (!status) status = matmul(&L->qkv, normed, qkv, m, s->hidden, num_threads, rows_alone);
+        if (!status)
+            status = inferpath_rope_f32(qkv, qkv_size, s->num_heads, qkv + q_size, qkv_size, s->num_kv_heads, cos, sin,
+                                        q, k, m, s->head_dim, num_threads);
+        if (status) break;
+        for (int64_t i = 0; i < m; i++) {  /* this step's K/V into the cache */
+            memcpy(L->k_cache + slots[i] * kv_size, k + i * kv_size, sizeof(float) * (size_t)kv_size);
+            memcpy(L->v_cache + slots[i] * kv_size, qkv + i * qkv_size + q_size + kv_size,
+                   sizeof(float) * (size_t)kv_size);
+        }
+        status = inferpath_paged_decode_attention_f32(q, L->k_cache, L->v_cache, block_tables, seq_lens, attended, m,
+                                                      s->num_heads, s->num_kv_heads, s->head_dim, s->block_size,
+                                                      s->max_blocks, s->scale, s->window, num_threads);
+        if (!status) status = matmul(&L->o, attended, projected, m, q_size, num_threads, rows_alone);
+        if (status) break;
+        for (int64_t i = 0; i < m * s->hidden; i++) x[i] = x[i] + projected[i];
+        status = inferpath_rms_norm_f32(x, L->post_norm, normed, m, s->hidden, s->eps, num_threads);
+        if (!status) status = matmul(&L->gate_up, normed, gate_up, m, s->hidden, num_threads, rows_alone);
+        if (!status)
+            status = inferpath_silu_mul_f32(gate_up, 2 * s->intermediate, gate_up + s->intermediate,
+                                            2 * s->intermediate, act, s->intermediate, m, s->intermediate,
+                                            num_threads);
+        if (!status) status = matmul(&L->down, act, projected, m, s->intermediate, num_threads, rows_alone);
+        if (status) break;
+        for (int64_t i = 0; i < m * s->hidden; i++) x[i] = x[i] + projected[i];
+    }
+    free(buffer);
+    return status;
+}

@@ -1,0 +1,179 @@
+"""A decode step's layers in one native call, applied from outside like the other swaps.
+
+A decode step of a small quantized model is mostly Python: SmolLM2-135M makes ~12 kernel
+calls per layer, 360 a step, each with its module call, kernel lookup, output allocation
+and ctypes argument conversion (~8 us), which is as long as all its matmuls together.
+``CPUDecoderStack`` runs the layers of a step whose every row is one sequence's next
+token through ``inferpath_decode_layers`` (csrc/quant/decode.c): the same kernels, in the
+same order, on the same buffers' values, so the hidden states are equal to the bit to the
+module-by-module path (a test holds it). Everything else — prefill, mixed batches, a
+model outside the plain Llama layer (QK-norm, sandwich norms, soft-capping, MoE, non-SiLU
+gates, float weights), a traced step (its clock wraps module forwards), a hooked module
+(tensor parallelism's all-reduce) — takes the module path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from inferpath.kernels import build, ops
+from inferpath.model.batch_invariant import rows_must_be_invariant
+from inferpath.model.transformer import DecoderStack
+
+_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+
+
+class _QuantWeights(ctypes.Structure):  # decode.c quant_weights: an ops.QuantGroup's arrays
+    _fields_ = [("count", ctypes.c_int), ("qtypes", _P), ("weights", _P), ("row_bytes", _P), ("rows", _P),
+                ("biases", _P)]
+
+
+class _Layer(ctypes.Structure):  # decode.c decode_layer
+    _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv", _QuantWeights), ("o", _QuantWeights),
+                ("gate_up", _QuantWeights), ("down", _QuantWeights), ("k_cache", _P), ("v_cache", _P)]
+
+
+class _Shape(ctypes.Structure):  # decode.c decode_shape
+    _fields_ = [("hidden", _I64), ("num_heads", _I64), ("num_kv_heads", _I64), ("head_dim", _I64),
+                ("intermediate", _I64), ("block_size", _I64), ("max_blocks", _I64), ("window", _I64),
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+
+
+def _weights(group: ops.QuantGroup) -> _QuantWeights:
+    cast = lambda array: ctypes.cast(array, _P)  # noqa: E731
+    return _QuantWeights(len(group._qtypes), cast(group._qtypes), cast(group._ptrs), cast(group._row_bytes),
+                         cast(group._rows), cast(group._biases))
+
+
+def _single(fn, linear) -> ops.QuantGroup:
+    bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+    return ops.QuantGroup(fn, [linear.qweight], [bias])
+
+
+class _Plan:
+    """What the native call needs of a model, built once: its layers' weights as ctypes
+    structures (and the objects their pointers point into), or why it cannot run."""
+
+    def __init__(self, stack: DecoderStack) -> None:
+        self.reason = self._check(stack)
+        if self.reason:
+            return
+        group_fn = build.native_quant_matmul_group()
+        layers = list(stack.layers)
+        self.modules = [m for layer in layers for m in layer.modules()]  # watched for hooks and wrappers
+        self.groups = []  # keeps every ctypes array alive
+        self.layers = (_Layer * len(layers))()
+        for i, layer in enumerate(layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            groups = [attn._quant_qkv, _single(group_fn, attn.o_proj), mlp._quant_gate_up,
+                      _single(group_fn, mlp.down_proj)]
+            self.groups += groups
+            self.layers[i].input_norm = layer.input_layernorm.weight.data_ptr()
+            self.layers[i].post_norm = layer.post_attention_layernorm.weight.data_ptr()
+            self.layers[i].qkv, self.layers[i].o, self.layers[i].gate_up, self.layers[i].down = map(_weights, groups)
+        first = layers[0]
+        self.rope = first.self_attn.rotary_emb
+        self.window = first.self_attn.sliding_window
+        self.num_heads, self.num_kv_heads = first.self_attn.num_heads, first.self_attn.num_kv_heads
+        self.head_dim = first.self_attn.head_dim
+        self.hidden = first.input_layernorm.weight.shape[0]
+        self.intermediate = first.mlp.down_proj.in_features
+        self.eps = first.input_layernorm.eps
+        self.cache_key = None
+
+    @staticmethod
+    def _check(stack: DecoderStack) -> str:
+        """Why this model's layers cannot take the native call ('' if they can)."""
+        from inferpath.kernels.fused import CPUSelfAttention, CPUSwiGLUMLP
+        from inferpath.kernels.modules import CPUPagedAttention, CPURMSNorm, CPURotaryEmbedding, CPUSiluAndMul
+        from inferpath.kernels.quantized import QuantLinear
+
+        if build.native_decode_layers() is None or build.native_quant_matmul_group() is None:
+            return "no native decode kernel here"
+        if stack.embedding_multiplier != 1.0:
+            return "scaled embeddings"
+        layers = list(stack.layers)
+        first = layers[0].self_attn
+        for layer in layers:
+            attn, mlp = layer.self_attn, getattr(layer, "mlp", None)
+            norms = (layer.input_layernorm, layer.post_attention_layernorm)
+            if layer.is_moe or layer.sandwich_norms or type(mlp) is not CPUSwiGLUMLP:
+                return "not a plain SwiGLU layer"
+            if any(type(n) is not CPURMSNorm or n.weight.dtype != torch.float32 or n._kernel is None for n in norms):
+                return "not a float32 RMSNorm"
+            if (type(attn) is not CPUSelfAttention or attn.qk_norm or attn._quant_qkv is None
+                    or type(attn.o_proj) is not QuantLinear or type(attn.rotary_emb) is not CPURotaryEmbedding
+                    or type(attn.attn) is not CPUPagedAttention):
+                return "attention is not quantized Q/K/V with native RoPE and paged attention"
+            if (mlp._quant_gate_up is None or mlp._silu_f32 is None or type(mlp.down_proj) is not QuantLinear
+                    or type(mlp.act_fn) is not CPUSiluAndMul):
+                return "the MLP is not quantized gate/up/down with a SiLU gate"
+            if attn.sliding_window != first.sliding_window or attn.rotary_emb.table is not first.rotary_emb.table:
+                return "layers differ in window or RoPE"
+        if first.head_dim % 32 or first.head_dim > ops.ATTENTION_MAX_HEAD_DIM \
+                or first.num_heads // first.num_kv_heads > ops.ATTENTION_MAX_GROUP:
+            return "head shape outside the native RoPE and attention kernels"
+        return ""
+
+    def watched(self) -> bool:
+        """Whether any layer module is hooked or has its forward wrapped (trace's clock)."""
+        return any(m._forward_hooks or m._forward_pre_hooks or "forward" in m.__dict__ for m in self.modules)
+
+
+class CPUDecoderStack(DecoderStack):
+    """``DecoderStack`` whose pure-decode steps run the layers in one native call (module
+    doc); any other step, or a model the call cannot run, takes the parent's path.
+    ``use_native_decode = False`` on an instance sends every step down the parent's path."""
+
+    use_native_decode = True
+
+    def forward(self, input_ids, positions, kv_cache, plan) -> torch.Tensor:
+        hidden = self._decode_natively(input_ids, positions, kv_cache, plan) if self.use_native_decode else None
+        return super().forward(input_ids, positions, kv_cache, plan) if hidden is None else hidden
+
+    def native_decode_refusal(self) -> str:
+        """Why this model's layers cannot take the native call ('' if they can)."""
+        return self._native_plan().reason
+
+    def _native_plan(self) -> _Plan:
+        native = self.__dict__.get("_native_decode_plan")
+        if native is None:
+            native = self.__dict__["_native_decode_plan"] = _Plan(self)
+        return native
+
+    def _decode_natively(self, input_ids, positions, kv_cache, plan) -> torch.Tensor | None:
+        native = self._native_plan()
+        if native.reason or len(plan) != 1 or native.window not in plan:
+            return None
+        step = plan[native.window]
+        decode = step.decode
+        if (decode is None or decode.token_rows is not None or step.prefills or step.softcap
+                or kv_cache.k_caches[0].dtype != torch.float32 or native.watched()):
+            return None
+        hidden = self.embed_tokens(input_ids)  # (num_seqs, hidden_size)
+        if hidden.dtype != torch.float32:
+            return None
+        hidden = hidden.contiguous().clone()
+        num_seqs = hidden.shape[0]
+        key = (kv_cache.k_caches[0].data_ptr(), tuple(kv_cache.k_caches[0].shape))
+        if native.cache_key != key:  # the caches of this engine: pointers set once
+            for i, layer in enumerate(native.layers):
+                layer.k_cache, layer.v_cache = kv_cache.k_caches[i].data_ptr(), kv_cache.v_caches[i].data_ptr()
+            native.cache_key = key
+        cos, signed_sin = native.rope.table.cos_sin(positions, torch.float32)  # (num_seqs, 1, head_dim) each
+        cos = cos.reshape(num_seqs, native.head_dim).contiguous()
+        signed_sin = signed_sin.reshape(num_seqs, native.head_dim).contiguous()
+        tables = decode.block_ids.view(num_seqs, decode.blocks_per_seq)  # (num_seqs, blocks)
+        seq_lens = decode.seq_lens.contiguous()
+        slots = step.slot_mapping.contiguous()
+        shape = _Shape(native.hidden, native.num_heads, native.num_kv_heads, native.head_dim, native.intermediate,
+                       kv_cache.k_caches[0].shape[1], tables.shape[1], decode.sliding_window, native.eps, step.scale)
+        status = build.native_decode_layers()(
+            native.layers, len(native.layers), ctypes.byref(shape), hidden.data_ptr(), num_seqs, cos.data_ptr(),
+            signed_sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), seq_lens.data_ptr(), torch.get_num_threads(),
+            rows_must_be_invariant())
+        if status != 0:
+            raise RuntimeError(f"native decode of {num_seqs} rows failed (status {status})")
+        return self.norm(hidden)
