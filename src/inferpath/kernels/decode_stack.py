@@ -15,8 +15,11 @@ gates, float weights), a traced step (its clock wraps module forwards), a hooked
 from __future__ import annotations
 
 import ctypes
+import operator
+from itertools import repeat
 
 import torch
+from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
 from inferpath.kernels import build, ops
 from inferpath.model.batch_invariant import rows_must_be_invariant
@@ -62,7 +65,9 @@ class _Plan:
             return
         group_fn = build.native_quant_matmul_group()
         layers = list(stack.layers)
-        self.modules = [m for layer in layers for m in layer.modules()]  # watched for hooks and wrappers
+        modules = [m for layer in layers for m in layer.modules()]  # watched for hooks and wrappers
+        self.hook_dicts = [m._forward_hooks for m in modules] + [m._forward_pre_hooks for m in modules]
+        self.module_dicts = [m.__dict__ for m in modules]
         self.groups = []  # keeps every ctypes array alive
         self.layers = (_Layer * len(layers))()
         for i, layer in enumerate(layers):
@@ -118,8 +123,11 @@ class _Plan:
         return ""
 
     def watched(self) -> bool:
-        """Whether any layer module is hooked or has its forward wrapped (trace's clock)."""
-        return any(m._forward_hooks or m._forward_pre_hooks or "forward" in m.__dict__ for m in self.modules)
+        """Whether any layer module is hooked or has its forward wrapped (trace's clock).
+        Runs every decode step: C-level scans of the hook dicts and the modules' dicts
+        (~10 us for SmolLM2's 450 modules)."""
+        return (any(self.hook_dicts) or any(map(operator.contains, self.module_dicts, repeat("forward")))
+                or bool(_global_forward_hooks) or bool(_global_forward_pre_hooks))
 
 
 class CPUDecoderStack(DecoderStack):

@@ -34,6 +34,7 @@
 
 #include "activations.h"
 #include "wide.h"
+#include "prepared.h"
 
 #if defined(__AVX2__)
 /* ---------------------------------------------------------------- AVX2 / AVX-512 VNNI */
@@ -175,7 +176,6 @@ static void NAME##_rows(const uint8_t *row, const q8_rows *x, int64_t rows, floa
     DEFINE_ROWS(NAME, OFFSET, IS_SIGNED, TWO_SCALES) DEFINE_TILES(NAME)
 FOR_EACH_FORMAT(ROWS_OF)
 
-typedef void (*rows_fn)(const uint8_t *, const q8_rows *, int64_t, float *);
 
 /* (values per block, bytes per block) of a format; 0 if not one of ours */
 static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
@@ -190,70 +190,86 @@ static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
 /* Several weights against one x, as one matmul: weight i is ns[i] rows of row_bytes[i]
  * (k values each, format qtypes[i]), bias i (ns[i],) or NULL; x (m, k); y (m, sum ns) with
  * the weights' outputs side by side (a fused Q/K/V or gate/up projection, read in place
- * from three or two tensors of the file). x is quantized once and one parallel region
- * covers all rows. rows_alone: every row through the row kernel, whatever m (a row's
- * result then never depends on the rows beside it: batch invariance); else tiles of
- * WIDE_MIN_ROWS rows or more take the wide kernel. Returns 0, -1 for a bad format or
+ * from three or two tensors of the file). x is quantized once (quant_prepare), then the
+ * output columns are computed in ranges (quant_columns): by one OpenMP region here, by
+ * the decode pool in decode.c. rows_alone: every row through the row kernel, whatever m
+ * (a row's result then never depends on the rows beside it: batch invariance); else tiles
+ * of WIDE_MIN_ROWS rows or more take the wide kernel. Returns 0, -1 for a bad format or
  * shape, -2 out of memory. */
-#define MAX_GROUP 8
 /* Less work than this runs on the calling thread alone: waking the other threads (a futex
  * each under OMP_WAIT_POLICY=PASSIVE, tens of microseconds) costs more than it saves; a
  * decode step's small projections (SmolLM2's Q/K/V and O: 0.3-0.6 M multiply-adds, ~30 us
  * on one core) stay on one thread, the MLP and the LM head split. */
 #define PARALLEL_MIN_MACS (1 << 20)
+
+int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *const *ws, const int64_t *row_bytes,
+                  const int64_t *ns, const float *const *biases, const float *x, int64_t m, int64_t k,
+                  int num_threads, int rows_alone) {
+    if (count < 1 || count > MAX_GROUP || m < 1 || k < 32) return -1;
+    q->count = count, q->ws = ws, q->row_bytes = row_bytes, q->biases = biases, q->m = m, q->k = k;
+    q->starts[0] = 0;
+    for (int i = 0; i < count; i++) {
+        int64_t block, bytes;
+        if (!format_of(qtypes[i], &block, &bytes, &q->fns[i]) || ns[i] < 1 || k < block || k % block
+            || row_bytes[i] != k / block * bytes)
+            return -1;
+        q->starts[i + 1] = q->starts[i] + ns[i];
+    }
+    int64_t nb = k / 32;
+    q->n = q->starts[count], q->tiles = (m + TILE_ROWS - 1) / TILE_ROWS;
+    q->use_wide = m >= WIDE_MIN_ROWS && !rows_alone;
+    for (int i = 0; i < count; i++) q->use_wide = q->use_wide && (q->wides[i] = wide_kernel(qtypes[i])) != 0;
+    int64_t padded = q->tiles * TILE_ROWS;
+    q->xq = (int8_t *)malloc((size_t)((q->use_wide ? 4 : 2) * padded * k)), q->xr = q->xq + m * k;
+    int64_t lanes = padded * nb;  /* per-block scalars, tile-major */
+    q->xd = (float *)calloc((size_t)(4 * lanes), sizeof(float)), q->xs = q->xd + lanes, q->xh = q->xs + lanes;
+    if (!q->xq || !q->xd) { quant_release(q); return -2; }
+    q->wq = q->use_wide ? q->xq + 2 * padded * k : 0, q->wr = q->use_wide ? q->wq + padded * k : 0;  /* interleaved */
+    if (q->use_wide && padded > m) {  /* the last tile's missing rows: zero lanes */
+        memset(q->wq + (padded - TILE_ROWS) * k, 0, (size_t)(TILE_ROWS * k));
+        memset(q->wr + (padded - TILE_ROWS) * k, 0, (size_t)(TILE_ROWS * k));
+    }
+    quantize_rows(x, m, k, q->xq, q->xr, q->xd, q->xs, q->xh, q->wq, q->wr, num_threads);
+    return 0;
+}
+
+void quant_release(quant_matmul *q) {
+    free(q->xq); free(q->xd);
+    q->xq = 0, q->xd = 0;
+}
+
+/* Output columns [c0, c1) of y (m, n): for each tile of x, each column's weight row (a tile
+ * of x and a range of weight rows stay in cache while they meet). */
+void quant_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
+    const int64_t k = q->k, nb = k / 32, m = q->m, n = q->n;
+    for (int64_t t = 0; t < q->tiles; t++) {
+        int64_t j0 = t * TILE_ROWS, rows = m - j0 < TILE_ROWS ? m - j0 : TILE_ROWS;
+        const float *d = q->xd + j0 * nb, *sx = q->xs + j0 * nb, *h = q->xh + 2 * j0 * nb;
+        q8_rows xj = {q->xq + j0 * k, q->xr + j0 * k, d, sx, h, k};
+        wide_rows xw = {q->wq + j0 * k, q->wr + j0 * k, d, sx, h, k};
+        int i = 0;
+        for (int64_t r = c0; r < c1; r++) {
+            while (r >= q->starts[i + 1]) i++;
+            int64_t local = r - q->starts[i];
+            const uint8_t *row = q->ws[i] + local * q->row_bytes[i];
+            float add = q->biases[i] ? q->biases[i][local] : 0.0f, out[TILE_ROWS];
+            if (q->use_wide && rows >= WIDE_MIN_ROWS) q->wides[i](row, &xw, out);
+            else q->fns[i](row, &xj, rows, out);
+            for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + r] = out[j] + add;
+        }
+    }
+}
+
 int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *const *ws, const int64_t *row_bytes,
                                  const int64_t *ns, const float *const *biases, const float *x, float *y,
                                  int64_t m, int64_t k, int num_threads, int rows_alone) {
-    rows_fn fns[MAX_GROUP];
-    int64_t starts[MAX_GROUP + 1];
-    if (count < 1 || count > MAX_GROUP || m < 1 || k < 32) return -1;
-    starts[0] = 0;
-    for (int i = 0; i < count; i++) {
-        int64_t block, bytes;
-        if (!format_of(qtypes[i], &block, &bytes, &fns[i]) || ns[i] < 1 || k < block || k % block
-            || row_bytes[i] != k / block * bytes)
-            return -1;
-        starts[i + 1] = starts[i] + ns[i];
-    }
-    int64_t n = starts[count], nb = k / 32, tiles = (m + TILE_ROWS - 1) / TILE_ROWS;
-    wide_fn wides[MAX_GROUP];
-    int use_wide = m >= WIDE_MIN_ROWS && !rows_alone;
-    for (int i = 0; i < count; i++) use_wide = use_wide && (wides[i] = wide_kernel(qtypes[i])) != 0;
-    int64_t padded = tiles * TILE_ROWS;
-    int8_t *xq = (int8_t *)malloc((size_t)((use_wide ? 4 : 2) * padded * k)), *xr = xq + m * k;
-    int64_t lanes = padded * nb;  /* per-block scalars, tile-major */
-    float *xd = (float *)calloc((size_t)(4 * lanes), sizeof(float)), *xs = xd + lanes, *xh = xs + lanes;
-    if (!xq || !xd) { free(xq); free(xd); return -2; }
-    int8_t *wq = use_wide ? xq + 2 * padded * k : 0, *wr = use_wide ? wq + padded * k : 0;  /* interleaved (wide) */
-    if (use_wide && padded > m) {  /* the last tile's missing rows: zero lanes */
-        memset(wq + (padded - TILE_ROWS) * k, 0, (size_t)(TILE_ROWS * k));
-        memset(wr + (padded - TILE_ROWS) * k, 0, (size_t)(TILE_ROWS * k));
-    }
-    quantize_rows(x, m, k, xq, xr, xd, xs, xh, wq, wr, num_threads);
-    /* Weight rows in chunks over the threads; for each tile of x, the chunk's rows (a tile of
-     * x and a chunk of weights stay in cache while they meet). */
-    const int64_t chunk = 16;
+    quant_matmul q;
+    int status = quant_prepare(&q, count, qtypes, ws, row_bytes, ns, biases, x, m, k, num_threads, rows_alone);
+    if (status) return status;
+    const int64_t chunk = 16, n = q.n;
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
-    for (int64_t c0 = 0; c0 < n; c0 += chunk) {
-        int64_t c1 = c0 + chunk < n ? c0 + chunk : n;
-        for (int64_t t = 0; t < tiles; t++) {
-            int64_t j0 = t * TILE_ROWS, rows = m - j0 < TILE_ROWS ? m - j0 : TILE_ROWS;
-            const float *d = xd + j0 * nb, *sx = xs + j0 * nb, *h = xh + 2 * j0 * nb;
-            q8_rows xj = {xq + j0 * k, xr + j0 * k, d, sx, h, k};
-            wide_rows xw = {wq + j0 * k, wr + j0 * k, d, sx, h, k};
-            int i = 0;
-            for (int64_t r = c0; r < c1; r++) {
-                while (r >= starts[i + 1]) i++;
-                int64_t local = r - starts[i];
-                const uint8_t *row = ws[i] + local * row_bytes[i];
-                float add = biases[i] ? biases[i][local] : 0.0f, out[TILE_ROWS];
-                if (use_wide && rows >= WIDE_MIN_ROWS) wides[i](row, &xw, out);
-                else fns[i](row, &xj, rows, out);
-                for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + r] = out[j] + add;
-            }
-        }
-    }
-    free(xq); free(xd);
+    for (int64_t c0 = 0; c0 < n; c0 += chunk) quant_columns(&q, y, c0, c0 + chunk < n ? c0 + chunk : n);
+    quant_release(&q);
     return 0;
 }
 

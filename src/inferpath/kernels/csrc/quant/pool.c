@@ -1,0 +1,120 @@
+/* A thread pool for the decode step (decode.c), in place of OpenMP's there.
+ *
+ * A decode step of a small model is ~120 short parallel sections (tens of microseconds
+ * each). Under OMP_WAIT_POLICY=PASSIVE every section wakes its threads through the kernel
+ * (as long as the work itself); spinning OpenMP threads instead hold a core that another
+ * program needs, and wait on a thread that is not running. Here a worker spins for
+ * SPIN_NS after its last chunk (the next section of the step comes within microseconds)
+ * and then sleeps until woken; and work is claimed a chunk at a time from a shared counter,
+ * so when a worker is not running the caller does its share instead of waiting for it.
+ *
+ * One job at a time: the caller publishes (generation, next chunk) in one 64-bit word,
+ * workers claim chunks by compare-and-swap on that word (a claim for an older generation
+ * fails), and the caller returns once every chunk is done. pool_run is not reentrant.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define relax() _mm_pause()
+#else
+#define relax() ((void)0)
+#endif
+
+#include "pool.h"
+
+#define MAX_WORKERS 63
+#define SPIN_NS 100000  /* 100 us */
+
+static struct {
+    _Atomic uint64_t word;      /* generation << 32 | next chunk */
+    _Atomic int64_t done;       /* chunks finished of the current job */
+    pool_task fn;               /* the current job (valid while it has chunks left) */
+    void *ctx;
+    int64_t chunks;
+    int workers;
+    int sleepers;               /* under lock */
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Claims and runs chunks of generation gen until none is left; returns what it ran. */
+static int64_t work(uint32_t gen) {
+    int64_t ran = 0;
+    for (;;) {
+        uint64_t word = atomic_load_explicit(&pool.word, memory_order_acquire);
+        if ((uint32_t)(word >> 32) != gen) return ran;
+        int64_t chunk = (int64_t)(word & 0xffffffffu), chunks = pool.chunks;
+        pool_task fn = pool.fn;
+        void *ctx = pool.ctx;
+        if (chunk >= chunks) return ran;
+        if (!atomic_compare_exchange_weak_explicit(&pool.word, &word, word + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;  /* another claim, or a new job: look again */
+        fn(ctx, chunk);  /* the job cannot end before this chunk is counted done */
+        atomic_fetch_add_explicit(&pool.done, 1, memory_order_release);
+        ran++;
+    }
+}
+
+static void *worker(void *arg) {
+    (void)arg;
+    uint32_t seen = (uint32_t)(atomic_load(&pool.word) >> 32);
+    for (;;) {
+        int64_t start = now_ns();
+        uint32_t gen;
+        for (int spins = 0;; spins++) {  /* spin a while for the next job ... */
+            gen = (uint32_t)(atomic_load_explicit(&pool.word, memory_order_acquire) >> 32);
+            if (gen != seen) break;
+            relax();
+            if ((spins & 255) == 255 && now_ns() - start > SPIN_NS) {  /* ... then sleep */
+                pthread_mutex_lock(&pool.lock);
+                pool.sleepers++;
+                while ((gen = (uint32_t)(atomic_load(&pool.word) >> 32)) == seen)
+                    pthread_cond_wait(&pool.wake, &pool.lock);
+                pool.sleepers--;
+                pthread_mutex_unlock(&pool.lock);
+                break;
+            }
+        }
+        seen = gen;
+        work(gen);
+    }
+    return 0;
+}
+
+void pool_run(int threads, pool_task fn, void *ctx, int64_t chunks) {
+    if (chunks < 1) return;
+    int wanted = threads - 1 < MAX_WORKERS ? threads - 1 : MAX_WORKERS;
+    if (wanted < 1 || chunks == 1) {
+        for (int64_t c = 0; c < chunks; c++) fn(ctx, c);
+        return;
+    }
+    while (pool.workers < wanted) {  /* started once, kept */
+        pthread_t thread;
+        if (pthread_create(&thread, 0, worker, 0) != 0) break;
+        pthread_detach(thread);
+        pool.workers++;
+    }
+    uint32_t gen = (uint32_t)(atomic_load(&pool.word) >> 32) + 1;
+    pool.fn = fn, pool.ctx = ctx, pool.chunks = chunks;
+    atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
+    atomic_store_explicit(&pool.word, (uint64_t)gen << 32, memory_order_release);
+    pthread_mutex_lock(&pool.lock);
+    if (pool.sleepers) pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+    work(gen);
+    for (int spins = 0; atomic_load_explicit(&pool.done, memory_order_acquire) < chunks; spins++) {
+        relax();
+        if ((spins & 1023) == 1023) sched_yield();  /* a worker mid-chunk lost its core */
+    }
+}

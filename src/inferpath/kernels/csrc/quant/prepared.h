@@ -1,0 +1,35 @@
+/* A quantized matmul split in three (matmul.c): x quantized once, output columns computed
+ * in ranges by whoever runs them (an OpenMP region, or decode.c's pool), then released. */
+#ifndef INFERPATH_QUANT_PREPARED_H
+#define INFERPATH_QUANT_PREPARED_H
+
+#include <stdint.h>
+
+#include "activations.h"
+#include "wide.h"
+
+#define MAX_GROUP 8
+
+typedef void (*rows_fn)(const uint8_t *, const q8_rows *, int64_t, float *);
+
+typedef struct {
+    int count, use_wide;
+    const uint8_t *const *ws;
+    const int64_t *row_bytes;
+    const float *const *biases;
+    int64_t starts[MAX_GROUP + 1];  /* weight i's first output column */
+    rows_fn fns[MAX_GROUP];
+    wide_fn wides[MAX_GROUP];
+    int64_t m, k, n, tiles;
+    int8_t *xq, *xr, *wq, *wr;      /* x quantized (m, k) twice, and interleaved (wide) */
+    float *xd, *xs, *xh;            /* per-block scalars, tile-major */
+} quant_matmul;
+
+#define HIDDEN __attribute__((visibility("hidden")))
+HIDDEN int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *const *ws,
+                         const int64_t *row_bytes, const int64_t *ns, const float *const *biases, const float *x,
+                         int64_t m, int64_t k, int num_threads, int rows_alone);
+HIDDEN void quant_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1);
+HIDDEN void quant_release(quant_matmul *q);
+
+#endif
