@@ -53,17 +53,22 @@ typedef struct {
     float eps, scale;
 } decode_shape;
 
-/* Output columns per pool chunk: ~2 us of work for one row, a claim costs ~0.1 us. */
-#define CHUNK_COLUMNS 64
+/* Output columns per pool chunk: about 8 chunks a thread (for balance), at least 32 (a
+ * claim costs ~0.1 us, a chunk of one row's 32 columns ~1 us). */
+static int64_t chunk_columns(int64_t n, int threads) {
+    int64_t columns = (n / (8 * (int64_t)threads) + 15) / 16 * 16;
+    return columns < 32 ? 32 : columns;
+}
 
 typedef struct {
     const quant_matmul *q;
     float *y;
+    int64_t columns;
 } columns_job;
 
 static void columns_task(void *ctx, int64_t chunk) {
     const columns_job *job = (const columns_job *)ctx;
-    int64_t c0 = chunk * CHUNK_COLUMNS, c1 = c0 + CHUNK_COLUMNS < job->q->n ? c0 + CHUNK_COLUMNS : job->q->n;
+    int64_t c0 = chunk * job->columns, c1 = c0 + job->columns < job->q->n ? c0 + job->columns : job->q->n;
     quant_columns(job->q, job->y, c0, c1);
 }
 
@@ -74,8 +79,8 @@ static int matmul(const quant_weights *w, const float *x, float *y, int64_t m, i
     int status = quant_prepare(&q, w->count, w->qtypes, w->weights, w->row_bytes, w->rows, w->biases, x, m, k,
                                threads, rows_alone);
     if (status) return status;
-    columns_job job = {&q, y};
-    pool_run(threads, columns_task, &job, (q.n + CHUNK_COLUMNS - 1) / CHUNK_COLUMNS);
+    columns_job job = {&q, y, chunk_columns(q.n, threads)};
+    pool_run(threads, columns_task, &job, (q.n + job.columns - 1) / job.columns);
     quant_release(&q);
     return 0;
 }
