@@ -89,9 +89,16 @@ def _stream_answer(engine, request_id: str, prompt, params) -> str:
         raise
     sys.stdout.write("\n")
     sys.stdout.flush()
+    import torch
+
     tuner = engine.runner.thread_tuner
+    threads = tuner.describe() if tuner else f"{torch.get_num_threads()} threads"
+    stack = engine.runner.model.model
+    if hasattr(stack, "native_decode_refusal"):  # kernels/decode_stack.py
+        refusal = stack.native_decode_refusal()
+        threads += ", native decode" if not refusal else f", module decode ({refusal})"
     print(summary_line(final, engine.kv_cache.bytes_per_token, engine.weight_format, _read_bandwidth(),
-                       threads=tuner.describe() if tuner else None), file=sys.stderr, flush=True)
+                       threads=threads), file=sys.stderr, flush=True)
     return final.outputs[0].text
 
 
