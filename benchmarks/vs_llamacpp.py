@@ -30,6 +30,10 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).with_name("results")
+# The environment before inferpath is imported here: importing it sets OMP_WAIT_POLICY=PASSIVE
+# (threads.py), which must not reach the llama.cpp workers (their OpenMP pool would sleep
+# between its parallel sections: llama.cpp's decode measured 42 instead of ~135 tok/s).
+WORKER_ENV = dict(os.environ)
 DECODE_TOKENS = 64
 PREFILL_TOKENS = 512
 BATCH_TOKENS = 32
@@ -37,7 +41,12 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 
 
 def prompt_ids(path: str, count: int) -> list[int]:
-    """``count`` token ids of real text in the file's own vocabulary."""
+    """``count`` token ids of real text in the file's own vocabulary (the prefill prompt).
+    Workers read them from the file the driver writes (``ids_file``): the llama.cpp worker
+    never imports inferpath."""
+    cached = ids_file(path)
+    if cached.exists():
+        return json.loads(cached.read_text())[:count]
     import argparse as text_source
 
     from inferpath.tokenizer import load_tokenizer
@@ -47,6 +56,19 @@ def prompt_ids(path: str, count: int) -> list[int]:
     while len(ids) < count:
         ids += tokenizer.encode(text_source.__doc__)
     return ids[:count]
+
+
+def bench_dir() -> Path:
+    return Path(os.environ.get("INFERPATH_CACHE", "~/.cache/inferpath")).expanduser() / "bench"
+
+
+def ids_file(path: str) -> Path:
+    return bench_dir() / f"{Path(path).stem}.prefill-ids.json"
+
+
+def write_prompt_ids(path: str) -> None:
+    ids_file(path).unlink(missing_ok=True)
+    ids_file(path).write_text(json.dumps(prompt_ids(path, PREFILL_TOKENS)))
 
 
 def peak_rss_mb() -> float:
@@ -147,7 +169,7 @@ ENGINES = {
 
 def measure(key: str, path: str, task: str, threads: int, busy: bool) -> dict:
     worker, isa, dtype = ENGINES[key]
-    env = dict(os.environ)
+    env = dict(WORKER_ENV)
     env.pop("INFERPATH_ISA", None)
     if isa:
         env["INFERPATH_ISA"] = isa
@@ -216,7 +238,7 @@ def main() -> None:
     from inferpath.models import resolve_model
 
     info = machine()
-    workdir = Path(os.environ.get("INFERPATH_CACHE", "~/.cache/inferpath")).expanduser() / "bench"
+    workdir = bench_dir()
     workdir.mkdir(parents=True, exist_ok=True)
     keys = args.engines.split(",")
     source = Path(resolve_model("smollm2-135m-instruct"))
@@ -225,6 +247,7 @@ def main() -> None:
                      "files": {}}
     for fmt in args.formats.split(","):
         path = files[fmt]
+        write_prompt_ids(path)
         samples: dict = {}
         tasks = {"decode", "prefill"}
         for repeat in range(args.repeats):
@@ -233,6 +256,8 @@ def main() -> None:
                                              and fmt == "Q4_1" and not args.busy else []):
                     got = measure(key, path, task, args.threads, args.busy)
                     for name, value in got.items():
+                        if name in ("rss_mb", "model_mb") and task != "decode":  # the table's memory: decode's
+                            name = f"{task}_{name}"
                         samples.setdefault(key, {}).setdefault(name, []).append(value)
                     print(f"{fmt} {key} {task} #{repeat}: {got}", file=sys.stderr, flush=True)
         summary = {key: {name: (statistics.median(v) if isinstance(v[0], (int, float)) else v[0])
