@@ -17,9 +17,9 @@ from inferpath.sampling.params import SamplingParams
 PROMPTS = ["Tell me about the number 7.", "Write a haiku about rain.", "def fibonacci(n):"]
 
 
-def generate(alias: str, native: bool, calls: list | None = None) -> dict:
+def generate(alias: str, native: bool, calls: list | None = None, threads: int = 2) -> dict:
     """Greedy text and top-5 logprobs of three requests decoding side by side."""
-    engine = LLMEngine.from_model(resolve_model(alias), EngineConfig(threads=1, kv_cache_memory_bytes=64 * 2**20))
+    engine = LLMEngine.from_model(resolve_model(alias), EngineConfig(threads=threads, kv_cache_memory_bytes=64 * 2**20))
     stack = engine.runner.model.model
     assert isinstance(stack, CPUDecoderStack) and stack.native_decode_refusal() == ""
     stack.use_native_decode = native
@@ -84,3 +84,23 @@ def test_a_float_model_is_refused_with_a_reason():
     engine = LLMEngine.from_model(resolve_model("smollm2-135m-instruct"),
                                   EngineConfig(threads=1, dtype="float32"))
     assert "quantized" in engine.runner.model.model.native_decode_refusal()
+
+
+def test_two_engines_decoding_at_once_in_two_threads():
+    """ctypes releases the GIL: a second native decode while one runs takes its chunks
+    itself instead of sharing the pool's job; both give their tokens as alone."""
+    import threading
+
+    if build.native_decode_layers() is None:
+        pytest.skip(build.kernel_status())
+    alone = generate("smollm2-135m-instruct", True)
+    results: list = [None, None]
+
+    def run(i):
+        results[i] = generate("smollm2-135m-instruct", True)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results[0] == alone and results[1] == alone

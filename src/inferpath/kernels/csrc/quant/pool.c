@@ -13,7 +13,9 @@
  * compare-and-swap on that word (a claim for an older generation fails): each thread
  * reads the weights in one direction through a contiguous range (a chunk claimed in turn
  * by alternate threads halved the streaming rate), and the two meet wherever the work
- * divides. The caller returns once every chunk is done. pool_run is not reentrant.
+ * divides. The caller returns once every chunk is done. A second caller while a job runs
+ * (another Python thread: ctypes releases the GIL) runs its chunks itself; a forked child
+ * starts with no workers.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -41,7 +43,8 @@ static struct {
     int sleepers;               /* under lock */
     pthread_mutex_t lock;
     pthread_cond_t wake;
-} pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+    pthread_mutex_t busy;       /* held by the caller of the running job */
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER, .busy = PTHREAD_MUTEX_INITIALIZER};
 
 #define GEN(word) ((uint32_t)((word) >> 48))
 #define FRONT(word) ((int64_t)(((word) >> 24) & 0xffffff))
@@ -101,13 +104,26 @@ static void *worker(void *arg) {
     return 0;
 }
 
+static void forked_child(void);
+static void register_fork_handler(void) { pthread_atfork(0, 0, forked_child); }
+
+/* In a forked child the workers are gone (and a lock may have been held): start afresh. */
+static void forked_child(void) {
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t fresh_cond = PTHREAD_COND_INITIALIZER;
+    pool.lock = fresh, pool.busy = fresh, pool.wake = fresh_cond;
+    pool.workers = 0, pool.sleepers = 0;
+}
+
 void pool_run(int threads, pool_task fn, void *ctx, int64_t chunks) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
     if (chunks < 1) return;
     int wanted = threads - 1 < MAX_WORKERS ? threads - 1 : MAX_WORKERS;
-    if (wanted < 1 || chunks == 1 || chunks > MAX_CHUNKS) {
+    if (wanted < 1 || chunks == 1 || chunks > MAX_CHUNKS || pthread_mutex_trylock(&pool.busy) != 0) {
         for (int64_t c = 0; c < chunks; c++) fn(ctx, c);
         return;
     }
+    pthread_once(&once, register_fork_handler);
     while (pool.workers < wanted) {  /* started once, kept */
         pthread_t thread;
         if (pthread_create(&thread, 0, worker, 0) != 0) break;
@@ -126,4 +142,5 @@ void pool_run(int threads, pool_task fn, void *ctx, int64_t chunks) {
         relax();
         if ((spins & 1023) == 1023) sched_yield();  /* a worker mid-chunk lost its core */
     }
+    pthread_mutex_unlock(&pool.busy);
 }
