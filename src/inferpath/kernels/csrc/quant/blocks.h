@@ -78,6 +78,20 @@ static inline float half_to_float(const uint8_t *p) {
     return f;
 }
 
+/* Two adjacent float16 values (a block's d and m, or d and dmin): one conversion with F16C. */
+static inline void half_pair(const uint8_t *p, float *first, float *second) {
+#if defined(__F16C__)
+    int32_t bits;
+    memcpy(&bits, p, 4);
+    __m128 pair = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+    *first = _mm_cvtss_f32(pair);
+    *second = _mm_cvtss_f32(_mm_movehdup_ps(pair));
+#else
+    *first = half_to_float(p);
+    *second = half_to_float(p + 2);
+#endif
+}
+
 static inline void both(block_params *p, float scale, float min) {
     p->scale[0] = p->scale[1] = scale;
     p->min = min;
@@ -88,10 +102,14 @@ static inline void q8_0_params(const uint8_t *row, int64_t b, block_params *p) {
 static inline void q4_0_params(const uint8_t *row, int64_t b, block_params *p) { both(p, half_to_float(row + 18 * b), 0.0f); }
 static inline void q5_0_params(const uint8_t *row, int64_t b, block_params *p) { both(p, half_to_float(row + 22 * b), 0.0f); }
 static inline void q4_1_params(const uint8_t *row, int64_t b, block_params *p) {
-    both(p, half_to_float(row + 20 * b), half_to_float(row + 20 * b + 2));
+    float d, m;
+    half_pair(row + 20 * b, &d, &m);
+    both(p, d, m);
 }
 static inline void q5_1_params(const uint8_t *row, int64_t b, block_params *p) {
-    both(p, half_to_float(row + 24 * b), half_to_float(row + 24 * b + 2));
+    float d, m;
+    half_pair(row + 24 * b, &d, &m);
+    both(p, d, m);
 }
 
 /* The 6-bit scale and min of sub-block s (0..7) from a K super-block's 12 scale bytes. */
@@ -110,7 +128,9 @@ static inline void NAME##_params(const uint8_t *row, int64_t b, block_params *p)
     const uint8_t *sb = row + SIZE * (b / 8);                                               \
     int scale, min;                                                                         \
     k_scale_min(sb + 4, (int)(b % 8), &scale, &min);                                        \
-    both(p, half_to_float(sb) * (float)scale, -half_to_float(sb + 2) * (float)min);         \
+    float d, dmin;                                                                          \
+    half_pair(sb, &d, &dmin);                                                               \
+    both(p, d * (float)scale, -dmin * (float)min);                                          \
 }
 DEFINE_K_PARAMS(q4_k, 144)
 DEFINE_K_PARAMS(q5_k, 176)

@@ -95,10 +95,10 @@ static inline __attribute__((always_inline)) void NAME##_tile(const uint8_t *row
             if (TWO_SCALES) {                                                                       \
                 const float *h = x->h + b * 2 * TILE_ROWS;                                          \
                 acc[0] = _mm256_fmadd_ps(sums, _mm256_set_m128(_mm_set1_ps(p.scale[1] * dx), _mm_set1_ps(p.scale[0] * dx)), acc[0]); \
-                min_one += (p.min - (float)offset * p.scale[0]) * h[0] + (p.min - (float)offset * p.scale[1]) * h[TILE_ROWS]; \
+                min_one += (offset ? p.min - (float)offset * p.scale[0] : p.min) * h[0] + (offset ? p.min - (float)offset * p.scale[1] : p.min) * h[TILE_ROWS]; \
             } else {                                                                                \
                 acc[0] = _mm256_fmadd_ps(sums, _mm256_set1_ps(p.scale[0] * dx), acc[0]);            \
-                min_one += (p.min - (float)offset * p.scale[0]) * x->s[b * TILE_ROWS];              \
+                min_one += (offset ? p.min - (float)offset * p.scale[0] : p.min) * x->s[b * TILE_ROWS];              \
             }                                                                                       \
             continue;                                                                               \
         }                                                                                           \
@@ -108,12 +108,12 @@ static inline __attribute__((always_inline)) void NAME##_tile(const uint8_t *row
         if (TWO_SCALES) {                                                                           \
             _mm256_storeu_ps(scaled[1], _mm256_mul_ps(dx, _mm256_set1_ps(p.scale[1])));             \
             const float *h = x->h + b * 2 * TILE_ROWS;                                              \
-            mins = _mm256_fmadd_ps(_mm256_loadu_ps(h), _mm256_set1_ps(p.min - (float)offset * p.scale[0]), mins); \
+            mins = _mm256_fmadd_ps(_mm256_loadu_ps(h), _mm256_set1_ps(offset ? p.min - (float)offset * p.scale[0] : p.min), mins); \
             mins = _mm256_fmadd_ps(_mm256_loadu_ps(h + TILE_ROWS),                                  \
-                                   _mm256_set1_ps(p.min - (float)offset * p.scale[1]), mins);       \
+                                   _mm256_set1_ps(offset ? p.min - (float)offset * p.scale[1] : p.min), mins);       \
         } else if (offset || p.min != 0.0f) {                                                       \
             mins = _mm256_fmadd_ps(_mm256_loadu_ps(x->s + b * TILE_ROWS),                           \
-                                   _mm256_set1_ps(p.min - (float)offset * p.scale[0]), mins);       \
+                                   _mm256_set1_ps(offset ? p.min - (float)offset * p.scale[0] : p.min), mins);       \
         }                                                                                           \
         for (int j = 0; j < R; j++) {                                                               \
             __m256i xq = _mm256_loadu_si256((const __m256i *)(x->q + j * k + 32 * b));              \

@@ -67,16 +67,16 @@ static void NAME##_wide(const uint8_t *row, const wide_rows *x, float *out) {   
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_block(w, xq, xr, 4, is_signed)),          \
                                   _mm256_mul_ps(dx, _mm256_set1_ps(p.scale[1])), acc);              \
             const float *h = x->h + b * 2 * TILE_ROWS;                                              \
-            mins = _mm256_fmadd_ps(_mm256_loadu_ps(h), _mm256_set1_ps(p.min - (float)offset * p.scale[0]), mins); \
+            mins = _mm256_fmadd_ps(_mm256_loadu_ps(h), _mm256_set1_ps(offset ? p.min - (float)offset * p.scale[0] : p.min), mins); \
             mins = _mm256_fmadd_ps(_mm256_loadu_ps(h + TILE_ROWS),                                  \
-                                   _mm256_set1_ps(p.min - (float)offset * p.scale[1]), mins);       \
+                                   _mm256_set1_ps(offset ? p.min - (float)offset * p.scale[1] : p.min), mins);       \
         } else {                                                                                    \
             __m256i sums = _mm256_add_epi32(half_block(w, xq, xr, 0, is_signed),                    \
                                             half_block(w, xq, xr, 4, is_signed));                   \
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(dx, _mm256_set1_ps(p.scale[0])), acc); \
             if (offset || p.min != 0.0f)                                                            \
                 mins = _mm256_fmadd_ps(_mm256_loadu_ps(x->s + b * TILE_ROWS),                       \
-                                       _mm256_set1_ps(p.min - (float)offset * p.scale[0]), mins);   \
+                                       _mm256_set1_ps(offset ? p.min - (float)offset * p.scale[0] : p.min), mins);   \
         }                                                                                           \
     }                                                                                               \
     _mm256_storeu_ps(out, _mm256_add_ps(acc, mins));                                                \
