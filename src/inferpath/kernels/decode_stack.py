@@ -22,6 +22,8 @@ import torch
 from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
 from inferpath.kernels import build, ops
+from inferpath.kernels.fused import CPUSelfAttention, CPUSwiGLUMLP, quant_group
+from inferpath.kernels.quantized import QuantLinear
 from inferpath.model.batch_invariant import rows_must_be_invariant
 from inferpath.model.transformer import DecoderStack
 
@@ -45,14 +47,8 @@ class _Shape(ctypes.Structure):  # decode.c decode_shape
 
 
 def _weights(group: ops.QuantGroup) -> _QuantWeights:
-    cast = lambda array: ctypes.cast(array, _P)  # noqa: E731
-    return _QuantWeights(len(group._qtypes), cast(group._qtypes), cast(group._ptrs), cast(group._row_bytes),
-                         cast(group._rows), cast(group._biases))
-
-
-def _single(fn, linear) -> ops.QuantGroup:
-    bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
-    return ops.QuantGroup(fn, [linear.qweight], [bias])
+    count, *arrays = group.native_arguments()
+    return _QuantWeights(count, *(ctypes.cast(array, _P) for array in arrays))
 
 
 class _Plan:
@@ -63,7 +59,6 @@ class _Plan:
         self.reason = self._check(stack)
         if self.reason:
             return
-        group_fn = build.native_quant_matmul_group()
         layers = list(stack.layers)
         modules = [m for layer in layers for m in layer.modules()]  # watched for hooks and wrappers
         self.hook_dicts = [m._forward_hooks for m in modules] + [m._forward_pre_hooks for m in modules]
@@ -72,8 +67,7 @@ class _Plan:
         self.layers = (_Layer * len(layers))()
         for i, layer in enumerate(layers):
             attn, mlp = layer.self_attn, layer.mlp
-            groups = [attn._quant_qkv, _single(group_fn, attn.o_proj), mlp._quant_gate_up,
-                      _single(group_fn, mlp.down_proj)]
+            groups = [attn._quant_qkv, quant_group(attn.o_proj), mlp._quant_gate_up, quant_group(mlp.down_proj)]
             self.groups += groups
             self.layers[i].input_norm = layer.input_layernorm.weight.data_ptr()
             self.layers[i].post_norm = layer.post_attention_layernorm.weight.data_ptr()
@@ -91,9 +85,12 @@ class _Plan:
     @staticmethod
     def _check(stack: DecoderStack) -> str:
         """Why this model's layers cannot take the native call ('' if they can)."""
-        from inferpath.kernels.fused import CPUSelfAttention, CPUSwiGLUMLP
-        from inferpath.kernels.modules import CPUPagedAttention, CPURMSNorm, CPURotaryEmbedding, CPUSiluAndMul
-        from inferpath.kernels.quantized import QuantLinear
+        from inferpath.kernels.modules import (  # modules imports this one
+            CPUPagedAttention,
+            CPURMSNorm,
+            CPURotaryEmbedding,
+            CPUSiluAndMul,
+        )
 
         if build.native_decode_layers() is None or build.native_quant_matmul_group() is None:
             return "no native decode kernel here"

@@ -43,7 +43,7 @@ def _fuse(linears: list[nn.Linear], attr: str) -> torch.Tensor | None:
     return fused
 
 
-def _quant_group(*projections: nn.Module):
+def quant_group(*projections: nn.Module):
     """An ``ops.QuantGroup`` over quantized projections (QuantLinear) sharing an input, or
     None where they are not all quantized or the kernel does not run here."""
     from inferpath.kernels.quantized import QuantLinear
@@ -67,7 +67,7 @@ class CPUSelfAttention(SelfAttention):
     def prepare(self) -> "CPUSelfAttention":
         projections = [self.q_proj, self.k_proj, self.v_proj]
         self._qkv_weight = self._qkv_bias = None
-        self._quant_qkv = _quant_group(*projections)
+        self._quant_qkv = quant_group(*projections)
         self._sizes = [p.out_features for p in projections]
         if not _can_fuse(*projections):
             return self
@@ -99,7 +99,7 @@ class CPUSwiGLUMLP(SwiGLUMLP):
 
     def prepare(self) -> "CPUSwiGLUMLP":
         self._gate_up_weight = self._silu = None
-        self._quant_gate_up = _quant_group(self.gate_proj, self.up_proj)
+        self._quant_gate_up = quant_group(self.gate_proj, self.up_proj)
         self._silu_f32 = build.native_silu_mul(torch.float32)
         if not _can_fuse(self.gate_proj, self.up_proj) or self.gate_proj.bias is not None:
             return self

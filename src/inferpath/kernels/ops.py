@@ -242,10 +242,15 @@ class QuantGroup:
         self.num_out = sum(w.shape[0] for w in weights)
         self.in_features = weights[0].shape[1]
 
+    def native_arguments(self) -> tuple:
+        """(count, qtypes, weights, row bytes, rows, biases): the group as the C kernels take
+        it (``inferpath_quant_matmul_group``, decode.c's ``quant_weights``)."""
+        return len(self._qtypes), self._qtypes, self._ptrs, self._row_bytes, self._rows, self._biases
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (m, in_features) float32 contiguous -> (m, num_out) float32."""
         out = torch.empty((x.shape[0], self.num_out), dtype=torch.float32)
-        status = self._fn(len(self._qtypes), self._qtypes, self._ptrs, self._row_bytes, self._rows, self._biases,
+        status = self._fn(*self.native_arguments(),
                           x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads(),
                           rows_must_be_invariant())
         if status != 0:

@@ -46,7 +46,7 @@
  * that pairs stay <= 2 * 127 * 127 < 32768 in maddubs' int16). */
 static inline __m256i int_dot(__m256i w, __m256i xq, __m256i xr, int is_signed) {
 #if VNNI
-    (void)is_signed;  /* VNNI's Q8_0 weights arrive offset to unsigned (tile_setup) */
+    (void)is_signed;  /* VNNI's Q8_0 weights arrive offset to unsigned (xor 0x80 by the caller) */
     __m256i sum = _mm256_slli_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, xq), RESIDUAL_SHIFT);
     return _mm256_dpbusd_epi32(sum, w, xr);
 #else
