@@ -8,6 +8,7 @@ Each sequence's output must equal ``reference_attention`` over its own contiguou
 from __future__ import annotations
 
 import random
+import sys
 
 import pytest
 import torch
@@ -144,3 +145,22 @@ def test_reference_attention_is_softmax_of_scaled_scores():
     for head in range(2):  # both query heads share the single KV head
         weights = torch.softmax(k[:, 0] @ q[0, head] / 2.0, dim=0)  # sqrt(head_dim) = 2
         torch.testing.assert_close(out[0, head], weights @ v[:, 0])
+
+
+@pytest.mark.skipif(not gemv_available(torch.float32), reason=f"no native kernels here: {kernel_status()}")
+@pytest.mark.parametrize("isa", kernel_build.LEVEL_NAMES)
+@pytest.mark.parametrize("head_dim", [64, 80])
+@torch.inference_mode()
+def test_native_decode_attention_splits_long_contexts_at_real_head_sizes(head_dim, isa, monkeypatch):
+    """Real head sizes (SmolLM2's 64; 80, not a multiple of the 16-lane vectors) with SmolLM2's
+    query groups of 3, over contexts of several key parts (quant/attention_parts.h: 128 keys
+    each, combined), a part's last keys short of a 16-key group: the reference's outputs."""
+    if not kernel_build.can_run(isa):
+        pytest.skip(f"this CPU cannot execute the {isa} level (its best is {kernel_build.cpu_level()})")
+    monkeypatch.setenv("INFERPATH_ISA", isa)
+    here = sys.modules[__name__]
+    for name, value in (("HEAD_DIM", head_dim), ("NUM_HEADS", 9), ("NUM_KV_HEADS", 3), ("BLOCK_SIZE", 16),
+                        ("NUM_BLOCKS", 200)):
+        monkeypatch.setattr(here, name, value)
+    out, expected = here.run_batch([(700, 1), (129, 1), (255, 1), (40, 1)], None, attention_cls=CPUPagedAttention)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

@@ -1,21 +1,8 @@
-/* Paged decode attention. One new query per sequence against its cached keys and values, read in place through
- * its row of the block table (no gather into a contiguous copy):
- *
- *   out[b, h] = softmax_t(q[b, h] . k[t] * scale) @ v[t],  t in [start_b, seq_lens[b])
- *
- * with start_b = max(0, seq_lens[b] - window) for a sliding window (window 0 = none).
- * Grouped-query: query head h reads KV head h / (H / KVH); the H / KVH query heads of a KV
- * head share each key and value load. Scores, softmax and the weighted sum run in float32
- * (as PyTorch's SDPA does for bf16); the output is rounded once. Shapes: q, out (B, H, D);
- * caches (num_blocks, block_size, KVH, D); block_tables (B, max_blocks) int64; seq_lens
- * (B,) int64; D <= 256. Work is split over (sequence, KV head) pairs. */
+/* Paged decode attention, AVX-512: the part kernel (quant/attention_parts.h; the contract,
+ * planning and combining are in quant/decode_attention.c). One (sequence, KV head) over
+ * keys [t0, t1): the group's query heads share each key and value load. */
 #include "common.h"
-
-#define MAX_GROUP 16
-#define MAX_HEAD_DIM 256
-/* Less work (positions x heads x head dim, summed over the batch) than this runs on the
- * calling thread alone: a short decode step's attention costs less than waking a thread. */
-#define PARALLEL_MIN_WORK (1 << 18)
+#include "../quant/attention_parts.h"
 
 /* Load one head vector (d <= 256) as float32 vectors. */
 static inline void load_head(const void *src, int is_bf16, int64_t d, __m512 *dst) {
@@ -26,103 +13,97 @@ static inline void load_head(const void *src, int is_bf16, int64_t d, __m512 *ds
     }
 }
 
-static int paged_decode_attention(const void *q, const void *k_cache, const void *v_cache,
-                                  const int64_t *block_tables, const int64_t *seq_lens, void *out,
-                                  int64_t b_count, int64_t h_count, int64_t kvh_count, int64_t d,
-                                  int64_t block_size, int64_t max_blocks, float scale, int64_t window,
-                                  int num_threads, int is_bf16) {
-    if (b_count < 1 || kvh_count < 1 || h_count % kvh_count || d < 1 || d > MAX_HEAD_DIM) return -1;
-    int64_t group = h_count / kvh_count;
-    if (group > MAX_GROUP) return -1;
-    int64_t elem = is_bf16 ? 2 : 4;
-    int64_t chunks = (d + 15) / 16;
-    int status = 0;
-    int64_t work = 0;
-    for (int64_t b = 0; b < b_count; b++) work += (window > 0 && seq_lens[b] > window ? window : seq_lens[b]) * h_count * d;
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) if (work >= PARALLEL_MIN_WORK)
-    for (int64_t task = 0; task < b_count * kvh_count; task++) {
-        int64_t b = task / kvh_count, kvh = task % kvh_count;
-        int64_t len = seq_lens[b];
-        int64_t start = (window > 0 && len > window) ? len - window : 0;
-        if (len < 1 || len > max_blocks * block_size) { status = -2; continue; }
-        int64_t n = len - start;
-        float *scores = (float *)malloc(sizeof(float) * (size_t)(group * ((n + 15) & ~15LL)));
-        if (!scores) { status = -3; continue; }
-        int64_t stride = (n + 15) & ~15LL;
-        __m512 qv[MAX_GROUP][MAX_HEAD_DIM / 16];
-        for (int64_t g = 0; g < group; g++)
-            load_head((const char *)q + ((b * h_count + kvh * group + g) * d) * elem, is_bf16, d, qv[g]);
-        const int64_t *table = block_tables + b * max_blocks;
-        /* scores = q . k * scale, and each query head's running maximum */
-        float maxes[MAX_GROUP];
-        for (int64_t g = 0; g < group; g++) maxes[g] = -INFINITY;
-        for (int64_t t = 0; t < n; t++) {
-            int64_t pos = start + t;
-            int64_t slot = table[pos / block_size] * block_size + pos % block_size;
-            __m512 kv[MAX_HEAD_DIM / 16];
-            load_head((const char *)k_cache + ((slot * kvh_count + kvh) * d) * elem, is_bf16, d, kv);
-            for (int64_t g = 0; g < group; g++) {
-                __m512 acc = _mm512_mul_ps(qv[g][0], kv[0]);
-                for (int64_t i = 1; i < chunks; i++) acc = _mm512_fmadd_ps(qv[g][i], kv[i], acc);
-                float s = _mm512_reduce_add_ps(acc) * scale;
-                scores[g * stride + t] = s;
-                if (s > maxes[g]) maxes[g] = s;
-            }
-        }
-        /* probabilities (unnormalised), then sum_t p_t v_t / sum_t p_t */
-        float sums[MAX_GROUP];
+/* Keys and values are read a few rows ahead: a part's rows are 1 / KVH of each cache row,
+ * scattered over the block table's blocks, which the hardware prefetchers do not follow
+ * (a long context's cache is far out of cache: 512 positions of SmolLM2 are 24 MB). */
+#define PREFETCH_AHEAD 8
+static inline void prefetch_row(const char *p, int64_t bytes) {
+    for (int64_t c = 0; c < bytes; c += 64) _mm_prefetch(p + c, _MM_HINT_T0);
+}
+
+/* lane j of the result: the sum of v[j]'s 16 lanes (a tree of in-register shuffles: 46
+ * instructions for 16 sums, where a horizontal sum apiece costs ~10) */
+static inline __m512 sum16(const __m512 *v) {
+    __m512 w[8], x[4], y[2];
+    for (int i = 0; i < 8; i++)  /* 256-bit halves: [v2i (L0+L2, L1+L3), v2i+1 (...)] */
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 4; i++)  /* 128-bit lane k: a partial of v[4i + k] */
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; i++)
+        y[i] = _mm512_add_ps(_mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]), _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]));
+    __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* z's lane 4k + e holds the sum of v[4e + k] */
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
+}
+
+void attention_part(const attention_job *job, int64_t b, int64_t kvh, int64_t t0, int64_t t1, float *partial) {
+    const int64_t d = job->d, group = job->group, chunks = (d + 15) / 16, n = t1 - t0;
+    const int64_t elem = job->is_bf16 ? 2 : 4, row = job->kvh_count * d * elem;
+    const int64_t *table = job->block_tables + b * job->max_blocks;
+    const char *k_base = (const char *)job->k_cache + kvh * d * elem, *v_base = (const char *)job->v_cache + kvh * d * elem;
+    float scores[ATTENTION_MAX_GROUP][ATTENTION_PART];
+    __m512 qv[ATTENTION_MAX_GROUP][ATTENTION_MAX_HEAD_DIM / 16];
+    for (int64_t g = 0; g < group; g++)
+        load_head((const char *)job->q + ((b * job->h_count + kvh * group + g) * d) * elem, job->is_bf16, d, qv[g]);
+    /* scores = q . k * scale, 16 keys at a time (their 16 dot products reduced together),
+     * and each query head's maximum over the part */
+    int64_t slots[ATTENTION_PART];  /* the part's cache rows, in order */
+    for (int64_t t = 0, pos = t0; t < n; t++, pos++)
+        slots[t] = table[pos / job->block_size] * job->block_size + pos % job->block_size;
+    for (int64_t t = 0; t < PREFETCH_AHEAD && t < n; t++) prefetch_row(k_base + slots[t] * row, d * elem);
+    __m512 maxes[ATTENTION_MAX_GROUP];
+    for (int64_t g = 0; g < group; g++) maxes[g] = _mm512_set1_ps(-INFINITY);
+    for (int64_t t = 0; t < n; t += 16) {
+        int64_t keys = n - t < 16 ? n - t : 16;
+        for (int64_t j = 0; j < keys && t + j + 16 < n; j++) prefetch_row(k_base + slots[t + j + 16] * row, d * elem);
+        __m512 kv[16][ATTENTION_MAX_HEAD_DIM / 16];
+        for (int64_t j = 0; j < keys; j++) load_head(k_base + slots[t + j] * row, job->is_bf16, d, kv[j]);
         for (int64_t g = 0; g < group; g++) {
-            __m512 m = _mm512_set1_ps(maxes[g]), total = _mm512_setzero_ps();
-            float *sg = scores + g * stride;
-            for (int64_t t = 0; t < n; t += 16) {
-                __mmask16 mask = lanes16(n - t);
-                __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, sg + t), m));
-                e = _mm512_maskz_mov_ps(mask, e);
-                _mm512_mask_storeu_ps(sg + t, mask, e);
-                total = _mm512_add_ps(total, e);
+            __m512 dots[16];
+            for (int64_t j = 0; j < 16; j++) {
+                if (j >= keys) { dots[j] = _mm512_setzero_ps(); continue; }
+                __m512 acc = _mm512_mul_ps(qv[g][0], kv[j][0]);
+                for (int64_t i = 1; i < chunks; i++) acc = _mm512_fmadd_ps(qv[g][i], kv[j][i], acc);
+                dots[j] = acc;
             }
-            sums[g] = _mm512_reduce_add_ps(total);
+            __mmask16 mask = lanes16(keys);
+            __m512 sc = _mm512_mul_ps(sum16(dots), _mm512_set1_ps(job->scale));
+            _mm512_mask_storeu_ps(scores[g] + t, mask, sc);
+            maxes[g] = _mm512_mask_max_ps(maxes[g], mask, maxes[g], sc);
         }
-        __m512 acc[MAX_GROUP][MAX_HEAD_DIM / 16];
-        for (int64_t g = 0; g < group; g++)
-            for (int64_t i = 0; i < chunks; i++) acc[g][i] = _mm512_setzero_ps();
-        for (int64_t t = 0; t < n; t++) {
-            int64_t pos = start + t;
-            int64_t slot = table[pos / block_size] * block_size + pos % block_size;
-            __m512 vv[MAX_HEAD_DIM / 16];
-            load_head((const char *)v_cache + ((slot * kvh_count + kvh) * d) * elem, is_bf16, d, vv);
-            for (int64_t g = 0; g < group; g++) {
-                __m512 p = _mm512_set1_ps(scores[g * stride + t]);
-                for (int64_t i = 0; i < chunks; i++) acc[g][i] = _mm512_fmadd_ps(p, vv[i], acc[g][i]);
-            }
-        }
-        for (int64_t g = 0; g < group; g++) {
-            __m512 inv = _mm512_set1_ps(1.0f / sums[g]);
-            char *dst = (char *)out + ((b * h_count + kvh * group + g) * d) * elem;
-            for (int64_t c = 0, i = 0; c < d; c += 16, i++) {
-                __mmask16 mask = lanes16(d - c);
-                __m512 o = _mm512_mul_ps(acc[g][i], inv);
-                if (is_bf16) _mm256_mask_storeu_epi16((void *)((uint16_t *)dst + c), mask, round_to_bf16(o));
-                else _mm512_mask_storeu_ps((float *)dst + c, mask, o);
-            }
-        }
-        free(scores);
     }
-    return status;
-}
-
-int inferpath_paged_decode_attention_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                                          const int64_t *block_tables, const int64_t *seq_lens, uint16_t *out,
-                                          int64_t b, int64_t h, int64_t kvh, int64_t d, int64_t block_size,
-                                          int64_t max_blocks, float scale, int64_t window, int num_threads) {
-    return paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, out, b, h, kvh, d,
-                                  block_size, max_blocks, scale, window, num_threads, 1);
-}
-
-int inferpath_paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
-                                         const int64_t *block_tables, const int64_t *seq_lens, float *out,
-                                         int64_t b, int64_t h, int64_t kvh, int64_t d, int64_t block_size,
-                                         int64_t max_blocks, float scale, int64_t window, int num_threads) {
-    return paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, out, b, h, kvh, d,
-                                  block_size, max_blocks, scale, window, num_threads, 0);
+    /* probabilities (unnormalised) and their sums */
+    for (int64_t g = 0; g < group; g++) {
+        float top = _mm512_reduce_max_ps(maxes[g]);
+        __m512 m = _mm512_set1_ps(top), total = _mm512_setzero_ps();
+        for (int64_t t = 0; t < n; t += 16) {
+            __mmask16 mask = lanes16(n - t);
+            __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, scores[g] + t), m));
+            e = _mm512_maskz_mov_ps(mask, e);
+            _mm512_mask_storeu_ps(scores[g] + t, mask, e);
+            total = _mm512_add_ps(total, e);
+        }
+        partial[g * (2 + d)] = top;
+        partial[g * (2 + d) + 1] = _mm512_reduce_add_ps(total);
+    }
+    /* sum_t p_t v_t */
+    __m512 acc[ATTENTION_MAX_GROUP][ATTENTION_MAX_HEAD_DIM / 16];
+    for (int64_t g = 0; g < group; g++)
+        for (int64_t i = 0; i < chunks; i++) acc[g][i] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < PREFETCH_AHEAD && t < n; t++) prefetch_row(v_base + slots[t] * row, d * elem);
+    for (int64_t t = 0; t < n; t++) {
+        if (t + PREFETCH_AHEAD < n) prefetch_row(v_base + slots[t + PREFETCH_AHEAD] * row, d * elem);
+        __m512 vv[ATTENTION_MAX_HEAD_DIM / 16];
+        load_head(v_base + slots[t] * row, job->is_bf16, d, vv);
+        for (int64_t g = 0; g < group; g++) {
+            __m512 p = _mm512_set1_ps(scores[g][t]);
+            for (int64_t i = 0; i < chunks; i++) acc[g][i] = _mm512_fmadd_ps(p, vv[i], acc[g][i]);
+        }
+    }
+    for (int64_t g = 0; g < group; g++)
+        for (int64_t c = 0, i = 0; c < d; c += 16, i++)
+            _mm512_mask_storeu_ps(partial + g * (2 + d) + 2 + c, lanes16(d - c), acc[g][i]);
 }

@@ -1,79 +1,69 @@
-/* Paged decode attention, portable: the contract of avx512/attention.c (one query per
- * sequence against its cached keys and values, read in place through its block table;
- * grouped-query heads share each K/V load; float32 scores, softmax and sum; sliding
- * window; D <= 256, query group <= 16). Work is split over (sequence, KV head) pairs. */
+/* Paged decode attention, portable: the part kernel (quant/attention_parts.h; the contract,
+ * planning and combining are in quant/decode_attention.c). One (sequence, KV head) over
+ * keys [t0, t1): the group's query heads share each key and value load. */
 #include "common.h"
+#include "../quant/attention_parts.h"
 
-#define MAX_GROUP 16
-#define MAX_HEAD_DIM 256
-/* Less work (positions x heads x head dim, summed over the batch) than this runs on the
- * calling thread alone: a short decode step's attention costs less than waking a thread. */
-#define PARALLEL_MIN_WORK (1 << 18)
-
-#define DEFINE_ATTENTION(NAME, T, TO_F32, FROM_F32)                                                \
-int NAME(const T *q, const T *k_cache, const T *v_cache, const int64_t *block_tables,               \
-         const int64_t *seq_lens, T *out, int64_t b_count, int64_t h_count, int64_t kvh_count,      \
-         int64_t d, int64_t block_size, int64_t max_blocks, float scale, int64_t window,            \
-         int num_threads) {                                                                         \
-    if (b_count < 1 || kvh_count < 1 || h_count % kvh_count || d < 1 || d > MAX_HEAD_DIM) return -1; \
-    int64_t group = h_count / kvh_count;                                                            \
-    if (group > MAX_GROUP) return -1;                                                               \
-    int status = 0;                                                                                 \
-    int64_t work = 0;                                                                               \
-    for (int64_t b = 0; b < b_count; b++)                                                           \
-        work += (window > 0 && seq_lens[b] > window ? window : seq_lens[b]) * h_count * d;          \
-    _Pragma("omp parallel for num_threads(num_threads) schedule(dynamic, 1) if (work >= PARALLEL_MIN_WORK)") \
-    for (int64_t task = 0; task < b_count * kvh_count; task++) {                                    \
-        int64_t b = task / kvh_count, kvh = task % kvh_count;                                       \
-        int64_t len = seq_lens[b];                                                                  \
-        int64_t start = (window > 0 && len > window) ? len - window : 0;                            \
-        if (len < 1 || len > max_blocks * block_size) { status = -2; continue; }                    \
-        int64_t count = len - start;                                                                \
-        float *scores = (float *)malloc(sizeof(float) * (size_t)(group * count));                   \
-        if (!scores) { status = -3; continue; }                                                     \
-        float qv[MAX_GROUP][MAX_HEAD_DIM], acc[MAX_GROUP][MAX_HEAD_DIM], maxes[MAX_GROUP], sums[MAX_GROUP]; \
-        for (int64_t g = 0; g < group; g++) {                                                       \
-            const T *qh = q + (b * h_count + kvh * group + g) * d;                                  \
-            for (int64_t c = 0; c < d; c++) { qv[g][c] = TO_F32(qh[c]); acc[g][c] = 0.0f; }         \
-            maxes[g] = -INFINITY; sums[g] = 0.0f;                                                   \
-        }                                                                                           \
-        const int64_t *table = block_tables + b * max_blocks;                                       \
-        for (int64_t t = 0; t < count; t++) {                                                       \
-            int64_t pos = start + t, slot = table[pos / block_size] * block_size + pos % block_size; \
-            const T *kr = k_cache + (slot * kvh_count + kvh) * d;                                   \
-            for (int64_t g = 0; g < group; g++) {                                                   \
-                float s = 0.0f;                                                                     \
-                _Pragma("omp simd reduction(+:s)")                                                  \
-                for (int64_t c = 0; c < d; c++) s += qv[g][c] * TO_F32(kr[c]);                      \
-                s *= scale;                                                                         \
-                scores[g * count + t] = s;                                                          \
-                if (s > maxes[g]) maxes[g] = s;                                                     \
-            }                                                                                       \
-        }                                                                                           \
-        for (int64_t g = 0; g < group; g++)                                                         \
-            for (int64_t t = 0; t < count; t++) {                                                   \
-                float e = expf(scores[g * count + t] - maxes[g]);                                   \
-                scores[g * count + t] = e;                                                          \
-                sums[g] += e;                                                                       \
-            }                                                                                       \
-        for (int64_t t = 0; t < count; t++) {                                                       \
-            int64_t pos = start + t, slot = table[pos / block_size] * block_size + pos % block_size; \
-            const T *vr = v_cache + (slot * kvh_count + kvh) * d;                                   \
-            for (int64_t g = 0; g < group; g++) {                                                   \
-                float p = scores[g * count + t];                                                    \
-                _Pragma("omp simd")                                                                 \
-                for (int64_t c = 0; c < d; c++) acc[g][c] += p * TO_F32(vr[c]);                     \
-            }                                                                                       \
-        }                                                                                           \
-        for (int64_t g = 0; g < group; g++) {                                                       \
-            T *dst = out + (b * h_count + kvh * group + g) * d;                                     \
-            float inv = 1.0f / sums[g];                                                             \
-            for (int64_t c = 0; c < d; c++) dst[c] = FROM_F32(acc[g][c] * inv);                     \
-        }                                                                                           \
-        free(scores);                                                                               \
-    }                                                                                               \
-    return status;                                                                                  \
+/* Keys and values are read a few rows ahead: a part's rows are 1 / KVH of each cache row,
+ * scattered over the block table's blocks, which the hardware prefetchers do not follow
+ * (a long context's cache is far out of cache: 512 positions of SmolLM2 are 24 MB). */
+#define PREFETCH_AHEAD 8
+static inline void prefetch_row(const void *p, int64_t bytes) {
+    for (int64_t c = 0; c < bytes; c += 64) __builtin_prefetch((const char *)p + c, 0, 3);
 }
 
-DEFINE_ATTENTION(inferpath_paged_decode_attention_f32, float, f32_identity, f32_identity)
-DEFINE_ATTENTION(inferpath_paged_decode_attention_bf16, uint16_t, bf16_to_float, round_bf16)
+#define DEFINE_PART(NAME, T, TO_F32)                                                                \
+static void NAME(const attention_job *job, int64_t b, int64_t kvh, int64_t t0, int64_t t1, float *partial) { \
+    const int64_t d = job->d, group = job->group, n = t1 - t0;                                     \
+    const int64_t *table = job->block_tables + b * job->max_blocks;                                 \
+    const T *k_cache = (const T *)job->k_cache, *v_cache = (const T *)job->v_cache;                 \
+    float scores[ATTENTION_MAX_GROUP][ATTENTION_PART], qv[ATTENTION_MAX_GROUP][ATTENTION_MAX_HEAD_DIM]; \
+    float acc[ATTENTION_MAX_GROUP][ATTENTION_MAX_HEAD_DIM], maxes[ATTENTION_MAX_GROUP], sums[ATTENTION_MAX_GROUP]; \
+    for (int64_t g = 0; g < group; g++) {                                                           \
+        const T *qh = (const T *)job->q + (b * job->h_count + kvh * group + g) * d;                 \
+        for (int64_t c = 0; c < d; c++) { qv[g][c] = TO_F32(qh[c]); acc[g][c] = 0.0f; }             \
+        maxes[g] = -INFINITY; sums[g] = 0.0f;                                                       \
+    }                                                                                               \
+    int64_t slots[ATTENTION_PART];  /* the part's cache rows, in order */                          \
+    for (int64_t t = 0, pos = t0; t < n; t++, pos++)                                                \
+        slots[t] = table[pos / job->block_size] * job->block_size + pos % job->block_size;          \
+    for (int64_t t = 0; t < n; t++) {                                                               \
+        if (t + PREFETCH_AHEAD < n) prefetch_row(k_cache + (slots[t + PREFETCH_AHEAD] * job->kvh_count + kvh) * d, d * sizeof(T)); \
+        const T *kr = k_cache + (slots[t] * job->kvh_count + kvh) * d;                              \
+        for (int64_t g = 0; g < group; g++) {                                                       \
+            float s = 0.0f;                                                                         \
+            _Pragma("omp simd reduction(+:s)")                                                      \
+            for (int64_t c = 0; c < d; c++) s += qv[g][c] * TO_F32(kr[c]);                          \
+            s *= job->scale;                                                                        \
+            scores[g][t] = s;                                                                       \
+            if (s > maxes[g]) maxes[g] = s;                                                         \
+        }                                                                                           \
+    }                                                                                               \
+    for (int64_t g = 0; g < group; g++)                                                             \
+        for (int64_t t = 0; t < n; t++) {                                                           \
+            float e = expf(scores[g][t] - maxes[g]);                                                \
+            scores[g][t] = e;                                                                       \
+            sums[g] += e;                                                                           \
+        }                                                                                           \
+    for (int64_t t = 0; t < n; t++) {                                                               \
+        if (t + PREFETCH_AHEAD < n) prefetch_row(v_cache + (slots[t + PREFETCH_AHEAD] * job->kvh_count + kvh) * d, d * sizeof(T)); \
+        const T *vr = v_cache + (slots[t] * job->kvh_count + kvh) * d;                              \
+        for (int64_t g = 0; g < group; g++) {                                                       \
+            float p = scores[g][t];                                                                 \
+            _Pragma("omp simd")                                                                     \
+            for (int64_t c = 0; c < d; c++) acc[g][c] += p * TO_F32(vr[c]);                         \
+        }                                                                                           \
+    }                                                                                               \
+    for (int64_t g = 0; g < group; g++) {                                                           \
+        float *out = partial + g * (2 + d);                                                         \
+        out[0] = maxes[g], out[1] = sums[g];                                                        \
+        for (int64_t c = 0; c < d; c++) out[2 + c] = acc[g][c];                                     \
+    }                                                                                               \
+}
+
+DEFINE_PART(part_f32, float, f32_identity)
+DEFINE_PART(part_bf16, uint16_t, bf16_to_float)
+
+void attention_part(const attention_job *job, int64_t b, int64_t kvh, int64_t t0, int64_t t1, float *partial) {
+    (job->is_bf16 ? part_bf16 : part_f32)(job, b, kvh, t0, t1, partial);
+}

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_parts.h"
 #include "pool.h"
 #include "prepared.h"
 
@@ -25,10 +26,6 @@ int inferpath_rope_f32(const float *q, int64_t q_stride, int64_t heads, const fl
                        int64_t tokens, int64_t d, int num_threads);
 int inferpath_silu_mul_f32(const float *gate, int64_t gate_stride, const float *up, int64_t up_stride,
                            float *out, int64_t out_stride, int64_t m, int64_t n, int num_threads);
-int inferpath_paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
-                                         const int64_t *block_tables, const int64_t *seq_lens, float *out,
-                                         int64_t b, int64_t h, int64_t kvh, int64_t d, int64_t block_size,
-                                         int64_t max_blocks, float scale, int64_t window, int num_threads);
 
 /* Several quantized weights sharing an input (QuantGroup's arrays; a group of one for a
  * single projection). */
@@ -85,6 +82,21 @@ static int matmul(const quant_weights *w, const float *x, float *y, int64_t m, i
     return 0;
 }
 
+/* Less attention work (positions x heads x head dim) than this stays on the calling thread */
+#define ATTENTION_PARALLEL_MIN_WORK (1 << 16)
+
+/* the step's paged attention (quant/decode_attention.c), its parts split over the decode pool */
+static int attention(const decode_layer *L, const decode_shape *s, const float *q, const int64_t *block_tables,
+                     const int64_t *seq_lens, float *out, int64_t m, int threads) {
+    attention_job job = {q, L->k_cache, L->v_cache, out, block_tables, seq_lens, m, s->num_heads, s->num_kv_heads,
+                         s->head_dim, s->block_size, s->max_blocks, s->window, 0, s->scale, 0, 0, 0, 0};
+    int status = attention_plan(&job);
+    if (status) return status;
+    pool_run(attention_work(&job) >= ATTENTION_PARALLEL_MIN_WORK ? threads : 1, attention_task, &job, job.tasks);
+    attention_finish(&job);
+    return 0;
+}
+
 /* x (m, hidden) in place through num_layers layers. cos, sin (m, head_dim): the rows'
  * RoPE; slots (m,): where each row's K/V go; block_tables (m, max_blocks) and seq_lens
  * (m,): each row's context, its new token included. Returns 0, a kernel's error code, or
@@ -114,9 +126,7 @@ int inferpath_decode_layers(const decode_layer *layers, int num_layers, const de
             memcpy(L->v_cache + slots[i] * kv_size, qkv + i * qkv_size + q_size + kv_size,
                    sizeof(float) * (size_t)kv_size);
         }
-        status = inferpath_paged_decode_attention_f32(q, L->k_cache, L->v_cache, block_tables, seq_lens, attended, m,
-                                                      s->num_heads, s->num_kv_heads, s->head_dim, s->block_size,
-                                                      s->max_blocks, s->scale, s->window, num_threads);
+        status = attention(L, s, q, block_tables, seq_lens, attended, m, num_threads);
         if (!status) status = matmul(&L->o, attended, projected, m, q_size, num_threads, rows_alone);
         if (status) break;
         for (int64_t i = 0; i < m * s->hidden; i++) x[i] = x[i] + projected[i];
