@@ -200,3 +200,22 @@ def test_a_group_of_weights_is_their_matmuls_side_by_side(rows, isa):
     expected = torch.cat([ops.run_quant_matmul(build.native_quant_matmul(), x, w.data, int(w.qtype), b, w.shape[0])
                           for w, b in zip(weights, biases)], dim=1)
     assert torch.equal(group(x), expected)
+
+
+@pytest.mark.parametrize("tile_rows", [7, 40, 1000])
+def test_a_group_past_the_fused_rows_is_one_gemm_per_dequantized_tile(tile_rows, monkeypatch):
+    """More rows than the fused kernels take: the group's weights dequantized (exactly, as
+    the gguf package does) into tiles that may span two weights, each tile one GEMM, biases
+    where each weight has one: the float32 matmul of the dequantized weights."""
+    if build.native_quant_matmul() is None:
+        pytest.skip(f"no native kernel here: {build.kernel_status()}")
+    weights = [random_weight(Q.Q5_0, 64, 96, seed=1), random_weight(Q.Q8_0, 32, 96, seed=2),
+               random_weight(Q.Q4_1, 33, 96, seed=3)]
+    biases = [torch.randn(64), None, torch.randn(33)]
+    group = ops.QuantGroup(build.native_quant_matmul_group(), weights, biases)
+    monkeypatch.setattr(ops, "QUANT_MATMUL_MAX_ROWS", dict.fromkeys(ops.QUANT_MATMUL_MAX_ROWS, 4))
+    monkeypatch.setattr(ops, "DEQUANT_TILE_VALUES", tile_rows * 96)
+    x = torch.randn(9, 96)
+    dense = torch.cat([w.dequantize() for w in weights])  # the gguf package's values
+    bias = torch.cat([torch.zeros(w.shape[0]) if b is None else b for w, b in zip(weights, biases)])
+    torch.testing.assert_close(group(x), torch.nn.functional.linear(x, dense, bias), rtol=1e-5, atol=1e-4)

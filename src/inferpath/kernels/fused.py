@@ -78,8 +78,7 @@ class CPUSelfAttention(SelfAttention):
         return self
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        quant = (self._quant_qkv is not None and x.dtype == torch.float32
-                 and ops.quant_rows_fused(x.shape[0]))
+        quant = self._quant_qkv is not None and x.dtype == torch.float32
         if (self._qkv_weight is None and not quant) or _hooked(self.q_proj, self.k_proj, self.v_proj):
             return super().project(x)
         num_tokens = x.shape[0]
@@ -112,8 +111,7 @@ class CPUSwiGLUMLP(SwiGLUMLP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, hidden_size) -> (num_tokens, hidden_size)
-        quant = (self._quant_gate_up is not None and self._silu_f32 is not None and x.dtype == torch.float32
-                 and ops.quant_rows_fused(x.shape[0]))
+        quant = self._quant_gate_up is not None and self._silu_f32 is not None and x.dtype == torch.float32
         if (self._gate_up_weight is None and not quant) or _hooked(self.gate_proj, self.up_proj, self.act_fn):
             return super().forward(x)
         if quant:
