@@ -64,6 +64,124 @@ static void NAME(const attention_job *job, int64_t b, int64_t kvh, int64_t t0, i
 DEFINE_PART(part_f32, float, f32_identity)
 DEFINE_PART(part_bf16, uint16_t, bf16_to_float)
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* ---------------------------------------------------------------- AVX2 (the avx2 level)
+ * The same part, head sizes a multiple of 8: 8 keys' scores at a time, their 8 dot
+ * products summed together by one tree of horizontal adds (10 instructions, where one
+ * horizontal sum each costs ~6 and a dependent chain). */
+#include <immintrin.h>
+
+static inline __m256 load8(const void *p, int is_bf16) {
+    if (!is_bf16) return _mm256_loadu_ps((const float *)p);
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* e^x for x <= 0 (a softmax's shifted scores), |rel err| < 2e-7 (avx512/common.h's exp512) */
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));  /* n >= -126: 2^n is a normal float */
+}
+
+/* lane j: the sum of v[j]'s 8 lanes */
+static inline __m256 sum8(const __m256 *v) {
+    __m256 a = _mm256_hadd_ps(v[0], v[1]), b = _mm256_hadd_ps(v[2], v[3]);
+    __m256 c = _mm256_hadd_ps(v[4], v[5]), e = _mm256_hadd_ps(v[6], v[7]);
+    __m256 lo = _mm256_hadd_ps(a, b), hi = _mm256_hadd_ps(c, e);  /* 128-bit halves: v0-3 | v4-7 partials */
+    return _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
+}
+
+static void part_avx2(const attention_job *job, int64_t b, int64_t kvh, int64_t t0, int64_t t1, float *partial) {
+    const int64_t d = job->d, group = job->group, chunks = d / 8, n = t1 - t0;
+    const int is_bf16 = job->is_bf16;
+    const int64_t elem = is_bf16 ? 2 : 4, row = job->kvh_count * d * elem;
+    const int64_t *table = job->block_tables + b * job->max_blocks;
+    const char *k_base = (const char *)job->k_cache + kvh * d * elem, *v_base = (const char *)job->v_cache + kvh * d * elem;
+    float scores[ATTENTION_MAX_GROUP][ATTENTION_PART], maxes[ATTENTION_MAX_GROUP];
+    int64_t slots[ATTENTION_PART];
+    for (int64_t t = 0, pos = t0; t < n; t++, pos++)
+        slots[t] = table[pos / job->block_size] * job->block_size + pos % job->block_size;
+    for (int64_t t = 0; t < PREFETCH_AHEAD && t < n; t++) prefetch_row(k_base + slots[t] * row, d * elem);
+    for (int64_t g = 0; g < group; g++) maxes[g] = -INFINITY;
+    const char *q_base = (const char *)job->q + (b * job->h_count + kvh * group) * d * elem;
+    for (int64_t t = 0; t < n; t += 8) {
+        int64_t keys = n - t < 8 ? n - t : 8;
+        for (int64_t j = 0; j < keys && t + j + 8 < n; j++) prefetch_row(k_base + slots[t + j + 8] * row, d * elem);
+        for (int64_t g = 0; g < group; g++) {
+            const char *qh = q_base + g * d * elem;
+            __m256 dots[8];
+            for (int64_t j = 0; j < 8; j++) {
+                if (j >= keys) { dots[j] = _mm256_setzero_ps(); continue; }
+                const char *kr = k_base + slots[t + j] * row;
+                __m256 acc = _mm256_mul_ps(load8(qh, is_bf16), load8(kr, is_bf16));
+                for (int64_t i = 1; i < chunks; i++)
+                    acc = _mm256_fmadd_ps(load8(qh + 8 * i * elem, is_bf16), load8(kr + 8 * i * elem, is_bf16), acc);
+                dots[j] = acc;
+            }
+            float s[8];
+            _mm256_storeu_ps(s, _mm256_mul_ps(sum8(dots), _mm256_set1_ps(job->scale)));
+            for (int64_t j = 0; j < keys; j++) {
+                scores[g][t + j] = s[j];
+                if (s[j] > maxes[g]) maxes[g] = s[j];
+            }
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        __m256 m = _mm256_set1_ps(maxes[g]), total = _mm256_setzero_ps();
+        for (int64_t t = 0; t < n; t += 8) {  /* scores has room for whole vectors: ATTENTION_PART % 8 == 0 */
+            __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - t)),
+                                                                  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+            __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(scores[g] + t), m)), valid);
+            _mm256_storeu_ps(scores[g] + t, e);
+            total = _mm256_add_ps(total, e);
+        }
+        float lanes[8], sum = 0.0f;
+        _mm256_storeu_ps(lanes, total);
+        for (int i = 0; i < 8; i++) sum += lanes[i];
+        partial[g * (2 + d)] = maxes[g], partial[g * (2 + d) + 1] = sum;
+    }
+    for (int64_t t = 0; t < PREFETCH_AHEAD && t < n; t++) prefetch_row(v_base + slots[t] * row, d * elem);
+    for (int64_t g = 0; g < group; g++)
+        for (int64_t c = 0; c < d; c++) partial[g * (2 + d) + 2 + c] = 0.0f;
+    for (int64_t c0 = 0; c0 < chunks; c0 += 4) {  /* 4 vectors of the head at a time, in registers */
+        int64_t width = chunks - c0 < 4 ? chunks - c0 : 4;
+        __m256 acc[ATTENTION_MAX_GROUP][4];
+        for (int64_t g = 0; g < group; g++)
+            for (int64_t i = 0; i < 4; i++) acc[g][i] = _mm256_setzero_ps();
+        for (int64_t t = 0; t < n; t++) {
+            if (c0 == 0 && t + PREFETCH_AHEAD < n) prefetch_row(v_base + slots[t + PREFETCH_AHEAD] * row, d * elem);
+            const char *vr = v_base + slots[t] * row + 8 * c0 * elem;
+            __m256 vv[4];
+            for (int64_t i = 0; i < width; i++) vv[i] = load8(vr + 8 * i * elem, is_bf16);
+            for (int64_t g = 0; g < group; g++) {
+                __m256 p = _mm256_set1_ps(scores[g][t]);
+                for (int64_t i = 0; i < width; i++) acc[g][i] = _mm256_fmadd_ps(p, vv[i], acc[g][i]);
+            }
+        }
+        for (int64_t g = 0; g < group; g++)
+            for (int64_t i = 0; i < width; i++) _mm256_storeu_ps(partial + g * (2 + d) + 2 + 8 * (c0 + i), acc[g][i]);
+    }
+}
+#endif
+
 void attention_part(const attention_job *job, int64_t b, int64_t kvh, int64_t t0, int64_t t1, float *partial) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (job->d % 8 == 0) {
+        part_avx2(job, b, kvh, t0, t1, partial);
+        return;
+    }
+#endif
     (job->is_bf16 ? part_bf16 : part_f32)(job, b, kvh, t0, t1, partial);
 }
