@@ -3,7 +3,8 @@
 Each measurement runs in a fresh process of its own (load time and resident memory are
 per process), and the two engines alternate, repeat after repeat, so that whatever else
 the machine is doing slows both alike; medians are reported. Per file and engine:
-load seconds, peak resident MB, batch-1 greedy decode tok/s, 512-token prefill tok/s;
+load seconds, peak resident MB, batch-1 greedy decode tok/s after a short prompt and
+("deep") after the 512-token prompt (attention over a long context), 512-token prefill tok/s;
 for inferpath also batch 8 and 32 aggregate decode tok/s. inferpath runs at its best
 instruction-set level and with INFERPATH_ISA=avx2 forced (llama.cpp is built for this
 CPU once; it cannot be forced per run). The floor: a decode step reads the weights once,
@@ -87,7 +88,7 @@ def rss_mb() -> float:
 def worker_llamacpp(path: str, task: str, threads: int) -> dict:
     from llama_cpp import Llama
 
-    ids = prompt_ids(path, PREFILL_TOKENS) if task == "prefill" else []  # before the baseline
+    ids = prompt_ids(path, PREFILL_TOKENS) if task in ("prefill", "deep") else []  # before the baseline
     baseline = rss_mb()
     start = time.perf_counter()
     llm = Llama(model_path=path, n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads,
@@ -97,14 +98,14 @@ def worker_llamacpp(path: str, task: str, threads: int) -> dict:
         start = time.perf_counter()
         llm.eval(ids)
         result["prefill_tok_s"] = PREFILL_TOKENS / (time.perf_counter() - start)
-    else:
-        llm.eval(llm.tokenize(PROMPT.encode()))
+    else:  # decode after a short prompt, or "deep": after the 512-token prompt
+        llm.eval(ids if task == "deep" else llm.tokenize(PROMPT.encode()))
         token = llm.sample(temp=0.0)
         start = time.perf_counter()
         for _ in range(DECODE_TOKENS):
             llm.eval([token])
             token = llm.sample(temp=0.0)
-        result["decode_tok_s"] = DECODE_TOKENS / (time.perf_counter() - start)
+        result["deep_tok_s" if task == "deep" else "decode_tok_s"] = DECODE_TOKENS / (time.perf_counter() - start)
     result["rss_mb"] = peak_rss_mb()
     result["model_mb"] = result["rss_mb"] - baseline  # what the model and its runs added
     return result
@@ -143,9 +144,9 @@ def worker_inferpath(path: str, task: str, threads: int, dtype: str = "auto") ->
         start = time.perf_counter()
         run([ids], 1)
         result["prefill_tok_s"] = PREFILL_TOKENS / (time.perf_counter() - start)
-    elif task == "decode":
-        (out,) = run([PROMPT], DECODE_TOKENS + 1)
-        result["decode_tok_s"] = DECODE_TOKENS / (out.metrics.finished_time - out.metrics.first_token_time)
+    elif task in ("decode", "deep"):  # "deep": decode after the 512-token prompt
+        (out,) = run([prompt_ids(path, PREFILL_TOKENS) if task == "deep" else PROMPT], DECODE_TOKENS + 1)
+        result[f"{task}_tok_s"] = DECODE_TOKENS / (out.metrics.finished_time - out.metrics.first_token_time)
     else:  # batchN
         batch = int(task.removeprefix("batch"))
         outs = run([f"{PROMPT} ({i})" for i in range(batch)], BATCH_TOKENS + 1)
@@ -249,7 +250,7 @@ def main() -> None:
         path = files[fmt]
         write_prompt_ids(path)
         samples: dict = {}
-        tasks = {"decode", "prefill"}
+        tasks = {"decode", "prefill", "deep"}
         for repeat in range(args.repeats):
             for key in keys:
                 for task in sorted(tasks) + (["batch8", "batch32"] if key == "inferpath"
@@ -282,7 +283,8 @@ def print_table(results: dict) -> None:
           f"{', one busy process beside' if results['busy'] else ''}; read bandwidth "
           f"{info['read_bandwidth'] / 1e9:.1f} GB/s; medians of {results['repeats']}")
     print("ratios: against llama.cpp (or, without it, inferpath-fp32: the file dequantized)")
-    header = f"{'file':6} {'engine':16} {'decode tok/s':>12} {'ratio':>6} {'prefill tok/s':>13} {'ratio':>6} " \
+    header = f"{'file':6} {'engine':16} {'decode tok/s':>12} {'ratio':>6} {'deep tok/s':>10} {'ratio':>6} " \
+             f"{'prefill tok/s':>13} {'ratio':>6} " \
              f"{'load s':>7} {'RSS MB':>7} {'base MB':>7} {'model MB':>8} {'floor':>6}"
     print(header)
     for fmt, entry in results["files"].items():
@@ -290,8 +292,10 @@ def print_table(results: dict) -> None:
         for key, m in entry["engines"].items():
             dr = m.get("decode_tok_s", 0) / base["decode_tok_s"] if base.get("decode_tok_s") else float("nan")
             pr = m.get("prefill_tok_s", 0) / base["prefill_tok_s"] if base.get("prefill_tok_s") else float("nan")
+            deep = m.get("deep_tok_s", 0) / base["deep_tok_s"] if base.get("deep_tok_s") else float("nan")
             floor = f"{m['floor_fraction']:.0%}" if "floor_fraction" in m else ""
-            print(f"{fmt:6} {key:16} {m.get('decode_tok_s', 0):12.1f} {dr:6.2f} {m.get('prefill_tok_s', 0):13.1f} "
+            print(f"{fmt:6} {key:16} {m.get('decode_tok_s', 0):12.1f} {dr:6.2f} {m.get('deep_tok_s', 0):10.1f} "
+                  f"{deep:6.2f} {m.get('prefill_tok_s', 0):13.1f} "
                   f"{pr:6.2f} {m['load_s']:7.2f} {m['rss_mb']:7.0f} {m.get('baseline_mb', 0):7.0f} "
                   f"{m.get('model_mb', 0):8.0f} {floor:>6}")
             for batch in ("batch8", "batch32"):
