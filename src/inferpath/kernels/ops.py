@@ -84,6 +84,19 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return torch.nn.functional.linear(x, weight, bias)
 
 
+def gemv_serves(rows: int, kernels: tuple) -> bool:
+    """Whether ``small_batch_linear`` runs ``rows`` rows of x (of the weight's dtype, 2-D)
+    through the GEMV; ``kernels`` comes from ``linear_kernels``."""
+    gemv_fn, amx_fn, gemv_max_rows = kernels
+    if gemv_fn is None:
+        return False
+    if rows_must_be_invariant():
+        return True
+    if amx_fn is not None and AMX_MIN_ROWS <= rows <= AMX_MAX_ROWS:
+        return False
+    return rows <= gemv_max_rows
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T + bias with the native GEMV, any number of rows: x (m, k) -> (m, n).
 
@@ -220,39 +233,3 @@ def quantized_linear(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
         out[:, start:start + tile] = torch.nn.functional.linear(
             x, weight, None if bias is None else bias[start:start + tile])
     return out
-
-
-class QuantGroup:
-    """Several quantized weights (and biases) with one input, run as one matmul whose
-    outputs lie side by side: x is quantized once and one parallel region covers every
-    row (a fused Q/K/V or gate/up projection read in place from separate tensors).
-    Holds ctypes arrays of the weights' pointers, built once."""
-
-    def __init__(self, fn, weights: list, biases: list) -> None:
-        import ctypes
-
-        count = len(weights)
-        self._fn = fn
-        self._keep = (weights, biases)  # the arrays below point into these tensors
-        self._qtypes = (ctypes.c_int * count)(*[int(w.qtype) for w in weights])
-        self._ptrs = (ctypes.c_void_p * count)(*[w.data.data_ptr() for w in weights])
-        self._row_bytes = (ctypes.c_int64 * count)(*[w.data.shape[1] for w in weights])
-        self._rows = (ctypes.c_int64 * count)(*[w.shape[0] for w in weights])
-        self._biases = (ctypes.c_void_p * count)(*[None if b is None else b.data_ptr() for b in biases])
-        self.num_out = sum(w.shape[0] for w in weights)
-        self.in_features = weights[0].shape[1]
-
-    def native_arguments(self) -> tuple:
-        """(count, qtypes, weights, row bytes, rows, biases): the group as the C kernels take
-        it (``inferpath_quant_matmul_group``, decode.c's ``quant_weights``)."""
-        return len(self._qtypes), self._qtypes, self._ptrs, self._row_bytes, self._rows, self._biases
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x (m, in_features) float32 contiguous -> (m, num_out) float32."""
-        out = torch.empty((x.shape[0], self.num_out), dtype=torch.float32)
-        status = self._fn(*self.native_arguments(),
-                          x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads(),
-                          rows_must_be_invariant())
-        if status != 0:
-            raise RuntimeError(f"quantized group matmul rejected x={tuple(x.shape)} (status {status})")
-        return out
