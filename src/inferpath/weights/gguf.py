@@ -269,8 +269,10 @@ def _hf_name_or_raise(gguf_tensor: str, config: ModelConfig, path: Path) -> str:
 
 
 def _to_torch(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    # F32 tensors come back as views of the memory map: copy those read-only or misaligned
+    # F32 tensors come back as views of the memory map: copy those read-only or misaligned,
+    # and vectors (norms, biases: small), so that a file whose matrices were all converted
+    # (a BF16 file read in float32) leaves no view that keeps the whole map resident
     values = np.ascontiguousarray(values, dtype=np.float32)
-    if not (values.flags.writeable and values.flags.aligned):
+    if not (values.flags.writeable and values.flags.aligned) or values.ndim == 1:
         values = values.copy()
     return torch.from_numpy(values).to(dtype)
