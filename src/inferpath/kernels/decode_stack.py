@@ -191,8 +191,12 @@ class CPUDecoderStack(DecoderStack):
             return None
         hidden = hidden.contiguous().clone()
         num_seqs = hidden.shape[0]
-        key = (kv_cache.k_caches[0].data_ptr(), tuple(kv_cache.k_caches[0].shape))
-        if native.cache_key != key:  # the caches of this engine: pointers set once
+        # the caches of this engine: pointers set once. NOTE: every layer's pointers are the
+        # key (~5 us a step): a model shared by engines one after another may find the first
+        # cache of a new engine where the old one's was, and the others elsewhere
+        key = (*map(torch.Tensor.data_ptr, kv_cache.k_caches), *map(torch.Tensor.data_ptr, kv_cache.v_caches),
+               tuple(kv_cache.k_caches[0].shape))
+        if native.cache_key != key:
             for i, layer in enumerate(native.layers):
                 layer.k_cache, layer.v_cache = kv_cache.k_caches[i].data_ptr(), kv_cache.v_caches[i].data_ptr()
             native.cache_key = key
