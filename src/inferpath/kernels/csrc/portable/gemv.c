@@ -28,8 +28,8 @@ static float NAME##_dot(const T *w, const T *x, int64_t k) {                    
     for (int64_t c = 0; c < k; c++) acc += TO_F32(w[c]) * TO_F32(x[c]);                             \
     return acc;                                                                                     \
 }                                                                                                   \
-void NAME(const T *x, const T *w, const T *bias, T *y, int64_t ldy, int64_t m, int64_t k, int64_t c0,       \
-          int64_t c1) {                                                                               \
+void NAME(const T *x, const T *w, const T *bias, T *y, int64_t ldy, int64_t m, int64_t k, int64_t c0, \
+          int64_t c1) {                                                                             \
     for (int64_t row = c0; row < c1; row++) {                                                       \
         const T *wr = w + row * k;                                                                  \
         float add = bias ? TO_F32(bias[row]) : 0.0f;                                                \
