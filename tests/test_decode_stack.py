@@ -1,11 +1,14 @@
-"""A decode step's layers in one native call (kernels/decode_stack.py, csrc/quant/decode.c)
+"""A decode step's layers in one native call (kernels/decode_stack.py, csrc/drivers/decode.c)
 against the module-by-module path: the same kernels in the same order, so the same
-tokens and the same logprobs to the bit, at every instruction-set level this CPU runs;
-and every step or model it cannot run takes the module path."""
+tokens and the same logprobs to the bit, at every instruction-set level this CPU runs,
+for quantized GGUF weights and for float32 / bfloat16 ones (a BF16 GGUF read in place
+among them); and every step or model it cannot run takes the module path."""
 
 from __future__ import annotations
 
 import pytest
+import torch
+from gguf_files import write_bf16_gguf
 
 from inferpath.config import EngineConfig
 from inferpath.engine.llm_engine import LLMEngine
@@ -17,9 +20,12 @@ from inferpath.sampling.params import SamplingParams
 PROMPTS = ["Tell me about the number 7.", "Write a haiku about rain.", "def fibonacci(n):"]
 
 
-def generate(alias: str, native: bool, calls: list | None = None, threads: int = 2) -> dict:
-    """Greedy text and top-5 logprobs of three requests decoding side by side."""
-    engine = LLMEngine.from_model(resolve_model(alias), EngineConfig(threads=threads, kv_cache_memory_bytes=64 * 2**20))
+def generate(alias: str, native: bool, calls: list | None = None, threads: int = 2, dtype: str = "auto",
+             prompts: list[str] = PROMPTS) -> dict:
+    """Greedy text and top-5 logprobs of the prompts' requests decoding side by side.
+    ``alias``: a packaged model, or a model file's path."""
+    path = alias if alias.endswith(".gguf") else resolve_model(alias)
+    engine = LLMEngine.from_model(path, EngineConfig(threads=threads, kv_cache_memory_bytes=64 * 2**20, dtype=dtype))
     stack = engine.runner.model.model
     assert isinstance(stack, CPUDecoderStack) and stack.native_decode_refusal() == ""
     stack.use_native_decode = native
@@ -32,7 +38,7 @@ def generate(alias: str, native: bool, calls: list | None = None, threads: int =
             return hidden
         stack._decode_natively = counting
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=5)
-    for i, prompt in enumerate(PROMPTS):
+    for i, prompt in enumerate(prompts):
         engine.add_request(str(i), prompt, params)
     done = {}
     while engine.has_unfinished_requests():
@@ -80,10 +86,88 @@ def test_a_wrapped_or_hooked_layer_module_takes_the_module_path():
     assert not plan.watched()
 
 
-def test_a_float_model_is_refused_with_a_reason():
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("isa", build.LEVEL_NAMES)
+def test_native_float_decode_equals_the_module_path_to_the_bit(isa, dtype, monkeypatch):
+    """SmolLM2 loaded in bfloat16 / float32 (its blocks dequantized at load): the level's
+    GEMV, RMSNorm, RoPE, attention and residual adds rounded where the modules round."""
+    if not build.can_run(isa):
+        pytest.skip(f"this CPU cannot execute the {isa} level (its best is {build.cpu_level()})")
+    monkeypatch.setenv("INFERPATH_ISA", isa)
+    if build.native_decode_layers(getattr(torch, dtype)) is None:
+        pytest.skip(build.kernel_status())
+    calls: list[bool] = []
+    native = generate("smollm2-135m-instruct", True, calls, dtype=dtype)
+    assert sum(calls) >= 20 and not calls[0]
+    assert native == generate("smollm2-135m-instruct", False, dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def bf16_gguf(tmp_path_factory) -> str:
+    """The packaged SmolLM2 as a BF16 GGUF (matrices BF16, norms F32: llama.cpp's layout)."""
+    path = tmp_path_factory.mktemp("bf16") / "SmolLM2-135M-Instruct.BF16.gguf"
+    return str(write_bf16_gguf(resolve_model("smollm2-135m-instruct"), path))
+
+
+def test_a_bf16_gguf_decodes_natively_from_the_mapped_file(bf16_gguf):
+    """``--dtype auto`` on a BF16 file: bf16 where the CPU multiplies bf16 natively (else
+    float32), native decode bitwise equal to the module path."""
+    from inferpath.engine.load import auto_float_dtype
+
+    if build.native_decode_layers(auto_float_dtype()) is None:
+        pytest.skip(build.kernel_status())
+    calls: list[bool] = []
+    native = generate(bf16_gguf, True, calls)
+    assert sum(calls) >= 20
+    assert native == generate(bf16_gguf, False)
+
+
+def test_a_bf16_gguf_runs_on_the_mapped_tensors_without_a_copy(bf16_gguf):
+    """Every parameter of the model the engine builds from a BF16 file is the tensor the
+    checkpoint reader returned (a view of the mapped file for matrices): the fused Q/K/V
+    and gate/up calls read the separate weights in place, nothing is concatenated."""
+    from inferpath.engine.load import build_for_engine
+    from inferpath.weights import load_checkpoint
+
+    checkpoint = load_checkpoint(bf16_gguf, dtype=torch.bfloat16)
+    pointers = {name: t.data_ptr() for name, t in checkpoint.tensors.items()}
+    model = build_for_engine(checkpoint, torch.bfloat16, EngineConfig(threads=1))
+    attn = model.model.layers[0].self_attn
+    if getattr(attn, "_float_qkv", None) is None:
+        pytest.skip(build.kernel_status())
+    for name, param in model.named_parameters():
+        assert param.data_ptr() == pointers[name], name
+
+
+def test_a_batch_the_gemv_does_not_serve_takes_the_module_path(monkeypatch):
+    """bf16 at the generic level: past its GEMV's four rows the module path runs PyTorch's
+    matmul, so the native call (GEMV only) steps aside rather than differ."""
+    monkeypatch.setenv("INFERPATH_ISA", "generic")
+    if build.native_decode_layers(torch.bfloat16) is None:
+        pytest.skip(build.kernel_status())
+    engine = LLMEngine.from_model(resolve_model("smollm2-135m-instruct"), EngineConfig(threads=2, dtype="bfloat16"))
+    stack = engine.runner.model.model
+    steps = []  # (rows, took the native call) of each step
+    original = stack._decode_natively
+
+    def recording(input_ids, *args):
+        hidden = original(input_ids, *args)
+        steps.append((input_ids.shape[0], hidden is not None))
+        return hidden
+    stack._decode_natively = recording
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    for i in range(5):
+        engine.add_request(str(i), f"Count to {i + 3}.", params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert [rows for rows, _ in steps[1:]] == [5] * 5  # one prefill step, then five 5-row decodes
+    assert not any(native for _, native in steps)
+
+
+def test_a_model_without_native_kernels_for_its_dtype_is_refused_with_a_reason():
     engine = LLMEngine.from_model(resolve_model("smollm2-135m-instruct"),
-                                  EngineConfig(threads=1, dtype="float32"))
-    assert "quantized" in engine.runner.model.model.native_decode_refusal()
+                                  EngineConfig(threads=1, dtype="float16"))
+    assert "float16" in engine.runner.model.model.native_decode_refusal()
 
 
 def test_two_engines_decoding_at_once_in_two_threads():

@@ -303,3 +303,26 @@ def test_float_matrices_read_by_torch_equal_the_dequantized_ones_cast(tmp_path, 
         assert torch.equal(viewed[name], values.to(torch.bfloat16)), name
     as_float32 = load_checkpoint(tmp_path / "bf16.gguf", dtype=torch.float32).tensors
     assert all(as_float32[name].dtype == torch.float32 for name in viewed)
+
+
+def test_a_bf16_file_read_in_float32_does_not_stay_resident_beside_the_conversion(tmp_path):
+    """SmolLM2 as a BF16 GGUF read in float32 (what an AVX2 CPU runs): each matrix's pages
+    of the map are dropped once converted, and no tensor is left a view of the map, so the
+    load peaks at about the float32 weights, not those plus the file (they did: +50%)."""
+    import subprocess
+    import sys
+
+    from gguf_files import write_bf16_gguf
+
+    path = write_bf16_gguf(resolve_model("smollm2-135m-instruct"), tmp_path / "bf16.gguf")
+    # VmHWM: this process's peak resident memory (ru_maxrss would carry pytest's over exec)
+    code = ("import sys, torch\n"
+            "from inferpath.weights import load_checkpoint\n"
+            "status = lambda key: int(open('/proc/self/status').read().split(key + ':')[1].split()[0]) * 1024\n"
+            "before = status('VmRSS')\n"
+            "tensors = load_checkpoint(sys.argv[1], dtype=torch.float32).tensors\n"
+            "print(status('VmHWM') - before, sum(t.nbytes for t in tensors.values()))\n")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    added, float32_bytes = map(int, done.stdout.split())
+    assert added < float32_bytes + path.stat().st_size // 4, (added, float32_bytes)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from inferpath.kernels import build, ops
+from inferpath.kernels.groups import QuantGroup
 from inferpath.kernels.quantized import QuantEmbedding, QuantLinear
 from inferpath.weights.quantized import QUANTIZED_TYPES, QuantizedTensor
 
@@ -195,7 +196,7 @@ def test_a_group_of_weights_is_their_matmuls_side_by_side(rows, isa):
     weights = [random_weight(Q.Q5_0, 64, 96, seed=1), random_weight(Q.Q8_0, 32, 96, seed=2),
                random_weight(Q.Q4_1, 33, 96, seed=3)]
     biases = [torch.randn(64), None, torch.randn(33)]
-    group = ops.QuantGroup(build.native_quant_matmul_group(), weights, biases)
+    group = QuantGroup(build.native_quant_matmul_group(), weights, biases)
     x = torch.randn(rows, 96)
     expected = torch.cat([ops.run_quant_matmul(build.native_quant_matmul(), x, w.data, int(w.qtype), b, w.shape[0])
                           for w, b in zip(weights, biases)], dim=1)
@@ -212,7 +213,7 @@ def test_a_group_past_the_fused_rows_is_one_gemm_per_dequantized_tile(tile_rows,
     weights = [random_weight(Q.Q5_0, 64, 96, seed=1), random_weight(Q.Q8_0, 32, 96, seed=2),
                random_weight(Q.Q4_1, 33, 96, seed=3)]
     biases = [torch.randn(64), None, torch.randn(33)]
-    group = ops.QuantGroup(build.native_quant_matmul_group(), weights, biases)
+    group = QuantGroup(build.native_quant_matmul_group(), weights, biases)
     monkeypatch.setattr(ops, "QUANT_MATMUL_MAX_ROWS", dict.fromkeys(ops.QUANT_MATMUL_MAX_ROWS, 4))
     monkeypatch.setattr(ops, "DEQUANT_TILE_VALUES", tile_rows * 96)
     x = torch.randn(9, 96)

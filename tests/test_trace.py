@@ -81,7 +81,7 @@ def test_tracing_off_attaches_nothing_before_during_and_after(llm, traced):
 def test_the_traced_path_is_the_fused_native_one(llm, traced):
     *_, tracer, _, _ = traced
     layer = llm.engine.runner.model.model.layers[0]
-    fused = (getattr(layer.self_attn, "_qkv_weight", None) is not None
+    fused = (getattr(layer.self_attn, "_float_qkv", None) is not None
              or getattr(layer.self_attn, "_quant_qkv", None) is not None)
     if not fused:
         pytest.skip("the native kernels do not run on this machine (no gcc): nothing is fused")

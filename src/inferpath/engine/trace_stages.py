@@ -75,15 +75,17 @@ def fusion_notes(model: nn.Module) -> dict[str, str]:
     notes = {}
     layer = model.model.layers[0]
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    if getattr(attn, "_qkv_weight", None) is not None:
-        notes["qkv_proj"] = "q_proj, k_proj and v_proj are one fused matmul"
+    if getattr(attn, "_float_qkv", None) is not None:
+        notes["qkv_proj"] = ("q_proj, k_proj and v_proj are one fused matmul call over their three matrices "
+                             "(up to the GEMV's rows; more rows: three matmuls)")
     elif getattr(attn, "_quant_qkv", None) is not None:
         notes["qkv_proj"] = ("q_proj, k_proj and v_proj are one fused matmul call over their quantized "
                              "blocks (activations quantized once)")
     else:
         notes["qkv_proj"] = "q_proj, k_proj and v_proj: three matmuls, timed together"
-    if getattr(mlp, "_gate_up_weight", None) is not None:
-        notes["gate_up_silu"] = "gate_proj and up_proj are one fused matmul, then one native SiLU-and-multiply"
+    if getattr(mlp, "_float_gate_up", None) is not None:
+        notes["gate_up_silu"] = ("gate_proj and up_proj are one fused matmul call over their two matrices "
+                                 "(up to the GEMV's rows; more rows: two matmuls), then one native SiLU-and-multiply")
     elif getattr(mlp, "_quant_gate_up", None) is not None:
         notes["gate_up_silu"] = ("gate_proj and up_proj are one fused matmul call over their quantized blocks, "
                                  "then one native SiLU-and-multiply")

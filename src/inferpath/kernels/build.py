@@ -10,6 +10,12 @@ Three levels, each its own shared library built from one source set with its own
 - ``avx512``: csrc/avx512 (intrinsics; AMX for bf16 where the CPU has it) and csrc/quant
   with VNNI.
 
+csrc/drivers is compiled into every level: the level-independent C that drives the
+level's kernels (the GEMV's entry points over one matrix or a group, the native decode
+step and its thread pool). The decode step of a float model is taken from the library its
+dtype's family runs at (``native_decode_layers(dtype)``), so that it calls that level's
+float kernels; a quantized model's from the quantized family's.
+
 The level is the best the CPU reports (/proc/cpuinfo), or a lower one forced with
 ``INFERPATH_ISA=generic|avx2|avx512``. A kernel family (float32, bfloat16, quantized)
 runs at the highest level at or below that whose CPU flags are present and whose build
@@ -51,9 +57,9 @@ class Level:
 
 
 LEVELS = (  # lowest first
-    Level("generic", ("portable", "quant"), (), frozenset()),
-    Level("avx2", ("portable", "quant"), ("-mavx2", "-mfma", "-mf16c"), frozenset({"avx2", "fma", "f16c"})),
-    Level("avx512", ("avx512", "quant"),
+    Level("generic", ("portable", "quant", "drivers"), (), frozenset()),
+    Level("avx2", ("portable", "quant", "drivers"), ("-mavx2", "-mfma", "-mf16c"), frozenset({"avx2", "fma", "f16c"})),
+    Level("avx512", ("avx512", "quant", "drivers"),
           ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mfma", "-mf16c",
            "-mamx-tile", "-mamx-bf16"),
           frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"})),
@@ -65,14 +71,16 @@ FAMILIES = ("float32", "bfloat16", "quantized")
 _FAMILY_FLAGS = {("avx512", "bfloat16"): frozenset({"avx512_bf16"})}
 AMX_FLAGS = {"amx_tile", "amx_bf16"}
 KERNEL_NAMES = {
-    "float32": "gemv, rms_norm, silu_mul, rope, paged decode attention, argmax",
-    "bfloat16": "gemv, rms_norm, silu_mul, rope, paged decode attention",
+    "float32": "gemv, rms_norm, silu_mul, rope, paged decode attention, argmax, native decode",
+    "bfloat16": "gemv, rms_norm, silu_mul, rope, paged decode attention, native decode",
     "quantized": "GGUF Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K matmul and dequantize",
 }
 
 _P, _I, _F, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int  # pointer, size, float, threads
 _SIGNATURES = {  # every exported function returns int: 0, or a negative error
     "inferpath_gemv_{}": [_P] * 4 + [_I] * 3 + [_N],
+    # count, weights[], rows[], biases[], x, y, m, k, threads
+    "inferpath_gemv_group_{}": [_N] + [_P] * 5 + [_I] * 2 + [_N],
     "inferpath_rms_norm_{}": [_P] * 3 + [_I] * 2 + [_F, _N],
     "inferpath_silu_mul_{}": [_P, _I] * 3 + [_I] * 2 + [_N],
     "inferpath_rope_{}": [_P, _I, _I] * 2 + [_P] * 4 + [_I] * 2 + [_N],
@@ -291,9 +299,16 @@ def native_quant_dequantize(level: str | None = None):
     return _native("inferpath_quant_dequantize", "quantized", level)
 
 
-def native_decode_layers(level: str | None = None):
-    """A decode step's quantized Llama layers in one call (csrc/quant/decode.c), or None."""
-    return _native("inferpath_decode_layers", "quantized", level)
+def native_gemv_group(dtype: torch.dtype, level: str | None = None):
+    """The native GEMV over a group of matrices sharing an input, or None."""
+    return _dtype_kernel("inferpath_gemv_group_{}", dtype, level)
+
+
+def native_decode_layers(family: torch.dtype | str = "quantized", level: str | None = None):
+    """A decode step's Llama layers in one call (csrc/drivers/decode.c), from the library
+    that ``family`` (a float dtype, or "quantized" for GGUF blocks) runs at, or None."""
+    family = _family(family)
+    return _native("inferpath_decode_layers", family, level) if family in FAMILIES else None
 
 
 def gemv_available(dtype: torch.dtype) -> bool:

@@ -1,15 +1,19 @@
 """A decode step's layers in one native call, applied from outside like the other swaps.
 
-A decode step of a small quantized model is mostly Python: SmolLM2-135M makes ~12 kernel
-calls per layer, 360 a step, each with its module call, kernel lookup, output allocation
-and ctypes argument conversion (~8 us), which is as long as all its matmuls together.
+A decode step of a small model is mostly Python: SmolLM2-135M makes ~12 kernel calls per
+layer, 360 a step, each with its module call, kernel lookup, output allocation and ctypes
+argument conversion (~8 us), which is as long as all its matmuls together.
 ``CPUDecoderStack`` runs the layers of a step whose every row is one sequence's next
-token through ``inferpath_decode_layers`` (csrc/quant/decode.c): the same kernels, in the
-same order, on the same buffers' values, so the hidden states are equal to the bit to the
-module-by-module path (a test holds it). Everything else — prefill, mixed batches, a
-model outside the plain Llama layer (QK-norm, sandwich norms, soft-capping, MoE, non-SiLU
-gates, float weights), a traced step (its clock wraps module forwards), a hooked module
-(tensor parallelism's all-reduce) — takes the module path.
+token through ``inferpath_decode_layers`` (csrc/drivers/decode.c): the same kernels, in
+the same order, on the same buffers' values, so the hidden states are equal to the bit to
+the module-by-module path (a test holds it). Two kinds of model take it: GGUF-quantized
+weights with float32 activations, and float32 or bfloat16 weights with activations of
+their dtype — for the row counts whose module path runs the GEMV (a bf16 batch on an AMX
+CPU, or past the GEMV's rows, takes oneDNN or AMX there, so the module path here).
+Everything else — prefill, mixed batches, a model outside the plain Llama layer
+(QK-norm, sandwich norms, soft-capping, MoE, non-SiLU gates), a traced step (its clock
+wraps module forwards), a hooked module (tensor parallelism's all-reduce) — takes the
+module path.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import torch
 from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
 from inferpath.kernels import build, ops
-from inferpath.kernels.fused import CPUSelfAttention, CPUSwiGLUMLP, quant_group
+from inferpath.kernels.fused import CPUSelfAttention, CPUSwiGLUMLP, float_group, quant_group
+from inferpath.kernels.groups import GGUF_FLOAT_TYPES, FloatGroup, QuantGroup
 from inferpath.kernels.quantized import QuantLinear
 from inferpath.model.batch_invariant import rows_must_be_invariant
 from inferpath.model.transformer import DecoderStack
@@ -30,25 +35,25 @@ from inferpath.model.transformer import DecoderStack
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 
 
-class _QuantWeights(ctypes.Structure):  # decode.c quant_weights: an ops.QuantGroup's arrays
+class _WeightGroup(ctypes.Structure):  # decode.c weight_group: a QuantGroup's or FloatGroup's arrays
     _fields_ = [("count", ctypes.c_int), ("qtypes", _P), ("weights", _P), ("row_bytes", _P), ("rows", _P),
                 ("biases", _P)]
 
 
 class _Layer(ctypes.Structure):  # decode.c decode_layer
-    _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv", _QuantWeights), ("o", _QuantWeights),
-                ("gate_up", _QuantWeights), ("down", _QuantWeights), ("k_cache", _P), ("v_cache", _P)]
+    _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv", _WeightGroup), ("o", _WeightGroup),
+                ("gate_up", _WeightGroup), ("down", _WeightGroup), ("k_cache", _P), ("v_cache", _P)]
 
 
 class _Shape(ctypes.Structure):  # decode.c decode_shape
     _fields_ = [("hidden", _I64), ("num_heads", _I64), ("num_kv_heads", _I64), ("head_dim", _I64),
                 ("intermediate", _I64), ("block_size", _I64), ("max_blocks", _I64), ("window", _I64),
-                ("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("dtype", ctypes.c_int)]
 
 
-def _weights(group: ops.QuantGroup) -> _QuantWeights:
+def _weights(group: QuantGroup | FloatGroup) -> _WeightGroup:
     count, *arrays = group.native_arguments()
-    return _QuantWeights(count, *(ctypes.cast(array, _P) for array in arrays))
+    return _WeightGroup(count, *(ctypes.cast(array, _P) for array in arrays))
 
 
 class _Plan:
@@ -56,10 +61,13 @@ class _Plan:
     structures (and the objects their pointers point into), or why it cannot run."""
 
     def __init__(self, stack: DecoderStack) -> None:
-        self.reason = self._check(stack)
+        self.dtype = stack.norm.weight.dtype  # of the activations, norms and KV cache
+        layers = list(stack.layers)
+        self.quantized = getattr(layers[0].self_attn, "_quant_qkv", None) is not None
+        self.reason = self._check(stack, self.dtype, self.quantized)
         if self.reason:
             return
-        layers = list(stack.layers)
+        self.decode_fn = build.native_decode_layers("quantized" if self.quantized else self.dtype)
         modules = [m for layer in layers for m in layer.modules()]  # watched for hooks and wrappers
         self.hook_dicts = [m._forward_hooks for m in modules] + [m._forward_pre_hooks for m in modules]
         self.module_dicts = [m.__dict__ for m in modules]
@@ -67,11 +75,15 @@ class _Plan:
         self.layers = (_Layer * len(layers))()
         for i, layer in enumerate(layers):
             attn, mlp = layer.self_attn, layer.mlp
-            groups = [attn._quant_qkv, quant_group(attn.o_proj), mlp._quant_gate_up, quant_group(mlp.down_proj)]
+            if self.quantized:
+                groups = [attn._quant_qkv, quant_group(attn.o_proj), mlp._quant_gate_up, quant_group(mlp.down_proj)]
+            else:
+                groups = [attn._float_qkv, float_group(attn.o_proj), mlp._float_gate_up, float_group(mlp.down_proj)]
             self.groups += groups
             self.layers[i].input_norm = layer.input_layernorm.weight.data_ptr()
             self.layers[i].post_norm = layer.post_attention_layernorm.weight.data_ptr()
             self.layers[i].qkv, self.layers[i].o, self.layers[i].gate_up, self.layers[i].down = map(_weights, groups)
+        self.first_groups = self.groups[:4]  # every layer's have the same shapes
         first = layers[0]
         self.rope = first.self_attn.rotary_emb
         self.window = first.self_attn.sliding_window
@@ -82,36 +94,51 @@ class _Plan:
         self.eps = first.input_layernorm.eps
         self.cache_key = None
 
+    def serves(self, rows: int) -> bool:
+        """Whether the module path runs ``rows`` rows through the kernels the native call
+        runs (else its results would differ): the fused quantized kernels, or the GEMV."""
+        if self.quantized:
+            return ops.quant_rows_fused(rows)
+        return all(group.serves(rows) for group in self.first_groups)
+
     @staticmethod
-    def _check(stack: DecoderStack) -> str:
+    def _check(stack: DecoderStack, dtype: torch.dtype, quantized: bool) -> str:
         """Why this model's layers cannot take the native call ('' if they can)."""
         from inferpath.kernels.modules import (  # modules imports this one
+            CPULinear,
             CPUPagedAttention,
             CPURMSNorm,
             CPURotaryEmbedding,
             CPUSiluAndMul,
         )
 
-        if build.native_decode_layers() is None or build.native_quant_matmul_group() is None:
+        if quantized and (build.native_decode_layers() is None or build.native_quant_matmul_group() is None):
             return "no native decode kernel here"
+        if not quantized and (dtype not in GGUF_FLOAT_TYPES or build.native_decode_layers(dtype) is None):
+            return f"no native decode kernel for {str(dtype).removeprefix('torch.')} here"
         if stack.embedding_multiplier != 1.0:
             return "scaled embeddings"
         layers = list(stack.layers)
         first = layers[0].self_attn
+        activations = torch.float32 if quantized else dtype
+        projection = QuantLinear if quantized else CPULinear
         for layer in layers:
             attn, mlp = layer.self_attn, getattr(layer, "mlp", None)
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
             if layer.is_moe or layer.sandwich_norms or type(mlp) is not CPUSwiGLUMLP:
                 return "not a plain SwiGLU layer"
-            if any(type(n) is not CPURMSNorm or n.weight.dtype != torch.float32 or n._kernel is None for n in norms):
-                return "not a float32 RMSNorm"
-            if (type(attn) is not CPUSelfAttention or attn.qk_norm or attn._quant_qkv is None
-                    or type(attn.o_proj) is not QuantLinear or type(attn.rotary_emb) is not CPURotaryEmbedding
+            if any(type(n) is not CPURMSNorm or n.weight.dtype != activations or n._kernel is None for n in norms):
+                return f"not a native {str(activations).removeprefix('torch.')} RMSNorm"
+            qkv = attn._quant_qkv if quantized else getattr(attn, "_float_qkv", None)
+            if (type(attn) is not CPUSelfAttention or attn.qk_norm or qkv is None
+                    or type(attn.o_proj) is not projection or type(attn.rotary_emb) is not CPURotaryEmbedding
                     or type(attn.attn) is not CPUPagedAttention):
-                return "attention is not quantized Q/K/V with native RoPE and paged attention"
-            if (mlp._quant_gate_up is None or mlp._silu_f32 is None or type(mlp.down_proj) is not QuantLinear
-                    or type(mlp.act_fn) is not CPUSiluAndMul):
-                return "the MLP is not quantized gate/up/down with a SiLU gate"
+                return "attention is not quantized or native-GEMV Q/K/V with native RoPE and paged attention"
+            gate_up = mlp._quant_gate_up if quantized else mlp._float_gate_up
+            if gate_up is None or type(mlp.down_proj) is not projection or type(mlp.act_fn) is not CPUSiluAndMul:
+                return "the MLP is not quantized or native-GEMV gate/up/down with a SiLU gate"
+            if not quantized and (float_group(attn.o_proj) is None or float_group(mlp.down_proj) is None):
+                return "a float projection the native GEMV does not serve"
             if attn.sliding_window != first.sliding_window or attn.rotary_emb.table is not first.rotary_emb.table:
                 return "layers differ in window or RoPE"
         if first.head_dim % 32 or first.head_dim > ops.ATTENTION_MAX_HEAD_DIM \
@@ -154,28 +181,35 @@ class CPUDecoderStack(DecoderStack):
             return None
         step = plan[native.window]
         decode = step.decode
+        activations = torch.float32 if native.quantized else native.dtype
         if (decode is None or decode.token_rows is not None or step.prefills or step.softcap
-                or kv_cache.k_caches[0].dtype != torch.float32 or native.watched()):
+                or kv_cache.k_caches[0].dtype != activations or not native.serves(input_ids.shape[0])
+                or native.watched()):
             return None
         hidden = self.embed_tokens(input_ids)  # (num_seqs, hidden_size)
-        if hidden.dtype != torch.float32:
+        if hidden.dtype != activations:
             return None
         hidden = hidden.contiguous().clone()
         num_seqs = hidden.shape[0]
-        key = (kv_cache.k_caches[0].data_ptr(), tuple(kv_cache.k_caches[0].shape))
-        if native.cache_key != key:  # the caches of this engine: pointers set once
+        # the caches of this engine: pointers set once. NOTE: every layer's pointers are the
+        # key (~5 us a step): a model shared by engines one after another may find the first
+        # cache of a new engine where the old one's was, and the others elsewhere
+        key = (*map(torch.Tensor.data_ptr, kv_cache.k_caches), *map(torch.Tensor.data_ptr, kv_cache.v_caches),
+               tuple(kv_cache.k_caches[0].shape))
+        if native.cache_key != key:
             for i, layer in enumerate(native.layers):
                 layer.k_cache, layer.v_cache = kv_cache.k_caches[i].data_ptr(), kv_cache.v_caches[i].data_ptr()
             native.cache_key = key
-        cos, signed_sin = native.rope.table.cos_sin(positions, torch.float32)  # (num_seqs, 1, head_dim) each
+        cos, signed_sin = native.rope.table.cos_sin(positions, activations)  # (num_seqs, 1, head_dim) each
         cos = cos.reshape(num_seqs, native.head_dim).contiguous()
         signed_sin = signed_sin.reshape(num_seqs, native.head_dim).contiguous()
         tables = decode.block_ids.view(num_seqs, decode.blocks_per_seq)  # (num_seqs, blocks)
         seq_lens = decode.seq_lens.contiguous()
         slots = step.slot_mapping.contiguous()
         shape = _Shape(native.hidden, native.num_heads, native.num_kv_heads, native.head_dim, native.intermediate,
-                       kv_cache.k_caches[0].shape[1], tables.shape[1], decode.sliding_window, native.eps, step.scale)
-        status = build.native_decode_layers()(
+                       kv_cache.k_caches[0].shape[1], tables.shape[1], decode.sliding_window, native.eps, step.scale,
+                       GGUF_FLOAT_TYPES[activations])
+        status = native.decode_fn(
             native.layers, len(native.layers), ctypes.byref(shape), hidden.data_ptr(), num_seqs, cos.data_ptr(),
             signed_sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), seq_lens.data_ptr(), torch.get_num_threads(),
             rows_must_be_invariant())

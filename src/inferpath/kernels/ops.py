@@ -10,6 +10,10 @@ matrices (Q/K/V and gate/up fused, weights not in cache), in ms, kernel vs PyTor
 - AMX GEMM (bf16; reads the weights once per 64 rows): rows 1: 14 vs 31, 8: 16 vs 33,
   32: 15 vs 27, 64: 24 vs 34, 96: 41 vs 46, 128: 57 vs 64, 192: 88 vs 92. Engine A/B,
   step ms GEMV-or-oneDNN vs AMX: batch 1 30.5 vs 31.4, 4 35.4 vs 31.0, 32 59.2 vs 42.5.
+- bf16 GEMV on a CPU without AMX (AMD EPYC Zen 4, avx512_bf16: oneDNN's bf16 matmul runs
+  on the same vdpbf16ps), SmolLM2's 30 layers of matrices one by one, 1 thread: rows 8:
+  10.7 vs 16.4, 16: 14.4 vs 19.4, 24: 20.0 vs 22.8, 32: 27.3 vs 27.0, 48: 38.1 vs 31.9;
+  2 threads: 24: 10.7 vs 13.2, 32: 13.4 vs 15.8, 48: 20.3 vs 19.8.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from inferpath.kernels import build
 from inferpath.model.batch_invariant import rows_must_be_invariant, rowwise_linear
 
 GEMV_MAX_ROWS = {torch.float32: 32, torch.bfloat16: 8}
+GEMV_MAX_ROWS_WITHOUT_AMX = {torch.float32: 32, torch.bfloat16: 32}  # (avx512 level; see above)
 # The portable GEMV (generic and avx2 levels) meets x four rows at a time with no register
 # blocking across weight rows: past a few rows MKL/oneDNN wins. NOTE: set from the shape
 # of the code, not measured on a quiet machine (this one was shared during the work).
@@ -57,8 +62,11 @@ def linear_kernels(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
     if not kernel_ready(dtype, weight, bias) or dtype not in GEMV_MAX_ROWS:
         return None, None, 0
     amx = build.native_amx_gemm(dtype) if weight.shape[1] % 32 == 0 else None
-    portable = build.kernel_level(dtype) != "avx512"
-    return build.native_gemv(dtype), amx, (PORTABLE_GEMV_MAX_ROWS if portable else GEMV_MAX_ROWS)[dtype]
+    if build.kernel_level(dtype) != "avx512":
+        max_rows = PORTABLE_GEMV_MAX_ROWS
+    else:
+        max_rows = GEMV_MAX_ROWS if build.AMX_FLAGS <= build._cpu_flags() else GEMV_MAX_ROWS_WITHOUT_AMX
+    return build.native_gemv(dtype), amx, max_rows[dtype]
 
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernels: tuple):
@@ -82,6 +90,19 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
         if gemv_fn is not None and rows <= gemv_max_rows:
             return run_gemv(gemv_fn, x.contiguous(), weight, bias)
     return torch.nn.functional.linear(x, weight, bias)
+
+
+def gemv_serves(rows: int, kernels: tuple) -> bool:
+    """Whether ``small_batch_linear`` runs ``rows`` rows of x (of the weight's dtype, 2-D)
+    through the GEMV; ``kernels`` comes from ``linear_kernels``."""
+    gemv_fn, amx_fn, gemv_max_rows = kernels
+    if gemv_fn is None:
+        return False
+    if rows_must_be_invariant():
+        return True
+    if amx_fn is not None and AMX_MIN_ROWS <= rows <= AMX_MAX_ROWS:
+        return False
+    return rows <= gemv_max_rows
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -220,68 +241,3 @@ def quantized_linear(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
         out[:, start:start + tile] = torch.nn.functional.linear(
             x, weight, None if bias is None else bias[start:start + tile])
     return out
-
-
-class QuantGroup:
-    """Several quantized weights (and biases) with one input, run as one matmul whose
-    outputs lie side by side: x is quantized once and one parallel region covers every
-    row (a fused Q/K/V or gate/up projection read in place from separate tensors).
-    Holds ctypes arrays of the weights' pointers, built once."""
-
-    def __init__(self, fn, weights: list, biases: list) -> None:
-        import ctypes
-
-        count = len(weights)
-        self._fn = fn
-        self._keep = (weights, biases)  # the arrays below point into these tensors
-        self._qtypes = (ctypes.c_int * count)(*[int(w.qtype) for w in weights])
-        self._ptrs = (ctypes.c_void_p * count)(*[w.data.data_ptr() for w in weights])
-        self._row_bytes = (ctypes.c_int64 * count)(*[w.data.shape[1] for w in weights])
-        self._rows = (ctypes.c_int64 * count)(*[w.shape[0] for w in weights])
-        self._biases = (ctypes.c_void_p * count)(*[None if b is None else b.data_ptr() for b in biases])
-        self.num_out = sum(w.shape[0] for w in weights)
-        self.in_features = weights[0].shape[1]
-
-    def native_arguments(self) -> tuple:
-        """(count, qtypes, weights, row bytes, rows, biases): the group as the C kernels take
-        it (``inferpath_quant_matmul_group``, decode.c's ``quant_weights``)."""
-        return len(self._qtypes), self._qtypes, self._ptrs, self._row_bytes, self._rows, self._biases
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x (m, in_features) float32 contiguous -> (m, num_out) float32: the fused kernels
-        (``quant_rows_fused``), else dequantized tiles spanning the weights, one GEMM each."""
-        if not quant_rows_fused(x.shape[0]):
-            return self._tiled(x)
-        out = torch.empty((x.shape[0], self.num_out), dtype=torch.float32)
-        status = self._fn(*self.native_arguments(),
-                          x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads(),
-                          rows_must_be_invariant())
-        if status != 0:
-            raise RuntimeError(f"quantized group matmul rejected x={tuple(x.shape)} (status {status})")
-        return out
-
-    def _tiled(self, x: torch.Tensor) -> torch.Tensor:
-        """Many rows: the weights' rows dequantized a tile at a time into one float32 matrix
-        (a tile may span weights: Q, K and V become one GEMM, as a float model's fused
-        projection is) and multiplied by PyTorch's GEMM."""
-        weights, biases = self._keep
-        dequantize = build.native_quant_dequantize()
-        out = torch.empty((x.shape[0], self.num_out), dtype=torch.float32)
-        tile_rows = max(1, DEQUANT_TILE_VALUES // self.in_features)
-        starts = [0]
-        for w in weights:
-            starts.append(starts[-1] + w.shape[0])
-        for r0 in range(0, self.num_out, tile_rows):
-            r1 = min(r0 + tile_rows, self.num_out)
-            tile = torch.empty((r1 - r0, self.in_features), dtype=torch.float32)  # (rows, in_features)
-            bias = None if all(b is None for b in biases) else torch.zeros(r1 - r0)
-            for w, b, start, end in zip(weights, biases, starts, starts[1:]):
-                lo, hi = max(start, r0), min(end, r1)
-                if lo >= hi:
-                    continue
-                tile[lo - r0:hi - r0] = run_dequantize(dequantize, w.data[lo - start:hi - start], int(w.qtype),
-                                                       self.in_features)
-                if b is not None:
-                    bias[lo - r0:hi - r0] = b[lo - start:hi - start]
-            out[:, r0:r1] = torch.nn.functional.linear(x, tile, bias)
-        return out

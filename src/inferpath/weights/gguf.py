@@ -15,6 +15,7 @@ are converted without the permutation and are left alone.
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 from typing import Any
 
@@ -221,7 +222,10 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
             rows = index.array(data, t)  # F32/F16 values, BF16 bytes (rows, 2 * cols)
             if arch in _PERMUTED_ARCHITECTURES and kind in heads_of:
                 rows = _rows_in_order(rows, unpermute_rows(np.arange(shape[0]), heads_of[kind]))
-            tensors[_hf_name_or_raise(t.name, config, path)] = _float_matrix(rows, t.qtype, dtype)
+            matrix = _float_matrix(rows, t.qtype, dtype)
+            if not _shares_memory(matrix, rows):  # converted: its bytes in the map are read for good
+                _release_pages(data, t.offset, t.nbytes)
+            tensors[_hf_name_or_raise(t.name, config, path)] = matrix
             continue
         try:
             values = dequantize(index.array(data, t), t.qtype).reshape(shape)
@@ -248,6 +252,24 @@ def _float_matrix(rows: np.ndarray, qtype: GGMLQuantizationType, dtype: torch.dt
     return (tensor.view(torch.bfloat16) if qtype == Q.BF16 else tensor).to(dtype)
 
 
+def _shares_memory(tensor: torch.Tensor, rows: np.ndarray) -> bool:
+    return tensor.data_ptr() == rows.ctypes.data
+
+
+def _release_pages(data: np.ndarray, start: int, nbytes: int) -> None:
+    """Drop the whole pages of the map in [start, start + nbytes) from this process's
+    memory (madvise DONTNEED): a converted matrix's bytes are never read again, and as
+    pages of a mapping they would stay resident beside the conversion (a BF16 file read
+    in float32 peaked at the file plus twice its size). Pages shared with a neighbouring
+    tensor stay; a page dropped from the copy-on-write map reads as the file again if
+    touched. Without the map's ``mmap`` object (numpy's ``_mmap``), nothing is dropped."""
+    mapped = getattr(data.base, "_mmap", None)
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (start + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if mapped is not None and end > first:
+        mapped.madvise(mmap.MADV_DONTNEED, first, end - first)
+
+
 def _rows_in_order(rows: np.ndarray, order: np.ndarray) -> np.ndarray:
     """``rows[order]`` (whole rows of blocks): in place where the mapping is writable (copy-
     on-write: just these pages become the process's own, where a copy would hold both), else
@@ -269,8 +291,10 @@ def _hf_name_or_raise(gguf_tensor: str, config: ModelConfig, path: Path) -> str:
 
 
 def _to_torch(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    # F32 tensors come back as views of the memory map: copy those read-only or misaligned
+    # F32 tensors come back as views of the memory map: copy those read-only or misaligned,
+    # and vectors (norms, biases: small), so that a file whose matrices were all converted
+    # (a BF16 file read in float32) leaves no view that keeps the whole map resident
     values = np.ascontiguousarray(values, dtype=np.float32)
-    if not (values.flags.writeable and values.flags.aligned):
+    if not (values.flags.writeable and values.flags.aligned) or values.ndim == 1:
         values = values.copy()
     return torch.from_numpy(values).to(dtype)

@@ -1,8 +1,8 @@
-/* Paged decode attention, AVX-512: the part kernel (quant/attention_parts.h; the contract,
- * planning and combining are in quant/decode_attention.c). One (sequence, KV head) over
+/* Paged decode attention, AVX-512: the part kernel (drivers/attention_parts.h; the contract,
+ * planning and combining are in drivers/decode_attention.c). One (sequence, KV head) over
  * keys [t0, t1): the group's query heads share each key and value load. */
 #include "common.h"
-#include "../quant/attention_parts.h"
+#include "../drivers/attention_parts.h"
 
 /* Load one head vector (d <= 256) as float32 vectors. */
 static inline void load_head(const void *src, int is_bf16, int64_t d, __m512 *dst) {

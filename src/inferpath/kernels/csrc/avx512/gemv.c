@@ -10,11 +10,11 @@
  * AVX512 machine; here each 64-byte load of weights feeds one instruction per row of x.
  * Four weight rows are processed together so x's vector is loaded once per four rows.
  *
- * Threads: rows of w are split over OpenMP threads. The library links libgomp.so.1, which
- * PyTorch has already loaded, so it shares PyTorch's thread pool (no second set of
- * spinning threads).
+ * Threads: this file computes a range of output columns (gemv_columns.h); the entry points
+ * and their OpenMP threads are drivers/gemv_group.c's, the decode step's are its pool's.
  */
 #include "common.h"
+#include "../drivers/gemv_columns.h"
 
 /* Software prefetch distance, in weight rows (two blocks of four) ahead of the rows being
  * read. Measured on the LM head (49152 x 576): one thread 6.7 -> 11 GB/s, two 25 -> 33
@@ -104,19 +104,20 @@ static float dot_row_f32(const float *w, const float *x, int64_t k) {
     return _mm512_reduce_add_ps(acc);
 }
 
-/* ---------------------------------------------------------------- the driver
- * For one element type: blocks of 4 weight rows split over the threads, each meeting x
- * four rows at a time (after the first group the block's weights are in L1), then the
- * n % 4 rows left over. TO_F32 reads a bias value, FROM_F32 writes a result. */
+/* ---------------------------------------------------------------- the columns
+ * For one element type: columns [c0, c1) (weight rows) in blocks of 4, each block meeting
+ * x four rows at a time (after the first group the block's weights are in L1), then the
+ * rows left over one by one (dot_row: the same chain of products as a block's, so a value
+ * does not depend on where a range starts). TO_F32 reads a bias value, FROM_F32 writes a
+ * result. The threads are drivers/gemv_group.c's. */
 static inline float f32_identity(float v) { return v; }
 
-#define DEFINE_GEMV(NAME, T, BLOCK, DOT, TO_F32, FROM_F32)                                        \
-int NAME(const T *x, const T *w, const T *bias, T *y, int64_t m, int64_t n, int64_t k, int num_threads) { \
-    if (m < 1 || n < 1 || k < 1) return -1;                                                      \
-    int64_t blocks = n / 4;                                                                      \
-    _Pragma("omp parallel for num_threads(num_threads) schedule(static)")                        \
-    for (int64_t b = 0; b < blocks; b++) {                                                       \
-        const T *wb = w + b * 4 * k;                                                             \
+#define DEFINE_COLUMNS(NAME, T, BLOCK, DOT, TO_F32, FROM_F32)                                      \
+void NAME(const T *x, const T *w, const T *bias, T *y, int64_t ldy, int64_t m, int64_t k, int64_t c0, \
+          int64_t c1) {                                                                          \
+    int64_t row = c0;                                                                            \
+    for (; row + 4 <= c1; row += 4) {                                                            \
+        const T *wb = w + row * k;                                                               \
         for (int64_t j0 = 0; j0 < m; j0 += 4) {                                                  \
             float out[4][4];                                                                     \
             int64_t rows = m - j0 < 4 ? m - j0 : 4;                                              \
@@ -128,18 +129,16 @@ int NAME(const T *x, const T *w, const T *bias, T *y, int64_t m, int64_t n, int6
                 default: BLOCK##_m4(wb, xj, k, out); break;                                      \
             }                                                                                    \
             for (int r = 0; r < 4; r++) {                                                        \
-                int64_t row = b * 4 + r;                                                         \
-                float add = bias ? TO_F32(bias[row]) : 0.0f;                                     \
-                for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + row] = FROM_F32(out[r][j] + add); \
+                float add = bias ? TO_F32(bias[row + r]) : 0.0f;                                 \
+                for (int64_t j = 0; j < rows; j++) y[(j0 + j) * ldy + row + r] = FROM_F32(out[r][j] + add); \
             }                                                                                    \
         }                                                                                        \
     }                                                                                            \
-    for (int64_t row = blocks * 4; row < n; row++) {                                             \
+    for (; row < c1; row++) {                                                                    \
         float add = bias ? TO_F32(bias[row]) : 0.0f;                                             \
-        for (int64_t j = 0; j < m; j++) y[j * n + row] = FROM_F32(DOT(w + row * k, x + j * k, k) + add); \
+        for (int64_t j = 0; j < m; j++) y[j * ldy + row] = FROM_F32(DOT(w + row * k, x + j * k, k) + add); \
     }                                                                                            \
-    return 0;                                                                                    \
 }
 
-DEFINE_GEMV(inferpath_gemv_bf16, uint16_t, block4, dot_row, bf16_to_float, round_bf16)
-DEFINE_GEMV(inferpath_gemv_f32, float, block4_f32, dot_row_f32, f32_identity, f32_identity)
+DEFINE_COLUMNS(gemv_columns_bf16, uint16_t, block4, dot_row, bf16_to_float, round_bf16)
+DEFINE_COLUMNS(gemv_columns_f32, float, block4_f32, dot_row_f32, f32_identity, f32_identity)

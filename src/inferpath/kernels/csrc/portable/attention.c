@@ -1,8 +1,8 @@
-/* Paged decode attention, portable: the part kernel (quant/attention_parts.h; the contract,
- * planning and combining are in quant/decode_attention.c). One (sequence, KV head) over
+/* Paged decode attention, portable: the part kernel (drivers/attention_parts.h; the contract,
+ * planning and combining are in drivers/decode_attention.c). One (sequence, KV head) over
  * keys [t0, t1): the group's query heads share each key and value load. */
 #include "common.h"
-#include "../quant/attention_parts.h"
+#include "../drivers/attention_parts.h"
 
 /* Keys and values are read a few rows ahead: a part's rows are 1 / KVH of each cache row,
  * scattered over the block table's blocks, which the hardware prefetchers do not follow

@@ -1,11 +1,13 @@
-/* GEMV, portable: y = x @ w^T (+ bias) for any number of rows of x, float32 or bf16.
+/* GEMV, portable: columns of y = x @ w^T (+ bias) for any number of rows of x, float32 or bf16.
  *
  * The same contract as avx512/gemv.c: x (m, k), w (n, k) row-major (nn.Linear's layout),
  * bias (n,) or NULL, y (m, n); products accumulate in float32 and are rounded once. Each
  * weight row meets x four rows at a time, so after the first group it is read from L1.
- * Weight rows are split over OpenMP threads.
+ * This file computes a range of output columns (drivers/gemv_columns.h); the entry points
+ * and their threads are drivers/gemv_group.c's, the decode step's are its pool's.
  */
 #include "common.h"
+#include "../drivers/gemv_columns.h"
 
 #define DEFINE_GEMV(NAME, T, TO_F32, FROM_F32)                                                     \
 static void NAME##_rows4(const T *w, const T *x, int64_t k, float out[4]) {                         \
@@ -26,22 +28,20 @@ static float NAME##_dot(const T *w, const T *x, int64_t k) {                    
     for (int64_t c = 0; c < k; c++) acc += TO_F32(w[c]) * TO_F32(x[c]);                             \
     return acc;                                                                                     \
 }                                                                                                   \
-int NAME(const T *x, const T *w, const T *bias, T *y, int64_t m, int64_t n, int64_t k, int num_threads) { \
-    if (m < 1 || n < 1 || k < 1) return -1;                                                         \
-    _Pragma("omp parallel for num_threads(num_threads) schedule(static)")                           \
-    for (int64_t row = 0; row < n; row++) {                                                         \
+void NAME(const T *x, const T *w, const T *bias, T *y, int64_t ldy, int64_t m, int64_t k, int64_t c0, \
+          int64_t c1) {                                                                             \
+    for (int64_t row = c0; row < c1; row++) {                                                       \
         const T *wr = w + row * k;                                                                  \
         float add = bias ? TO_F32(bias[row]) : 0.0f;                                                \
         int64_t j = 0;                                                                              \
         for (; j + 4 <= m; j += 4) {                                                                \
             float out[4];                                                                           \
             NAME##_rows4(wr, x + j * k, k, out);                                                    \
-            for (int r = 0; r < 4; r++) y[(j + r) * n + row] = FROM_F32(out[r] + add);              \
+            for (int r = 0; r < 4; r++) y[(j + r) * ldy + row] = FROM_F32(out[r] + add);            \
         }                                                                                           \
-        for (; j < m; j++) y[j * n + row] = FROM_F32(NAME##_dot(wr, x + j * k, k) + add);           \
+        for (; j < m; j++) y[j * ldy + row] = FROM_F32(NAME##_dot(wr, x + j * k, k) + add);         \
     }                                                                                               \
-    return 0;                                                                                       \
 }
 
-DEFINE_GEMV(inferpath_gemv_f32, float, f32_identity, f32_identity)
-DEFINE_GEMV(inferpath_gemv_bf16, uint16_t, bf16_to_float, round_bf16)
+DEFINE_GEMV(gemv_columns_f32, float, f32_identity, f32_identity)
+DEFINE_GEMV(gemv_columns_bf16, uint16_t, bf16_to_float, round_bf16)

@@ -1,4 +1,4 @@
-/* Paged decode attention in parts (quant/decode_attention.c): the work of one sequence's
+/* Paged decode attention in parts (drivers/decode_attention.c): the work of one sequence's
  * query heads sharing a KV head is split over its keys in parts of ATTENTION_PART keys,
  * each part one task (flash-decoding). A task leaves, per query head, its running maximum,
  * the sum of exp(score - maximum) and the unnormalised weighted sum of values; the parts

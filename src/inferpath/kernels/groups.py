@@ -1,0 +1,126 @@
+"""Weight groups: several projections sharing an input (Q/K/V, gate/up) run as one native
+matmul whose outputs lie side by side, each weight read where it lies — a quantized
+GGUF tensor's blocks in the mapped file, a float checkpoint tensor (a BF16 GGUF's
+matrices are views of the mapped file) — with no concatenated copy beside it. One call
+and one parallel region cover all the group's output columns (a decode step's matmuls
+are small: SmolLM2's K and V projections are 192 x 576).
+
+Each group holds ctypes arrays of its weights' pointers, built once, in the layout the C
+kernels take (``native_arguments``: decode.c's ``weight_group`` too): GGUF type ids per
+weight (a float group's are GGUF's F32 or BF16 ids), pointers, row bytes, rows, biases.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from inferpath.kernels import ops
+from inferpath.model.batch_invariant import rows_must_be_invariant
+
+GGUF_FLOAT_TYPES = {torch.float32: 0, torch.bfloat16: 30}  # GGUF's ids of F32 and BF16 matrices
+
+
+class _WeightArrays:
+    """The ctypes arrays of a group (see the module doc), kept with the tensors they point
+    into."""
+
+    def __init__(self, qtypes: list[int], datas: list[torch.Tensor], rows: list[int],
+                 biases: list[torch.Tensor | None]) -> None:
+        count = len(datas)
+        self._keep = (datas, biases)  # the arrays below point into these tensors
+        self._qtypes = (ctypes.c_int * count)(*qtypes)
+        self._ptrs = (ctypes.c_void_p * count)(*[d.data_ptr() for d in datas])
+        self._row_bytes = (ctypes.c_int64 * count)(*[d.shape[1] * d.element_size() for d in datas])
+        self._rows = (ctypes.c_int64 * count)(*rows)
+        self._biases = (ctypes.c_void_p * count)(*[None if b is None else b.data_ptr() for b in biases])
+        self.num_out = sum(rows)
+
+    def native_arguments(self) -> tuple:
+        """(count, qtypes, weights, row bytes, rows, biases): the group as the C kernels take
+        it (``inferpath_quant_matmul_group``, decode.c's ``weight_group``)."""
+        return len(self._qtypes), self._qtypes, self._ptrs, self._row_bytes, self._rows, self._biases
+
+
+class QuantGroup(_WeightArrays):
+    """Quantized weights (``QuantizedTensor``s, float32 biases or None) with one float32
+    input: x is quantized once for all of them (``inferpath_quant_matmul_group``)."""
+
+    def __init__(self, fn, weights: list, biases: list) -> None:
+        super().__init__([int(w.qtype) for w in weights], [w.data for w in weights], [w.shape[0] for w in weights],
+                         biases)
+        self._fn = fn
+        self._weights, self._bias_list = weights, biases
+        self.in_features = weights[0].shape[1]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x (m, in_features) float32 contiguous -> (m, num_out) float32: the fused kernels
+        (``ops.quant_rows_fused``), else dequantized tiles spanning the weights, one GEMM each."""
+        if not ops.quant_rows_fused(x.shape[0]):
+            return self._tiled(x)
+        out = torch.empty((x.shape[0], self.num_out), dtype=torch.float32)
+        status = self._fn(*self.native_arguments(),
+                          x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads(),
+                          rows_must_be_invariant())
+        if status != 0:
+            raise RuntimeError(f"quantized group matmul rejected x={tuple(x.shape)} (status {status})")
+        return out
+
+    def _tiled(self, x: torch.Tensor) -> torch.Tensor:
+        """Many rows: the weights' rows dequantized a tile at a time into one float32 matrix
+        (a tile may span weights: Q, K and V become one GEMM, as a float model's fused
+        projection is) and multiplied by PyTorch's GEMM."""
+        from inferpath.kernels import build
+
+        dequantize = build.native_quant_dequantize()
+        out = torch.empty((x.shape[0], self.num_out), dtype=torch.float32)
+        tile_rows = max(1, ops.DEQUANT_TILE_VALUES // self.in_features)
+        starts = [0]
+        for w in self._weights:
+            starts.append(starts[-1] + w.shape[0])
+        for r0 in range(0, self.num_out, tile_rows):
+            r1 = min(r0 + tile_rows, self.num_out)
+            tile = torch.empty((r1 - r0, self.in_features), dtype=torch.float32)  # (rows, in_features)
+            bias = None if all(b is None for b in self._bias_list) else torch.zeros(r1 - r0)
+            for w, b, start, end in zip(self._weights, self._bias_list, starts, starts[1:]):
+                lo, hi = max(start, r0), min(end, r1)
+                if lo >= hi:
+                    continue
+                tile[lo - r0:hi - r0] = ops.run_dequantize(dequantize, w.data[lo - start:hi - start], int(w.qtype),
+                                                           self.in_features)
+                if b is not None:
+                    bias[lo - r0:hi - r0] = b[lo - start:hi - start]
+            out[:, r0:r1] = torch.nn.functional.linear(x, tile, bias)
+        return out
+
+
+class FloatGroup(_WeightArrays):
+    """Float weights (one dtype, contiguous (rows, in_features) each; biases of that dtype
+    or None) through the native GEMV (``inferpath_gemv_group_*``): each output value is the
+    one the single-matrix GEMV gives (same kernel, same chain over k), so a group equals
+    its projections run one by one through ``ops.small_batch_linear`` for the row counts
+    that take the GEMV there (``serves``); other row counts take the projections' own
+    modules (AMX, oneDNN)."""
+
+    def __init__(self, fn, weights: list[torch.Tensor], biases: list, kernels: tuple) -> None:
+        super().__init__([GGUF_FLOAT_TYPES[weights[0].dtype]] * len(weights), weights, [w.shape[0] for w in weights],
+                         biases)
+        self._fn = fn
+        self._kernels = kernels  # ops.linear_kernels of the weights
+        self.dtype = weights[0].dtype
+        self.in_features = weights[0].shape[1]
+
+    def serves(self, rows: int) -> bool:
+        """Whether ``ops.small_batch_linear`` takes the GEMV for ``rows`` rows of x."""
+        return ops.gemv_serves(rows, self._kernels)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x (m, in_features) contiguous, the group's dtype -> (m, num_out)."""
+        count, _, ptrs, _, rows, biases = self.native_arguments()
+        out = torch.empty((x.shape[0], self.num_out), dtype=self.dtype)
+        status = self._fn(count, ptrs, rows, biases, x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1],
+                          torch.get_num_threads())
+        if status != 0:
+            raise RuntimeError(f"gemv group rejected x={tuple(x.shape)} (status {status})")
+        return out
