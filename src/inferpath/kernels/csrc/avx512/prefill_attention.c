@@ -9,10 +9,16 @@
  * the query are read (no masked half as in a dense causal GEMM), and the weighted values
  * accumulate in registers. Float32 arithmetic; bf16 rounds the output once.
  * Threads take (KV head, query positions) tasks, the longest (last) queries first. */
+#include <string.h>
+
 #include "common.h"
 
 #define MAX_CHUNKS 16  /* D <= 256 */
 #define QUERY_BLOCK 16
+
+static inline __mmask32 lanes32(int64_t left) {
+    return left >= 32 ? (__mmask32)0xffffffffu : left <= 0 ? (__mmask32)0 : (__mmask32)((1u << left) - 1u);
+}
 
 static inline __m512 load_row(const void *p, int is_bf16, int64_t c, __mmask16 mask) {
     return is_bf16 ? load_bf16_as_f32((const uint16_t *)p + c, mask) : LOADF((const float *)p + c, mask);
@@ -28,6 +34,7 @@ typedef struct {
     int64_t position[TILE_ROWS];
     float top[TILE_ROWS], total[TILE_ROWS];
     float q[TILE_ROWS][16 * MAX_CHUNKS], acc[TILE_ROWS][16 * MAX_CHUNKS];
+    uint16_t q_bf16[TILE_ROWS][16 * MAX_CHUNKS];  /* bf16 inputs: the query as it came, for vdpbf16ps */
 } query_tile;
 
 /* row r of the tile against keys [t0, t0 + count) (count <= 16, all at or before it).
@@ -40,12 +47,24 @@ static inline __attribute__((always_inline)) void attend_block(query_tile *tile,
     __m512 qv[MAX_CHUNKS], acc[MAX_CHUNKS];
     for (int64_t i = 0; i < chunks; i++) qv[i] = _mm512_loadu_ps(tile->q[r] + 16 * i);
     __m512 dots[16];
-    for (int64_t j = 0; j < 16; j++) {
-        if (j >= count) { dots[j] = _mm512_setzero_ps(); continue; }
-        const char *kr = k + (t0 + j) * k_stride * elem;
-        __m512 a = _mm512_mul_ps(qv[0], load_row(kr, is_bf16, 0, lanes16(d)));
-        for (int64_t i = 1; i < chunks; i++) a = _mm512_fmadd_ps(qv[i], load_row(kr, is_bf16, 16 * i, lanes16(d - 16 * i)), a);
-        dots[j] = a;
+    if (is_bf16) {  /* bf16 q . k: pairs of exact products per instruction (vdpbf16ps), summed in float32 */
+        __m512bh qh[MAX_CHUNKS / 2];
+        for (int64_t i = 0; i < (chunks + 1) / 2; i++) qh[i] = LOAD(tile->q_bf16[r] + 32 * i, lanes32(d - 32 * i));
+        for (int64_t j = 0; j < 16; j++) {
+            if (j >= count) { dots[j] = _mm512_setzero_ps(); continue; }
+            const uint16_t *kr = (const uint16_t *)(k + (t0 + j) * k_stride * elem);
+            __m512 a = _mm512_setzero_ps();
+            for (int64_t i = 0; i < (chunks + 1) / 2; i++) a = _mm512_dpbf16_ps(a, qh[i], LOAD(kr + 32 * i, lanes32(d - 32 * i)));
+            dots[j] = a;
+        }
+    } else {
+        for (int64_t j = 0; j < 16; j++) {
+            if (j >= count) { dots[j] = _mm512_setzero_ps(); continue; }
+            const char *kr = k + (t0 + j) * k_stride * elem;
+            __m512 a = _mm512_mul_ps(qv[0], load_row(kr, is_bf16, 0, lanes16(d)));
+            for (int64_t i = 1; i < chunks; i++) a = _mm512_fmadd_ps(qv[i], load_row(kr, is_bf16, 16 * i, lanes16(d - 16 * i)), a);
+            dots[j] = a;
+        }
     }
     const __mmask16 valid = lanes16(count);
     __m512 s = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), _mm512_mul_ps(sum16(dots), _mm512_set1_ps(scale)));
@@ -106,6 +125,7 @@ static int prefill_attention(const void *q, const void *k, const void *v, void *
             for (int64_t g = 0; g < group; g++, rows++) {
                 const char *src = (const char *)q + (i * q_stride + (kv * group + g) * d) * elem;
                 tile.position[rows] = i, tile.top[rows] = -INFINITY, tile.total[rows] = 0.0f;
+                if (is_bf16) memcpy(tile.q_bf16[rows], src, (size_t)(d * 2));
                 for (int64_t c = 0; c < chunks; c++) {
                     _mm512_storeu_ps(tile.q[rows] + 16 * c, load_row(src, is_bf16, 16 * c, lanes16(d - 16 * c)));
                     _mm512_storeu_ps(tile.acc[rows] + 16 * c, _mm512_setzero_ps());
