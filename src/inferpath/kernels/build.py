@@ -71,8 +71,8 @@ FAMILIES = ("float32", "bfloat16", "quantized")
 _FAMILY_FLAGS = {("avx512", "bfloat16"): frozenset({"avx512_bf16"})}
 AMX_FLAGS = {"amx_tile", "amx_bf16"}
 KERNEL_NAMES = {
-    "float32": "gemv, rms_norm, silu_mul, rope, paged decode attention, argmax, native decode (avx512: prefill attention)",
-    "bfloat16": "gemv, rms_norm, silu_mul, rope, paged decode attention, native decode (avx512: prefill attention)",
+    "float32": "gemv, rms_norm, silu_mul, rope, paged decode attention, argmax, native decode",
+    "bfloat16": "gemv, rms_norm, silu_mul, rope, paged decode attention, native decode",
     "quantized": "GGUF Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K matmul and dequantize",
 }
 
