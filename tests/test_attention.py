@@ -164,3 +164,38 @@ def test_native_decode_attention_splits_long_contexts_at_real_head_sizes(head_di
         monkeypatch.setattr(here, name, value)
     out, expected = here.run_batch([(700, 1), (129, 1), (255, 1), (40, 1)], None, attention_cls=CPUPagedAttention)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("isa", kernel_build.LEVEL_NAMES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tokens,heads,kv_heads,head_dim", [(77, 9, 3, 64), (40, 4, 4, 80), (33, 16, 1, 32),
+                                                            (200, 8, 2, 128), (1, 6, 2, 8)])
+@torch.inference_mode()
+def test_native_prefill_attention_equals_causal_sdpa(tokens, heads, kv_heads, head_dim, dtype, isa, monkeypatch):
+    """A prompt chunk over its own keys through the native kernel (the avx512 level; below
+    it PyTorch's SDPA runs, and there is no kernel to call): q, k and v as the views of one
+    fused projection (strided token rows), grouped-query heads, head sizes whole and partial
+    vectors: the causal attention PyTorch computes in float32."""
+    from inferpath.kernels import ops
+
+    if not kernel_build.can_run(isa):
+        pytest.skip(f"this CPU cannot execute the {isa} level (its best is {kernel_build.cpu_level()})")
+    monkeypatch.setenv("INFERPATH_ISA", isa)
+    fn = kernel_build.native_prefill_attention(dtype)
+    if isa != "avx512":
+        assert fn is None
+        return
+    assert fn is not None, kernel_status()
+    gen = torch.Generator().manual_seed(tokens)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=1)
+    q, k, v = (t.view(tokens, -1, head_dim) for t in (q, k, v))
+    out = ops.run_prefill_attention(fn, q, k, v, head_dim ** -0.5)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *(t.float().transpose(0, 1).unsqueeze(0) for t in (q, k, v)), is_causal=True, enable_gqa=True,
+        scale=head_dim ** -0.5).squeeze(0).transpose(0, 1)
+    assert out.dtype == dtype and out.shape == (tokens, heads, head_dim)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    else:  # one bf16 rounding of the output
+        torch.testing.assert_close(out.float(), expected, rtol=2**-7, atol=2e-2)

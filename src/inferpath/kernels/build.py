@@ -98,7 +98,12 @@ _EXTRA_SIGNATURES = {
     # layers, count, shape, x, m, cos, sin, slots, block tables, seq lens, threads, rows alone
     "inferpath_decode_layers": [_P, _N, _P, _P, _I, _P, _P, _P, _P, _P, _N, _N],
 }
-_AVX512_SIGNATURES = {"inferpath_amx_gemm_bf16": [_P] * 4 + [_I] * 3 + [_N], "inferpath_amx_init": []}
+_AVX512_SIGNATURES = {
+    "inferpath_amx_gemm_bf16": [_P] * 4 + [_I] * 3 + [_N], "inferpath_amx_init": [],
+    # q, k, v, out, n, heads, kv heads, head dim, q/k/v token strides, scale, threads (the
+    # portable form of this kernel lost to PyTorch's SDPA: the lower levels keep SDPA)
+    **{f"inferpath_prefill_attention_{suffix}": [_P] * 4 + [_I] * 7 + [_F, _N] for suffix in ("f32", "bf16")},
+}
 
 _lock = threading.Lock()
 _loaded: dict = {}  # level name -> (library or None, reason); (pattern, family, level) -> resolved fn
@@ -277,6 +282,12 @@ def native_rope(dtype: torch.dtype, level: str | None = None):
 def native_paged_attention(dtype: torch.dtype, level: str | None = None):
     """The native paged decode attention for ``dtype``, or None."""
     return _dtype_kernel("inferpath_paged_decode_attention_{}", dtype, level)
+
+
+def native_prefill_attention(dtype: torch.dtype, level: str | None = None):
+    """The native causal prefill attention (a chunk over its own keys) for ``dtype``, or None
+    (the avx512 level only: below it PyTorch's SDPA was faster)."""
+    return _dtype_kernel("inferpath_prefill_attention_{}", dtype, level)
 
 
 def native_argmax(dtype: torch.dtype, level: str | None = None):

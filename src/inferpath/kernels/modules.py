@@ -34,8 +34,9 @@ from torch import nn
 from inferpath.kernels import build, ops
 from inferpath.kernels.decode_stack import CPUDecoderStack
 from inferpath.kernels.fused import CPUSelfAttention, CPUSwiGLUMLP
-from inferpath.kernels.ops import run_paged_decode_attention, run_rms_norm, run_rope, run_silu_mul, small_batch_linear
-from inferpath.model.attention import DecodeGroup, PagedAttention
+from inferpath.kernels.ops import (run_paged_decode_attention, run_prefill_attention, run_rms_norm, run_rope,
+                                   run_silu_mul, small_batch_linear)
+from inferpath.model.attention import DecodeGroup, PagedAttention, PrefillChunk
 from inferpath.model.layers import RMSNorm, SiluAndMul, SwiGLUMLP
 from inferpath.model.rope import RotaryEmbedding
 from inferpath.model.self_attention import SelfAttention
@@ -99,7 +100,20 @@ class CPURotaryEmbedding(RotaryEmbedding):
 class CPUPagedAttention(PagedAttention):
     """``PagedAttention`` whose decode group runs the native kernel: each sequence's keys
     and values are read in place through its block table, with no gathered copy and no
-    mask tensor. Prefill chunks keep PyTorch's SDPA."""
+    mask tensor. A prompt chunk with no earlier context (causal over its own keys) runs the
+    native prefill attention, which reads only the keys at or before each query; other
+    chunks (cached context, sliding windows) keep PyTorch's SDPA."""
+
+    @staticmethod
+    def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, scale: float) -> torch.Tensor:
+        fn = build.native_prefill_attention(q.dtype)
+        if (fn is None or chunk.block_ids is not None or not chunk.is_causal or chunk.mask is not None
+                or q.device.type != "cpu" or k.dtype != q.dtype or v.dtype != q.dtype
+                or q.shape[-1] > ops.ATTENTION_MAX_HEAD_DIM or q.shape[1] % k.shape[1]
+                or any(t.stride(2) != 1 or t.stride(1) != t.shape[2] for t in (q, k, v))):
+            return PagedAttention._prefill(q, k, v, k_cache, v_cache, chunk, scale)
+        rows = slice(chunk.token_start, chunk.token_start + chunk.query_len)
+        return run_prefill_attention(fn, q[rows], k[rows], v[rows], scale)
 
     def _decode(self, q, k_cache, v_cache, group: DecodeGroup, scale: float) -> torch.Tensor:
         fn = build.native_paged_attention(q.dtype)

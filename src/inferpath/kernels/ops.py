@@ -175,6 +175,19 @@ def run_paged_decode_attention(fn, q: torch.Tensor, k_cache: torch.Tensor, v_cac
     return out
 
 
+def run_prefill_attention(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of a chunk over its own keys through ``native_prefill_attention``:
+    q (n, num_heads, head_dim), k and v (n, num_kv_heads, head_dim), each with contiguous
+    heads and any token stride (views of a fused projection). Returns (n, num_heads, head_dim)."""
+    n, num_heads, head_dim = q.shape
+    out = torch.empty((n, num_heads, head_dim), dtype=q.dtype)
+    status = fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), n, num_heads, k.shape[1], head_dim,
+                q.stride(0), k.stride(0), v.stride(0), scale, torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"prefill attention rejected q={tuple(q.shape)} k={tuple(k.shape)} (status {status})")
+    return out
+
+
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """``logits.argmax(dim=-1)`` for (rows, vocab) float32 CPU logits, natively where the
     kernel runs (the same indices: first maximum, first NaN), else PyTorch's."""

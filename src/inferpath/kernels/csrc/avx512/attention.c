@@ -21,24 +21,6 @@ static inline void prefetch_row(const char *p, int64_t bytes) {
     for (int64_t c = 0; c < bytes; c += 64) _mm_prefetch(p + c, _MM_HINT_T0);
 }
 
-/* lane j of the result: the sum of v[j]'s 16 lanes (a tree of in-register shuffles: 46
- * instructions for 16 sums, where a horizontal sum apiece costs ~10) */
-static inline __m512 sum16(const __m512 *v) {
-    __m512 w[8], x[4], y[2];
-    for (int i = 0; i < 8; i++)  /* 256-bit halves: [v2i (L0+L2, L1+L3), v2i+1 (...)] */
-        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    for (int i = 0; i < 4; i++)  /* 128-bit lane k: a partial of v[4i + k] */
-        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    for (int i = 0; i < 2; i++)
-        y[i] = _mm512_add_ps(_mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]), _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]));
-    __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(3, 2, 3, 2)));
-    /* z's lane 4k + e holds the sum of v[4e + k] */
-    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
-}
-
 void attention_part(const attention_job *job, int64_t b, int64_t kvh, int64_t t0, int64_t t1, float *partial) {
     const int64_t d = job->d, group = job->group, chunks = (d + 15) / 16, n = t1 - t0;
     const int64_t elem = job->is_bf16 ? 2 : 4, row = job->kvh_count * d * elem;
