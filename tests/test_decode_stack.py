@@ -139,6 +139,22 @@ def test_a_bf16_gguf_runs_on_the_mapped_tensors_without_a_copy(bf16_gguf):
         assert param.data_ptr() == pointers[name], name
 
 
+def test_a_bf16_batch_of_twelve_decodes_natively_where_the_gemv_serves_it():
+    """Without AMX the bf16 GEMV serves up to 32 rows (ops.GEMV_MAX_ROWS_WITHOUT_AMX): twelve
+    sequences decode natively, three groups of four rows per weight block, bitwise equal
+    to the module path."""
+    from inferpath.kernels import ops
+
+    if build.kernel_level(torch.bfloat16) != "avx512" or build.native_amx_gemm(torch.bfloat16) is not None:
+        pytest.skip("needs the avx512 bf16 GEMV without AMX (with AMX, 2-128 rows take the AMX GEMM)")
+    assert ops.GEMV_MAX_ROWS_WITHOUT_AMX[torch.bfloat16] >= 12
+    prompts = [f"Tell me about the number {n}." for n in range(12)]
+    calls: list[bool] = []
+    native = generate("smollm2-135m-instruct", True, calls, dtype="bfloat16", prompts=prompts)
+    assert sum(calls) >= 20
+    assert native == generate("smollm2-135m-instruct", False, dtype="bfloat16", prompts=prompts)
+
+
 def test_a_batch_the_gemv_does_not_serve_takes_the_module_path(monkeypatch):
     """bf16 at the generic level: past its GEMV's four rows the module path runs PyTorch's
     matmul, so the native call (GEMV only) steps aside rather than differ."""

@@ -266,7 +266,7 @@ def _release_pages(data: np.ndarray, start: int, nbytes: int) -> None:
     mapped = getattr(data.base, "_mmap", None)
     first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
     end = (start + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
-    if mapped is not None and end > first:
+    if mapped is not None and hasattr(mmap, "MADV_DONTNEED") and end > first:  # (no madvise on Windows)
         mapped.madvise(mmap.MADV_DONTNEED, first, end - first)
 
 
