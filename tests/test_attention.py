@@ -199,3 +199,31 @@ def test_native_prefill_attention_equals_causal_sdpa(tokens, heads, kv_heads, he
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     else:  # one bf16 rounding of the output
         torch.testing.assert_close(out.float(), expected, rtol=2**-7, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", ["mixed", "single-chunk-on-context", "single-fresh-prefill"])
+@torch.inference_mode()
+def test_prompt_chunks_take_the_native_prefill_attention_with_or_without_context(name, dtype, monkeypatch):
+    """At the avx512 level every prompt chunk without a sliding window runs the native
+    prefill attention, a chunk on cached context reading its keys through the block table
+    (real head sizes: SmolLM2's groups of 3 over 64 dims): the reference's outputs."""
+    from inferpath.kernels import modules
+
+    if not kernel_build.can_run("avx512") or kernel_build.native_prefill_attention(dtype) is None:
+        pytest.skip(f"the native prefill attention is built at the avx512 level only: {kernel_status()}")
+    monkeypatch.setenv("INFERPATH_ISA", "avx512")
+    here = sys.modules[__name__]
+    for field, value in (("HEAD_DIM", 64), ("NUM_HEADS", 9), ("NUM_KV_HEADS", 3), ("BLOCK_SIZE", 16),
+                         ("NUM_BLOCKS", 64)):
+        monkeypatch.setattr(here, field, value)
+    calls = []
+    native = modules.run_prefill_attention
+    monkeypatch.setattr(modules, "run_prefill_attention", lambda *a, **k: calls.append(len(a)) or native(*a, **k))
+    batch = [(context * 7, query * 5) for context, query in BATCHES[name]]
+    out, expected = run_batch(batch, None, attention_cls=CPUPagedAttention, dtype=dtype)
+    assert len(calls) == sum(1 for _, q in batch if q > 1)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    else:
+        torch.testing.assert_close(out.float(), expected, rtol=2**-7, atol=2e-2)

@@ -100,9 +100,11 @@ _EXTRA_SIGNATURES = {
 }
 _AVX512_SIGNATURES = {
     "inferpath_amx_gemm_bf16": [_P] * 4 + [_I] * 3 + [_N], "inferpath_amx_init": [],
-    # q, k, v, out, n, heads, kv heads, head dim, q/k/v token strides, scale, threads (the
-    # portable form of this kernel lost to PyTorch's SDPA: the lower levels keep SDPA)
-    **{f"inferpath_prefill_attention_{suffix}": [_P] * 4 + [_I] * 7 + [_F, _N] for suffix in ("f32", "bf16")},
+    # q, k, v, out, n, heads, kv heads, head dim, q/k/v token strides, block table (or NULL),
+    # block size, context, scale, threads (the portable form of this kernel lost to
+    # PyTorch's SDPA: the lower levels keep SDPA)
+    **{f"inferpath_prefill_attention_{suffix}": [_P] * 4 + [_I] * 7 + [_P, _I, _I, _F, _N]
+       for suffix in ("f32", "bf16")},
 }
 
 _lock = threading.Lock()

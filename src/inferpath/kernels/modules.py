@@ -100,20 +100,26 @@ class CPURotaryEmbedding(RotaryEmbedding):
 class CPUPagedAttention(PagedAttention):
     """``PagedAttention`` whose decode group runs the native kernel: each sequence's keys
     and values are read in place through its block table, with no gathered copy and no
-    mask tensor. A prompt chunk with no earlier context (causal over its own keys) runs the
-    native prefill attention, which reads only the keys at or before each query; other
-    chunks (cached context, sliding windows) keep PyTorch's SDPA."""
+    mask tensor. Prompt chunks run the native prefill attention where it is built (avx512):
+    causal over the chunk's own keys, or over its cached context and its own keys read
+    through the block table, only the keys at or before each query read; chunks under a
+    sliding window keep PyTorch's SDPA."""
 
     @staticmethod
     def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, scale: float) -> torch.Tensor:
         fn = build.native_prefill_attention(q.dtype)
-        if (fn is None or chunk.block_ids is not None or not chunk.is_causal or chunk.mask is not None
-                or q.device.type != "cpu" or k.dtype != q.dtype or v.dtype != q.dtype
-                or q.shape[-1] > ops.ATTENTION_MAX_HEAD_DIM or q.shape[1] % k.shape[1]
-                or any(t.stride(2) != 1 or t.stride(1) != t.shape[2] for t in (q, k, v))):
+        if (fn is None or chunk.windowed or q.device.type != "cpu" or q.shape[-1] > ops.ATTENTION_MAX_HEAD_DIM
+                or q.shape[1] % k.shape[1] or k.dtype != q.dtype or v.dtype != q.dtype
+                or any(t.stride(2) != 1 or t.stride(1) != t.shape[2] for t in (q, k, v))
+                or (chunk.block_ids is not None and (k_cache.dtype != q.dtype or not k_cache.is_contiguous()
+                                                     or not v_cache.is_contiguous()
+                                                     or chunk.block_ids.dtype != torch.int64))):
             return PagedAttention._prefill(q, k, v, k_cache, v_cache, chunk, scale)
         rows = slice(chunk.token_start, chunk.token_start + chunk.query_len)
-        return run_prefill_attention(fn, q[rows], k[rows], v[rows], scale)
+        if chunk.block_ids is None:
+            return run_prefill_attention(fn, q[rows], k[rows], v[rows], scale)
+        return run_prefill_attention(fn, q[rows], k_cache, v_cache, scale, chunk.block_ids.contiguous(),
+                                     chunk.seq_len - chunk.query_len)
 
     def _decode(self, q, k_cache, v_cache, group: DecodeGroup, scale: float) -> torch.Tensor:
         fn = build.native_paged_attention(q.dtype)

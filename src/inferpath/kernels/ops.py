@@ -175,16 +175,27 @@ def run_paged_decode_attention(fn, q: torch.Tensor, k_cache: torch.Tensor, v_cac
     return out
 
 
-def run_prefill_attention(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal attention of a chunk over its own keys through ``native_prefill_attention``:
-    q (n, num_heads, head_dim), k and v (n, num_kv_heads, head_dim), each with contiguous
-    heads and any token stride (views of a fused projection). Returns (n, num_heads, head_dim)."""
+def run_prefill_attention(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                          block_table: torch.Tensor | None = None, context: int = 0) -> torch.Tensor:
+    """Causal attention of a prompt chunk through ``native_prefill_attention``: q (n,
+    num_heads, head_dim) with contiguous heads and any token stride (a view of a fused
+    projection). Without ``block_table``: k and v (n, num_kv_heads, head_dim), the chunk's own
+    keys, same layout. With it (int64, the sequence's blocks): k and v are the caches
+    (num_blocks, block_size, num_kv_heads, head_dim), holding ``context`` earlier keys and
+    the chunk's own, query i at position context + i. Returns (n, num_heads, head_dim)."""
     n, num_heads, head_dim = q.shape
     out = torch.empty((n, num_heads, head_dim), dtype=q.dtype)
-    status = fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), n, num_heads, k.shape[1], head_dim,
-                q.stride(0), k.stride(0), v.stride(0), scale, torch.get_num_threads())
+    if block_table is None:
+        num_kv_heads, k_stride, v_stride, table, block_size = k.shape[1], k.stride(0), v.stride(0), None, 0
+    else:
+        num_kv_heads, block_size = k.shape[2], k.shape[1]
+        k_stride = v_stride = num_kv_heads * head_dim  # a cache slot
+        table = block_table.data_ptr()
+    status = fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), n, num_heads, num_kv_heads, head_dim,
+                q.stride(0), k_stride, v_stride, table, block_size, context, scale, torch.get_num_threads())
     if status != 0:
-        raise RuntimeError(f"prefill attention rejected q={tuple(q.shape)} k={tuple(k.shape)} (status {status})")
+        raise RuntimeError(f"prefill attention rejected q={tuple(q.shape)} k={tuple(k.shape)} context={context} "
+                           f"(status {status})")
     return out
 
 

@@ -51,6 +51,7 @@ class PrefillChunk:
     block_ids: torch.Tensor | None  # (blocks,) to gather; None: no earlier context, use new K/V
     mask: torch.Tensor | None  # (query_len, seq_len) bool, True = attend; None with is_causal
     is_causal: bool
+    windowed: bool = False  # a sliding window cuts its keys (the mask says which)
 
 
 @dataclass
@@ -124,7 +125,7 @@ def build_attention_plan(meta: AttentionMetadata, head_dim: int, sliding_window:
         mask = None
         if context_len > 0 or needs_window:
             mask = causal_mask(query_len, seq_len, window, device)
-        prefills.append(PrefillChunk(token_starts[i], query_len, seq_len, block_ids, mask, mask is None))
+        prefills.append(PrefillChunk(token_starts[i], query_len, seq_len, block_ids, mask, mask is None, needs_window))
     return AttentionPlan(meta.slot_mapping, decode, prefills, scale, softcap)
 
 

@@ -1,4 +1,5 @@
-/* Causal prefill attention over a chunk's own keys (a prompt with no earlier context):
+/* Causal prefill attention of a prompt chunk, over its own keys or, through the block
+ * table, over its cached context and its own keys (a prefix-cache hit, a later chunk):
  *
  *   out[i, h] = softmax_{t <= i}(q[i, h] . k[t, h / G] * scale) @ v[t, h / G],  G = H / KVH
  *
@@ -40,10 +41,8 @@ typedef struct {
 /* row r of the tile against keys [t0, t0 + count) (count <= 16, all at or before it).
  * Compiled for constant head sizes (CHUNKS vectors) and input types, so that the 16 dot
  * products stay in registers. */
-static inline __attribute__((always_inline)) void attend_block(query_tile *tile, int r, const char *k, const char *v,
-        int64_t k_stride, int64_t v_stride, int64_t t0, int64_t count, int64_t d, float scale, const int is_bf16,
-        const int64_t chunks) {
-    const int64_t elem = is_bf16 ? 2 : 4;
+static inline __attribute__((always_inline)) void attend_block(query_tile *tile, int r, const char *const *k_rows,
+        const char *const *v_rows, int64_t count, int64_t d, float scale, const int is_bf16, const int64_t chunks) {
     __m512 qv[MAX_CHUNKS], acc[MAX_CHUNKS];
     for (int64_t i = 0; i < chunks; i++) qv[i] = _mm512_loadu_ps(tile->q[r] + 16 * i);
     __m512 dots[16];
@@ -52,7 +51,7 @@ static inline __attribute__((always_inline)) void attend_block(query_tile *tile,
         for (int64_t i = 0; i < (chunks + 1) / 2; i++) qh[i] = LOAD(tile->q_bf16[r] + 32 * i, lanes32(d - 32 * i));
         for (int64_t j = 0; j < 16; j++) {
             if (j >= count) { dots[j] = _mm512_setzero_ps(); continue; }
-            const uint16_t *kr = (const uint16_t *)(k + (t0 + j) * k_stride * elem);
+            const uint16_t *kr = (const uint16_t *)k_rows[j];
             __m512 a = _mm512_setzero_ps();
             for (int64_t i = 0; i < (chunks + 1) / 2; i++) a = _mm512_dpbf16_ps(a, qh[i], LOAD(kr + 32 * i, lanes32(d - 32 * i)));
             dots[j] = a;
@@ -60,7 +59,7 @@ static inline __attribute__((always_inline)) void attend_block(query_tile *tile,
     } else {
         for (int64_t j = 0; j < 16; j++) {
             if (j >= count) { dots[j] = _mm512_setzero_ps(); continue; }
-            const char *kr = k + (t0 + j) * k_stride * elem;
+            const char *kr = k_rows[j];
             __m512 a = _mm512_mul_ps(qv[0], load_row(kr, is_bf16, 0, lanes16(d)));
             for (int64_t i = 1; i < chunks; i++) a = _mm512_fmadd_ps(qv[i], load_row(kr, is_bf16, 16 * i, lanes16(d - 16 * i)), a);
             dots[j] = a;
@@ -83,7 +82,7 @@ static inline __attribute__((always_inline)) void attend_block(query_tile *tile,
     }
     int64_t j = 0;
     for (; j + 1 < count; j += 2) {
-        const char *vr = v + (t0 + j) * v_stride * elem, *vr2 = vr + v_stride * elem;
+        const char *vr = v_rows[j], *vr2 = v_rows[j + 1];
         const __m512 w = _mm512_set1_ps(p[j]), w2 = _mm512_set1_ps(p[j + 1]);
         for (int64_t i = 0; i < chunks; i++) {
             acc[i] = _mm512_fmadd_ps(w, load_row(vr, is_bf16, 16 * i, lanes16(d - 16 * i)), acc[i]);
@@ -91,7 +90,7 @@ static inline __attribute__((always_inline)) void attend_block(query_tile *tile,
         }
     }
     if (j < count) {
-        const char *vr = v + (t0 + j) * v_stride * elem;
+        const char *vr = v_rows[j];
         const __m512 w = _mm512_set1_ps(p[j]);
         for (int64_t i = 0; i < chunks; i++)
             acc[i] = _mm512_fmadd_ps(w, load_row(vr, is_bf16, 16 * i, lanes16(d - 16 * i)), acc[i]);
@@ -99,22 +98,29 @@ static inline __attribute__((always_inline)) void attend_block(query_tile *tile,
     for (int64_t i = 0; i < chunks; i++) _mm512_storeu_ps(tile->acc[r] + 16 * i, _mm512_add_ps(acc[i], odd[i]));
 }
 
-#define ATTEND(BF16, CHUNKS) attend_block(tile, r, k, v, k_stride, v_stride, t0, count, d, scale, BF16, CHUNKS)
-static void attend(query_tile *tile, int r, const char *k, const char *v, int64_t k_stride, int64_t v_stride,
-                   int64_t t0, int64_t count, int64_t d, float scale, int is_bf16) {
+#define ATTEND(BF16, CHUNKS) attend_block(tile, r, k_rows, v_rows, count, d, scale, BF16, CHUNKS)
+static void attend(query_tile *tile, int r, const char *const *k_rows, const char *const *v_rows, int64_t count,
+                   int64_t d, float scale, int is_bf16) {
     if (d == 64) { if (is_bf16) ATTEND(1, 4); else ATTEND(0, 4); }
     else if (d == 128) { if (is_bf16) ATTEND(1, 8); else ATTEND(0, 8); }
     else if (is_bf16) ATTEND(1, (d + 15) / 16);
     else ATTEND(0, (d + 15) / 16);
 }
 
+/* Keys: with no block table, key t is row t of k and v (token strides k_stride, v_stride);
+ * with one (the chunk's cached context and its own keys, already written to the cache),
+ * key t is in slot table[t / block_size] * block_size + t % block_size of the caches, a
+ * slot k_stride (= v_stride) elements long. Query i is at position context + i. */
 static int prefill_attention(const void *q, const void *k, const void *v, void *out, int64_t n, int64_t h,
                              int64_t kvh, int64_t d, int64_t q_stride, int64_t k_stride, int64_t v_stride,
-                             float scale, int num_threads, int is_bf16) {
-    if (n < 1 || kvh < 1 || h % kvh || d < 1 || d > 16 * MAX_CHUNKS || h / kvh > TILE_ROWS) return -1;
+                             const int64_t *table, int64_t block_size, int64_t context, float scale, int num_threads,
+                             int is_bf16) {
+    if (n < 1 || kvh < 1 || h % kvh || d < 1 || d > 16 * MAX_CHUNKS || h / kvh > TILE_ROWS || context < 0
+        || (table && block_size < 1) || (!table && context))
+        return -1;
     const int64_t group = h / kvh, elem = is_bf16 ? 2 : 4, span = TILE_ROWS / group;  /* positions a tile */
     const int64_t blocks = (n + span - 1) / span, chunks = (d + 15) / 16;
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) if (n * n * h * d >= (1 << 20))
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) if ((context + n) * n * h * d >= (1 << 20))
     for (int64_t task = 0; task < blocks * kvh; task++) {
         const int64_t block = blocks - 1 - task / kvh, kv = task % kvh;  /* the longest queries first */
         const int64_t first = block * span, last = (block + 1) * span < n ? (block + 1) * span : n;
@@ -124,21 +130,26 @@ static int prefill_attention(const void *q, const void *k, const void *v, void *
         for (int64_t i = first; i < last; i++)
             for (int64_t g = 0; g < group; g++, rows++) {
                 const char *src = (const char *)q + (i * q_stride + (kv * group + g) * d) * elem;
-                tile.position[rows] = i, tile.top[rows] = -INFINITY, tile.total[rows] = 0.0f;
+                tile.position[rows] = context + i, tile.top[rows] = -INFINITY, tile.total[rows] = 0.0f;
                 if (is_bf16) memcpy(tile.q_bf16[rows], src, (size_t)(d * 2));
                 for (int64_t c = 0; c < chunks; c++) {
                     _mm512_storeu_ps(tile.q[rows] + 16 * c, load_row(src, is_bf16, 16 * c, lanes16(d - 16 * c)));
                     _mm512_storeu_ps(tile.acc[rows] + 16 * c, _mm512_setzero_ps());
                 }
             }
-        for (int64_t t0 = 0; t0 < last; t0 += 16)  /* a key block, met by every row at or after it */
+        for (int64_t t0 = 0; t0 < context + last; t0 += 16) {  /* a key block, met by every row at or after it */
+            const char *k_rows[16], *v_rows[16];
+            for (int64_t j = 0; j < 16 && t0 + j < context + last; j++) {
+                const int64_t t = t0 + j, slot = table ? table[t / block_size] * block_size + t % block_size : t;
+                k_rows[j] = k_head + slot * k_stride * elem, v_rows[j] = v_head + slot * v_stride * elem;
+            }
             for (int r = 0; r < rows; r++) {
                 const int64_t keys = tile.position[r] + 1 - t0;
-                if (keys > 0) attend(&tile, r, k_head, v_head, k_stride, v_stride, t0, keys < 16 ? keys : 16, d, scale,
-                                     is_bf16);
+                if (keys > 0) attend(&tile, r, k_rows, v_rows, keys < 16 ? keys : 16, d, scale, is_bf16);
             }
+        }
         for (int r = 0; r < rows; r++) {
-            const int64_t i = tile.position[r], head = kv * group + r % group;
+            const int64_t i = tile.position[r] - context, head = kv * group + r % group;
             const __m512 inv = _mm512_set1_ps(1.0f / tile.total[r]);
             char *dst = (char *)out + ((i * h + head) * d) * elem;
             for (int64_t c = 0; c < chunks; c++) {
@@ -154,12 +165,16 @@ static int prefill_attention(const void *q, const void *k, const void *v, void *
 
 int inferpath_prefill_attention_f32(const float *q, const float *k, const float *v, float *out, int64_t n, int64_t h,
                                     int64_t kvh, int64_t d, int64_t q_stride, int64_t k_stride, int64_t v_stride,
-                                    float scale, int num_threads) {
-    return prefill_attention(q, k, v, out, n, h, kvh, d, q_stride, k_stride, v_stride, scale, num_threads, 0);
+                                    const int64_t *table, int64_t block_size, int64_t context, float scale,
+                                    int num_threads) {
+    return prefill_attention(q, k, v, out, n, h, kvh, d, q_stride, k_stride, v_stride, table, block_size, context,
+                             scale, num_threads, 0);
 }
 
 int inferpath_prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out,
                                      int64_t n, int64_t h, int64_t kvh, int64_t d, int64_t q_stride,
-                                     int64_t k_stride, int64_t v_stride, float scale, int num_threads) {
-    return prefill_attention(q, k, v, out, n, h, kvh, d, q_stride, k_stride, v_stride, scale, num_threads, 1);
+                                     int64_t k_stride, int64_t v_stride, const int64_t *table, int64_t block_size,
+                                     int64_t context, float scale, int num_threads) {
+    return prefill_attention(q, k, v, out, n, h, kvh, d, q_stride, k_stride, v_stride, table, block_size, context,
+                             scale, num_threads, 1);
 }
