@@ -109,7 +109,8 @@ class CPUPagedAttention(PagedAttention):
     def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, scale: float) -> torch.Tensor:
         fn = build.native_prefill_attention(q.dtype)
         if (fn is None or chunk.windowed or q.device.type != "cpu" or q.shape[-1] > ops.ATTENTION_MAX_HEAD_DIM
-                or q.shape[1] % k.shape[1] or k.dtype != q.dtype or v.dtype != q.dtype
+                or q.shape[1] % k.shape[1] or q.shape[1] // k.shape[1] > ops.ATTENTION_MAX_GROUP
+                or k.dtype != q.dtype or v.dtype != q.dtype
                 or any(t.stride(2) != 1 or t.stride(1) != t.shape[2] for t in (q, k, v))
                 or (chunk.block_ids is not None and (k_cache.dtype != q.dtype or not k_cache.is_contiguous()
                                                      or not v_cache.is_contiguous()
