@@ -5,17 +5,18 @@
  *
  * q (n, H, D), k and v (n, KVH, D): token rows strided (q_stride, k_stride, v_stride
  * elements: the views of a fused Q/K/V projection), a token's heads contiguous; out
- * (n, H, D) contiguous; D <= 256. Each (query, head) runs an online softmax over its keys
- * in blocks of 16: the 16 scores are summed together (sum16), only the keys at or before
- * the query are read (no masked half as in a dense causal GEMM), and the weighted values
- * accumulate in registers. Float32 arithmetic; bf16 rounds the output once.
- * Threads take (KV head, query positions) tasks, the longest (last) queries first. */
+ * (n, H, D) contiguous; D <= 256, H / KVH <= 48. Each (query, head) runs an online softmax
+ * over its keys in blocks of 16: the 16 scores are summed together (sum16), and only the
+ * keys at or before the query are read (no masked half as in a dense causal GEMM). A
+ * task's rows keep their running state in a tile that every key block meets while it is
+ * in L1. Float32 arithmetic (bf16 q . k by vdpbf16ps: exact products, float32 sums); bf16
+ * rounds the output once. Threads take (KV head, query positions) tasks, the longest
+ * (last) queries first. */
 #include <string.h>
 
 #include "common.h"
 
 #define MAX_CHUNKS 16  /* D <= 256 */
-#define QUERY_BLOCK 16
 
 static inline __mmask32 lanes32(int64_t left) {
     return left >= 32 ? (__mmask32)0xffffffffu : left <= 0 ? (__mmask32)0 : (__mmask32)((1u << left) - 1u);
