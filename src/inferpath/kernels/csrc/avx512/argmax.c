@@ -1,10 +1,11 @@
 /* Greedy argmax: out[r] = index of the largest of x[r, :n] (float32), the first one on ties and the first
- * NaN if there is one: torch.argmax's answer. Rows are split over threads. */
+ * NaN if there is one: torch.argmax's answer. Rows are split over threads when there are several and
+ * 256 K values or more: a decode step's one row stays on the calling thread (waking the team cost more). */
 #include "common.h"
 
 int inferpath_argmax_f32(const float *x, int64_t *out, int64_t m, int64_t n, int num_threads) {
     if (m < 1 || n < 1 || n > 2147483647LL) return -1;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (m > 1 && m * n >= (1 << 18))
     for (int64_t r = 0; r < m; r++) {
         const float *row = x + r * n;
         __m512 best = _mm512_set1_ps(-INFINITY);

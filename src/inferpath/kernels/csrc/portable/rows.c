@@ -75,7 +75,7 @@ DEFINE_ROPE(inferpath_rope_bf16, uint16_t, bf16_to_float, round_bf16)
 
 int inferpath_argmax_f32(const float *x, int64_t *out, int64_t m, int64_t n, int num_threads) {
     if (m < 1 || n < 1 || n > 2147483647LL) return -1;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (m > 1 && m * n >= (1 << 18))
     for (int64_t r = 0; r < m; r++) {
         const float *row = x + r * n;
         float best = -INFINITY;
