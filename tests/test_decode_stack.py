@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gguf_files import write_bf16_gguf
+from gguf_files import write_float_gguf
 
 from inferpath.config import EngineConfig
 from inferpath.engine.llm_engine import LLMEngine
@@ -106,7 +106,7 @@ def test_native_float_decode_equals_the_module_path_to_the_bit(isa, dtype, monke
 def bf16_gguf(tmp_path_factory) -> str:
     """The packaged SmolLM2 as a BF16 GGUF (matrices BF16, norms F32: llama.cpp's layout)."""
     path = tmp_path_factory.mktemp("bf16") / "SmolLM2-135M-Instruct.BF16.gguf"
-    return str(write_bf16_gguf(resolve_model("smollm2-135m-instruct"), path))
+    return str(write_float_gguf(resolve_model("smollm2-135m-instruct"), path))
 
 
 def test_a_bf16_gguf_decodes_natively_from_the_mapped_file(bf16_gguf):

@@ -266,31 +266,14 @@ def test_a_file_too_big_to_map_copy_on_write_loads_read_only_with_the_same_tenso
 def test_float_matrices_read_by_torch_equal_the_dequantized_ones_cast(tmp_path, stored):
     """A BF16 / F16 GGUF read in bfloat16 (a view of the map for BF16, Q/K rows reordered in
     the copy-on-write map) equals the gguf package's float32 values cast to bfloat16."""
+    from gguf_files import write_float_gguf
     from test_model_files import VOCAB, write_tiny_gguf
 
     from inferpath.weights import load_checkpoint
     from inferpath.weights.gguf import unpermute_rows
     from inferpath.weights.names import hf_name
 
-    source = gguf.GGUFReader(write_tiny_gguf(tmp_path / "f32.gguf"))
-    writer = gguf.GGUFWriter(str(tmp_path / "bf16.gguf"), "llama")
-    for key, field in source.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
-            kind = gguf.GGUFValueType(int(field.types[0]))
-            sub = gguf.GGUFValueType(int(field.types[-1])) if kind == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(key, field.contents(), kind, sub_type=sub)
-    for t in source.tensors:
-        values = torch.from_numpy(np.array(t.data))
-        if values.ndim == 2:  # norms stay F32, as llama.cpp writes them
-            as_stored = values.to(torch.bfloat16 if stored == gguf.GGMLQuantizationType.BF16 else torch.float16)
-            raw = as_stored.view(torch.int16).numpy().view(np.uint8)
-            writer.add_tensor(t.name, raw, raw_shape=raw.shape, raw_dtype=stored)
-        else:
-            writer.add_tensor(t.name, values.numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_float_gguf(write_tiny_gguf(tmp_path / "f32.gguf"), tmp_path / "bf16.gguf", stored)
     viewed = load_checkpoint(tmp_path / "bf16.gguf", dtype=torch.bfloat16).tensors
     reader = gguf.GGUFReader(tmp_path / "bf16.gguf")  # the reference: gguf's float32 values
     assert viewed["model.embed_tokens.weight"].shape == (len(VOCAB), 32)
@@ -312,9 +295,9 @@ def test_a_bf16_file_read_in_float32_does_not_stay_resident_beside_the_conversio
     import subprocess
     import sys
 
-    from gguf_files import write_bf16_gguf
+    from gguf_files import write_float_gguf
 
-    path = write_bf16_gguf(resolve_model("smollm2-135m-instruct"), tmp_path / "bf16.gguf")
+    path = write_float_gguf(resolve_model("smollm2-135m-instruct"), tmp_path / "bf16.gguf")
     # VmHWM: this process's peak resident memory (ru_maxrss would carry pytest's over exec)
     code = ("import sys, torch\n"
             "from inferpath.weights import load_checkpoint\n"

@@ -16,7 +16,7 @@ import ctypes
 
 import torch
 
-from inferpath.kernels import ops
+from inferpath.kernels import build, ops
 from inferpath.model.batch_invariant import rows_must_be_invariant
 
 GGUF_FLOAT_TYPES = {torch.float32: 0, torch.bfloat16: 30}  # GGUF's ids of F32 and BF16 matrices
@@ -51,47 +51,20 @@ class QuantGroup(_WeightArrays):
         super().__init__([int(w.qtype) for w in weights], [w.data for w in weights], [w.shape[0] for w in weights],
                          biases)
         self._fn = fn
-        self._weights, self._bias_list = weights, biases
+        self._blocks, self._bias_list = [(w.data, int(w.qtype)) for w in weights], biases  # for dequantized tiles
         self.in_features = weights[0].shape[1]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (m, in_features) float32 contiguous -> (m, num_out) float32: the fused kernels
         (``ops.quant_rows_fused``), else dequantized tiles spanning the weights, one GEMM each."""
         if not ops.quant_rows_fused(x.shape[0]):
-            return self._tiled(x)
+            return ops.dequantized_linear(x, self._blocks, self._bias_list, build.native_quant_dequantize())
         out = torch.empty((x.shape[0], self.num_out), dtype=torch.float32)
         status = self._fn(*self.native_arguments(),
                           x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads(),
                           rows_must_be_invariant())
         if status != 0:
             raise RuntimeError(f"quantized group matmul rejected x={tuple(x.shape)} (status {status})")
-        return out
-
-    def _tiled(self, x: torch.Tensor) -> torch.Tensor:
-        """Many rows: the weights' rows dequantized a tile at a time into one float32 matrix
-        (a tile may span weights: Q, K and V become one GEMM, as a float model's fused
-        projection is) and multiplied by PyTorch's GEMM."""
-        from inferpath.kernels import build
-
-        dequantize = build.native_quant_dequantize()
-        out = torch.empty((x.shape[0], self.num_out), dtype=torch.float32)
-        tile_rows = max(1, ops.DEQUANT_TILE_VALUES // self.in_features)
-        starts = [0]
-        for w in self._weights:
-            starts.append(starts[-1] + w.shape[0])
-        for r0 in range(0, self.num_out, tile_rows):
-            r1 = min(r0 + tile_rows, self.num_out)
-            tile = torch.empty((r1 - r0, self.in_features), dtype=torch.float32)  # (rows, in_features)
-            bias = None if all(b is None for b in self._bias_list) else torch.zeros(r1 - r0)
-            for w, b, start, end in zip(self._weights, self._bias_list, starts, starts[1:]):
-                lo, hi = max(start, r0), min(end, r1)
-                if lo >= hi:
-                    continue
-                tile[lo - r0:hi - r0] = ops.run_dequantize(dequantize, w.data[lo - start:hi - start], int(w.qtype),
-                                                           self.in_features)
-                if b is not None:
-                    bias[lo - r0:hi - r0] = b[lo - start:hi - start]
-            out[:, r0:r1] = torch.nn.functional.linear(x, tile, bias)
         return out
 
 

@@ -255,13 +255,34 @@ def quantized_linear(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
                      matmul_fn, dequantize_fn) -> torch.Tensor:
     """x (m, cols) float32 contiguous -> (m, rows) float32 against a quantized weight: the
     fused kernels (``quant_rows_fused``), else dequantized tiles and F.linear."""
-    rows = data.shape[0]
     if quant_rows_fused(x.shape[0]):
-        return run_quant_matmul(matmul_fn, x, data, qtype, bias, rows)
-    out = torch.empty((x.shape[0], rows), dtype=torch.float32)
-    tile = max(1, DEQUANT_TILE_VALUES // cols)
-    for start in range(0, rows, tile):
-        weight = run_dequantize(dequantize_fn, data[start:start + tile], qtype, cols)  # (tile, cols)
-        out[:, start:start + tile] = torch.nn.functional.linear(
-            x, weight, None if bias is None else bias[start:start + tile])
+        return run_quant_matmul(matmul_fn, x, data, qtype, bias, data.shape[0])
+    return dequantized_linear(x, [(data, qtype)], [bias], dequantize_fn)
+
+
+def dequantized_linear(x: torch.Tensor, weights: list[tuple[torch.Tensor, int]], biases: list,
+                       dequantize_fn) -> torch.Tensor:
+    """x (m, cols) float32 against quantized weights whose outputs lie side by side
+    (``(data (rows, row bytes), qtype)`` each, a float32 bias (rows,) or None each): their
+    rows dequantized a float32 tile at a time and multiplied by PyTorch's GEMM. A tile may
+    span weights, so a Q/K/V group is one GEMM, as a float model's fused projection is."""
+    cols = x.shape[1]
+    starts = [0]
+    for data, _ in weights:
+        starts.append(starts[-1] + data.shape[0])
+    num_out = starts[-1]
+    out = torch.empty((x.shape[0], num_out), dtype=torch.float32)
+    tile_rows = max(1, DEQUANT_TILE_VALUES // cols)
+    for r0 in range(0, num_out, tile_rows):
+        r1 = min(r0 + tile_rows, num_out)
+        tile = torch.empty((r1 - r0, cols), dtype=torch.float32)  # (rows, cols)
+        bias = None if all(b is None for b in biases) else torch.zeros(r1 - r0)
+        for (data, qtype), b, start, end in zip(weights, biases, starts, starts[1:]):
+            lo, hi = max(start, r0), min(end, r1)
+            if lo >= hi:
+                continue
+            tile[lo - r0:hi - r0] = run_dequantize(dequantize_fn, data[lo - start:hi - start], qtype, cols)
+            if b is not None:
+                bias[lo - r0:hi - r0] = b[lo - start:hi - start]
+        out[:, r0:r1] = torch.nn.functional.linear(x, tile, bias)
     return out

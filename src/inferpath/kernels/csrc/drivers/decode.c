@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "attention_parts.h"
+#include "bf16.h"
 #include "gemv_columns.h"
 #include "pool.h"
 #include "../quant/prepared.h"
@@ -137,20 +138,6 @@ static int attention(int bf16, const void *q, const decode_layer *L, const int64
 static int silu_mul(int bf16, const void *gate_up, void *out, int64_t m, int64_t n, int threads) {
     return bf16 ? inferpath_silu_mul_bf16(gate_up, 2 * n, (const uint16_t *)gate_up + n, 2 * n, out, n, m, n, threads)
                 : inferpath_silu_mul_f32(gate_up, 2 * n, (const float *)gate_up + n, 2 * n, out, n, m, n, threads);
-}
-
-static inline float bf16_value(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t bf16_round(float f) {  /* to nearest even, as PyTorch (and common.h) round */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7f800000u) == 0x7f800000u) return (uint16_t)((u >> 16) | ((u & 0xffffu) ? 0x40 : 0));
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 /* x += p over count values: PyTorch's residual add (a bf16 sum is the float32 sum rounded) */

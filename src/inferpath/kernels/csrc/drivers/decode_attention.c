@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "attention_parts.h"
+#include "bf16.h"
 
 /* Less work (positions x heads x head dim, summed over the batch) than this runs on the
  * calling thread alone: a short decode step's attention costs less than waking a thread. */
@@ -67,13 +68,6 @@ void attention_task(void *ctx, int64_t task) {
     attention_part(job, b, kvh, t0, t1, job->partials + task * job->group * (2 + job->d));
 }
 
-static inline uint16_t round_bf16(float f) {  /* to nearest even, as PyTorch rounds */
-    union { float f; uint32_t u; } v = {f};
-    if ((v.u & 0x7f800000u) == 0x7f800000u) return (uint16_t)((v.u >> 16) | ((v.u & 0xffffu) ? 0x40 : 0));
-    v.u += 0x7fffu + ((v.u >> 16) & 1u);
-    return (uint16_t)(v.u >> 16);
-}
-
 void attention_finish(attention_job *job) {
     const int64_t d = job->d, group = job->group, kvh_count = job->kvh_count, width = 2 + d;
     for (int64_t b = 0; b < job->b_count; b++) {
@@ -96,7 +90,7 @@ void attention_finish(attention_job *job) {
                 float inv = 1.0f / total;
                 int64_t at = (b * job->h_count + kvh * group + g) * d;
                 if (job->is_bf16)
-                    for (int64_t c = 0; c < d; c++) ((uint16_t *)job->out)[at + c] = round_bf16(acc[c] * inv);
+                    for (int64_t c = 0; c < d; c++) ((uint16_t *)job->out)[at + c] = bf16_round(acc[c] * inv);
                 else
                     for (int64_t c = 0; c < d; c++) ((float *)job->out)[at + c] = acc[c] * inv;
             }
