@@ -21,11 +21,12 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 from inferpath.kernels import build, ops
 from inferpath.kernels.groups import QuantGroup
 from inferpath.kernels.quantized import QuantEmbedding, QuantLinear
+from inferpath.model.batch_invariant import row_invariant_dispatch
 from inferpath.weights.quantized import QUANTIZED_TYPES, QuantizedTensor
 
 Q = GGMLQuantizationType
 TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-ROWS = [1, 3, 8, 13, 64]  # the row kernel; the wide kernel (tiles of 8); both (a tile and a tail)
+ROWS = [1, 3, 8, 13, 64]  # the row kernel; the wide kernel (tiles of 8); GEMM panels (avx512) or tiles and a tail
 
 
 @pytest.fixture(params=build.LEVEL_NAMES)
@@ -126,11 +127,13 @@ def test_bad_shapes_are_refused():
 
 
 def _teacher_forced_logits(model, tokens: list[int], fused_rows: int | None = None,
-                           fused_head: bool = True) -> torch.Tensor:
+                           fused_head: bool = True, rows_alone: bool = False) -> torch.Tensor:
     """One pass over ``tokens`` (one sequence), logits of every position: (len, vocab).
-    Up to ``fused_rows`` rows take the fused kernel (the LM head's only if ``fused_head``)."""
+    Up to ``fused_rows`` rows take the fused kernels (the LM head's only if ``fused_head``);
+    ``rows_alone``: each row by itself (the row kernel, what a decode step runs)."""
     from inferpath.cache.kv import KVCache
     from inferpath.model import AttentionMetadata
+    from inferpath.model.batch_invariant import row_invariant_dispatch
 
     num_blocks = (len(tokens) + 15) // 16
     cache = KVCache(model.config, num_blocks, 16, torch.float32)
@@ -141,23 +144,26 @@ def _teacher_forced_logits(model, tokens: list[int], fused_rows: int | None = No
     try:
         if fused_rows is not None:
             ops.QUANT_MATMUL_MAX_ROWS = dict.fromkeys(default, fused_rows)
-        with torch.inference_mode():
+        with torch.inference_mode(), row_invariant_dispatch(rows_alone):
             hidden = model(torch.tensor(tokens), torch.arange(len(tokens)), cache, meta)
-            if not fused_head:
-                ops.QUANT_MATMUL_MAX_ROWS = default
+        if not fused_head:
+            ops.QUANT_MATMUL_MAX_ROWS = default
+        with torch.inference_mode(), row_invariant_dispatch(rows_alone and fused_head):
             return model.compute_logits(hidden)
     finally:
         ops.QUANT_MATMUL_MAX_ROWS = default
 
 
+@pytest.mark.parametrize("rows_alone", [False, True], ids=["rows-together", "rows-alone"])
 @pytest.mark.parametrize("alias,fused_head", [("smollm2-135m-instruct", True), ("qwen2.5-coder-0.5b-instruct", False)])
-def test_real_model_quantized_agrees_with_its_dequantized_self(alias, fused_head):
+def test_real_model_quantized_agrees_with_its_dequantized_self(alias, fused_head, rows_alone):
     """SmolLM2 (Q4_1 + a Q8_0 embedding and tied head) and Qwen2.5-Coder (Q5_0, Q8_0, Q4_K,
     Q6_K; an untied Q8_0 head): the quantized path against the same file dequantized to
     float32, teacher-forced over 520 tokens of text: top-1 agreement >= 99%, perplexity
-    within 1%. Every row goes through the fused int8 kernel (what a decode step runs: rows
-    are independent in it), SmolLM2's LM head included; Qwen's 151,936-row head (Q8_0, as
-    SmolLM2's) takes the dequantized tile for time."""
+    within 1%. Every row goes through the fused int8 kernels: the 520 rows together (what a
+    prompt runs: gemm.c's panels at the avx512 level, the wide kernel below it), or each
+    row alone (the row kernel: what a decode step runs). SmolLM2's LM head included;
+    Qwen's 151,936-row head (Q8_0, as SmolLM2's) takes the dequantized tile for time."""
     from inferpath.kernels import accelerate
     from inferpath.kernels.quantized import build_quantized_model
     from inferpath.model import build_model
@@ -176,7 +182,8 @@ def test_real_model_quantized_agrees_with_its_dequantized_self(alias, fused_head
     quantized = build_quantized_model(checkpoint)
     accelerate(quantized)
     assert isinstance(quantized.lm_head, QuantLinear)
-    fused = _teacher_forced_logits(quantized, tokens, fused_rows=len(tokens), fused_head=fused_head)
+    fused = _teacher_forced_logits(quantized, tokens, fused_rows=len(tokens), fused_head=fused_head,
+                                   rows_alone=rows_alone)
     del quantized, checkpoint
     plain = build_model(load_checkpoint(path))
     accelerate(plain)
@@ -187,6 +194,29 @@ def test_real_model_quantized_agrees_with_its_dequantized_self(alias, fused_head
     ppl_reference = F.cross_entropy(reference[:-1], targets).exp().item()
     assert agreement >= 0.99, agreement
     assert abs(ppl_fused / ppl_reference - 1) <= 0.01, (ppl_fused, ppl_reference)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=[t.name for t in TYPES])
+def test_gemm_panels_are_the_row_kernel_up_to_summation_order(qtype, isa):
+    """Many rows together (gemm.c's packed panels at the avx512 level, the wide kernel
+    below) against each row alone through the row kernel: the same integer sums and
+    scales, so only float32 summation order differs. Row counts that leave partial row
+    tiles (6 rows a tile), output counts that leave partial panels (32 columns), a group
+    whose weights split panels, biases."""
+    if build.native_quant_matmul() is None:
+        pytest.skip(f"no native kernel here: {build.kernel_status()}")
+    block = GGML_QUANT_SIZES[qtype][0]
+    cols = 2 * block if block == 256 else 11 * block
+    weights = [random_weight(qtype, 45, cols, seed=7), random_weight(Q.Q4_1, 21, cols, seed=8)]
+    biases = [torch.randn(45), None]
+    group = QuantGroup(build.native_quant_matmul_group(), weights, biases)
+    for rows in [r for r in (10, 17, 71) if ops.quant_rows_fused(r)]:  # the generic level tiles 71
+        x = torch.randn(rows, cols) * 3
+        together = group(x)
+        with row_invariant_dispatch():
+            alone = group(x)
+        scale = alone.abs().amax()
+        torch.testing.assert_close(together, alone, rtol=0, atol=float(scale) * 2e-6)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 11])

@@ -212,13 +212,14 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 # Up to this many rows (per instruction-set level) a quantized matmul runs the fused int8
-# kernels (csrc/quant: the row kernel for a few rows, the wide kernel for tiles of 6+);
-# past it, weight tiles are dequantized to float32 once and reused for all rows by
-# PyTorch's GEMM. Measured on a 1536 x 576 Q4_1 weight, 1 thread, AMD EPYC (Zen 4), ms
-# fused vs tiled: avx512 (VNNI) rows 32: 0.52 vs 1.38, 128: 2.16 vs 3.01, 512: 8.8 vs 9.4
-# (a tie within noise); avx2 (maddubs) rows 32: 0.79 vs 1.43, 128: 3.17 vs 2.95, 512:
-# 13.0 vs 9.4. The portable level's plain-C integer sums lose to the GEMM early.
-QUANT_MATMUL_MAX_ROWS = {"generic": 32, "avx2": 96, "avx512": 1024}
+# kernels (csrc/quant: the row kernel for a few rows, the wide kernel for tiles of 6+,
+# gemm.c's packed panels for 10+ rows at the avx512 level); past it, weight tiles are
+# dequantized to float32 once and reused for all rows by PyTorch's GEMM. Measured on a
+# 1536 x 576 Q4_1 weight, 1 thread, AMD EPYC (avx512 VNNI), ms fused vs tiled: avx512
+# rows 32: 0.23 vs 1.38, 128: 0.68 vs 3.01, 512: 2.5 vs 9.4 (the GEMM kernel wins at every
+# size: no cutoff); avx2 (maddubs) rows 32: 0.79 vs 1.43, 128: 3.17 vs 2.95, 512: 13.0 vs
+# 9.4. The portable level's plain-C integer sums lose to the GEMM early.
+QUANT_MATMUL_MAX_ROWS = {"generic": 32, "avx2": 96, "avx512": 1 << 62}
 
 
 def quant_rows_fused(rows: int) -> bool:

@@ -214,10 +214,12 @@ int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *
             || row_bytes[i] != k / block * bytes)
             return -1;
         q->starts[i + 1] = q->starts[i] + ns[i];
+        q->qtypes[i] = qtypes[i];
     }
     int64_t nb = k / 32;
     q->n = q->starts[count], q->tiles = (m + TILE_ROWS - 1) / TILE_ROWS;
-    q->use_wide = m >= WIDE_MIN_ROWS && !rows_alone;
+    q->use_gemm = m >= GEMM_MIN_ROWS && !rows_alone && gemm_ready();
+    q->use_wide = m >= WIDE_MIN_ROWS && !rows_alone && !q->use_gemm;
     for (int i = 0; i < count; i++) q->use_wide = q->use_wide && (q->wides[i] = wide_kernel(qtypes[i])) != 0;
     int64_t padded = q->tiles * TILE_ROWS;
     q->xq = (int8_t *)malloc((size_t)((q->use_wide ? 4 : 2) * padded * k)), q->xr = q->xq + m * k;
@@ -242,6 +244,7 @@ void quant_release(quant_matmul *q) {
  * of x and a range of weight rows stay in cache while they meet). */
 void quant_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
     const int64_t k = q->k, nb = k / 32, m = q->m, n = q->n;
+    if (q->use_gemm && gemm_columns(q, y, c0, c1) == 0) return;
     for (int64_t t = 0; t < q->tiles; t++) {
         int64_t j0 = t * TILE_ROWS, rows = m - j0 < TILE_ROWS ? m - j0 : TILE_ROWS;
         const float *d = q->xd + j0 * nb, *sx = q->xs + j0 * nb, *h = q->xh + 2 * j0 * nb;
@@ -266,7 +269,7 @@ int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *co
     quant_matmul q;
     int status = quant_prepare(&q, count, qtypes, ws, row_bytes, ns, biases, x, m, k, num_threads, rows_alone);
     if (status) return status;
-    const int64_t chunk = 16, n = q.n;
+    const int64_t chunk = q.use_gemm ? 32 : 16, n = q.n;
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
     for (int64_t c0 = 0; c0 < n; c0 += chunk) quant_columns(&q, y, c0, c0 + chunk < n ? c0 + chunk : n);
     quant_release(&q);

@@ -13,7 +13,8 @@
 typedef void (*rows_fn)(const uint8_t *, const q8_rows *, int64_t, float *);
 
 typedef struct {
-    int count, use_wide;
+    int count, use_wide, use_gemm;
+    int qtypes[MAX_GROUP];
     const uint8_t *const *ws;
     const int64_t *row_bytes;
     const float *const *biases;
@@ -31,5 +32,13 @@ HIDDEN int quant_prepare(quant_matmul *q, int count, const int *qtypes, const ui
                          int64_t m, int64_t k, int num_threads, int rows_alone);
 HIDDEN void quant_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1);
 HIDDEN void quant_release(quant_matmul *q);
+
+/* gemm.c: whether its kernel runs at this level (AVX-512 VNNI), and output columns
+ * [c0, c1) through it (0, or -2 out of memory). */
+HIDDEN int gemm_ready(void);
+HIDDEN int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1);
+
+/* Tiles of x with at least this many rows take gemm.c's kernel where it runs. */
+#define GEMM_MIN_ROWS 10
 
 #endif

@@ -1,0 +1,186 @@
+/* The GEMM kernel: many rows of x (prefill, large batches) against a quantized weight, on
+ * AVX-512 VNNI with 512-bit registers (the other levels: gemm_ready() is 0).
+ *
+ * A panel of PANEL (32) output columns is unpacked once into the layout the integer dot
+ * product wants: per 32-value block, for each group of four values, the panel's columns'
+ * four bytes side by side (u8, a 32-bit lane per column: one 512-bit load serves 16
+ * columns), then the block's scales and mins per column in float32. Every row of x then
+ * meets the panel from cache: MR rows at a time, each row's four int8 values broadcast
+ * against two column vectors, so one weight load serves MR rows and one broadcast serves
+ * 32 columns (matmul.c's row kernel and wide.c's tiles re-unpack a weight block for every
+ * tile of 8 rows, and use 256-bit registers).
+ *
+ * The arithmetic is the row kernel's, per block: x carried by two int8 passes summed in
+ * int32 as (w.q << RESIDUAL_SHIFT) + w.r (activations.h), converted once, scaled by the
+ * weight's and x's scales, and the format's min and offset joining as min * sum(x). A
+ * format with two scales a block (Q6_K) folds each 16-value half apart. So a row's result
+ * is the row kernel's up to float32 summation order.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "blocks.h"
+#include "activations.h"
+#include "prepared.h"
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#include "unpack.h"
+
+#define PANEL 32                      /* output columns a panel: two 512-bit vectors */
+#define MR 6                          /* rows of x a tile (7 and 8 spill registers: slower) */
+#define QUAD_BYTES (PANEL * 4)        /* one group of four values for the panel's columns */
+#define BLOCK_BYTES (8 * QUAD_BYTES + 4 * PANEL * 4)  /* quads, then scale[2][PANEL], min[2][PANEL] */
+
+int gemm_ready(void) { return 1; }
+
+/* Columns [0, cols) of a panel from weight rows w (row_bytes apart), k = 32 nb values each;
+ * missing columns are zero (their outputs are never stored). */
+#define DEFINE_PACK(NAME, TYPE, BLOCK, BYTES, OFFSET, IS_SIGNED, TWO_SCALES)                        \
+static void NAME##_pack(const uint8_t *w, int64_t row_bytes, int cols, int64_t nb, uint8_t *panel) {  \
+    const float offset = IS_SIGNED ? 128.0f : (float)(OFFSET);                                      \
+    if (cols < PANEL) memset(panel, 0, (size_t)(nb * BLOCK_BYTES));                                 \
+    for (int c = 0; c < cols; c++) {                                                                \
+        const uint8_t *row = w + c * row_bytes;                                                     \
+        for (int64_t b = 0; b < nb; b++) {                                                          \
+            uint8_t *pb = panel + b * BLOCK_BYTES;                                                  \
+            block_params p;                                                                         \
+            NAME##_params(row, b, &p);                                                              \
+            __m256i v = NAME##_vec(row, b);                                                         \
+            if (IS_SIGNED) v = _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));                   \
+            uint32_t lanes[8];                                                                      \
+            _mm256_storeu_si256((__m256i *)lanes, v);                                               \
+            uint32_t *quads = (uint32_t *)pb;                                                       \
+            for (int g = 0; g < 8; g++) quads[g * PANEL + c] = lanes[g];                            \
+            float *scale = (float *)(pb + 8 * QUAD_BYTES), *min = scale + 2 * PANEL;                \
+            scale[c] = p.scale[0], scale[PANEL + c] = p.scale[1];                                   \
+            min[c] = p.min - offset * p.scale[0], min[PANEL + c] = p.min - offset * p.scale[1];     \
+        }                                                                                           \
+    }                                                                                               \
+}
+FOR_EACH_FORMAT(DEFINE_PACK)
+
+typedef void (*pack_fn)(const uint8_t *, int64_t, int, int64_t, uint8_t *);
+
+static pack_fn pack_of(int qtype, int *two_scales) {
+    switch (qtype) {
+#define PACK_CASE(NAME, TYPE, BLOCK, BYTES, OFFSET, IS_SIGNED, TWO_SCALES) \
+        case TYPE: *two_scales = TWO_SCALES; return NAME##_pack;
+        FOR_EACH_FORMAT(PACK_CASE)
+        default: return 0;
+    }
+}
+
+/* R rows (a constant at each call site) from row j0 against a packed panel: out[R][PANEL]. */
+static inline __attribute__((always_inline)) void tile(const uint8_t *panel, const quant_matmul *q, int64_t j0,
+                                                       const int R, const int two_scales, float *out) {
+    const int64_t k = q->k, nb = k / 32;
+    const int8_t *xq = q->xq + j0 * k, *xr = q->xr + j0 * k;
+    const int halves = two_scales ? 2 : 1, quads = 8 / halves;
+    __m512 acc[MR][2];
+    for (int i = 0; i < R; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = panel + b * BLOCK_BYTES;
+        const float *scale = (const float *)(pb + 8 * QUAD_BYTES), *min = scale + 2 * PANEL;
+        for (int half = 0; half < halves; half++) {
+            const int g0 = half * quads;
+            __m512i s[MR][2];
+            for (int i = 0; i < R; i++) s[i][0] = s[i][1] = _mm512_setzero_si512();
+            for (int g = g0; g < g0 + quads; g++) {
+                __m512i w0 = _mm512_load_si512(pb + g * QUAD_BYTES), w1 = _mm512_load_si512(pb + g * QUAD_BYTES + 64);
+                for (int i = 0; i < R; i++) {
+                    int32_t four;
+                    memcpy(&four, xq + i * k + 32 * b + 4 * g, 4);
+                    __m512i xv = _mm512_set1_epi32(four);
+                    s[i][0] = _mm512_dpbusd_epi32(s[i][0], w0, xv);
+                    s[i][1] = _mm512_dpbusd_epi32(s[i][1], w1, xv);
+                }
+            }
+            for (int i = 0; i < R; i++) {
+                s[i][0] = _mm512_slli_epi32(s[i][0], RESIDUAL_SHIFT);
+                s[i][1] = _mm512_slli_epi32(s[i][1], RESIDUAL_SHIFT);
+            }
+            for (int g = g0; g < g0 + quads; g++) {
+                __m512i w0 = _mm512_load_si512(pb + g * QUAD_BYTES), w1 = _mm512_load_si512(pb + g * QUAD_BYTES + 64);
+                for (int i = 0; i < R; i++) {
+                    int32_t four;
+                    memcpy(&four, xr + i * k + 32 * b + 4 * g, 4);
+                    __m512i xv = _mm512_set1_epi32(four);
+                    s[i][0] = _mm512_dpbusd_epi32(s[i][0], w0, xv);
+                    s[i][1] = _mm512_dpbusd_epi32(s[i][1], w1, xv);
+                }
+            }
+            const __m512 sc0 = _mm512_load_ps(scale + half * PANEL), sc1 = _mm512_load_ps(scale + half * PANEL + 16);
+            const __m512 mn0 = _mm512_load_ps(min + half * PANEL), mn1 = _mm512_load_ps(min + half * PANEL + 16);
+            for (int i = 0; i < R; i++) {
+                const int64_t j = j0 + i;
+                const __m512 dx = _mm512_set1_ps(q->xd[lane_of(j, b, nb)]);
+                const __m512 sx = _mm512_set1_ps(two_scales ? q->xh[half_lane_of(j, b, nb, half)] : q->xs[lane_of(j, b, nb)]);
+                acc[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i][0]), _mm512_mul_ps(sc0, dx), acc[i][0]);
+                acc[i][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i][1]), _mm512_mul_ps(sc1, dx), acc[i][1]);
+                acc[i][0] = _mm512_fmadd_ps(sx, mn0, acc[i][0]);
+                acc[i][1] = _mm512_fmadd_ps(sx, mn1, acc[i][1]);
+            }
+        }
+    }
+    for (int i = 0; i < R; i++) {
+        _mm512_storeu_ps(out + i * PANEL, acc[i][0]);
+        _mm512_storeu_ps(out + i * PANEL + 16, acc[i][1]);
+    }
+}
+
+static void tile_rows(const uint8_t *panel, const quant_matmul *q, int64_t j0, int rows, int two_scales, float *out) {
+#define TILE_CASE(R) case R: if (two_scales) tile(panel, q, j0, R, 1, out); else tile(panel, q, j0, R, 0, out); break;
+    switch (rows) {
+        TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5)
+        default: if (two_scales) tile(panel, q, j0, MR, 1, out); else tile(panel, q, j0, MR, 0, out); break;
+    }
+#undef TILE_CASE
+}
+
+/* A per-thread panel buffer, grown as needed (kept for the thread's life). */
+static uint8_t *panel_buffer(int64_t bytes) {
+    static __thread uint8_t *buffer;
+    static __thread int64_t capacity;
+    if (bytes > capacity) {
+        free(buffer);
+        buffer = (uint8_t *)aligned_alloc(64, (size_t)bytes);
+        capacity = buffer ? bytes : 0;
+    }
+    return buffer;
+}
+
+int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
+    const int64_t nb = q->k / 32, m = q->m, n = q->n;
+    uint8_t *panel = panel_buffer(nb * BLOCK_BYTES);
+    if (!panel) return -2;
+    int i = 0;
+    for (int64_t c = c0; c < c1;) {
+        while (c >= q->starts[i + 1]) i++;
+        int64_t end = c + PANEL;
+        if (end > c1) end = c1;
+        if (end > q->starts[i + 1]) end = q->starts[i + 1];
+        const int cols = (int)(end - c);
+        const int64_t local = c - q->starts[i];
+        int two_scales;
+        pack_fn pack = pack_of(q->qtypes[i], &two_scales);
+        pack(q->ws[i] + local * q->row_bytes[i], q->row_bytes[i], cols, nb, panel);
+        const float *bias = q->biases[i] ? q->biases[i] + local : 0;
+        for (int64_t j0 = 0; j0 < m; j0 += MR) {
+            const int rows = m - j0 < MR ? (int)(m - j0) : MR;
+            float out[MR * PANEL];
+            tile_rows(panel, q, j0, rows, two_scales, out);
+            for (int r = 0; r < rows; r++) {
+                float *dst = y + (j0 + r) * n + c;
+                for (int col = 0; col < cols; col++) dst[col] = out[r * PANEL + col] + (bias ? bias[col] : 0.0f);
+            }
+        }
+        c = end;
+    }
+    return 0;
+}
+
+#else
+int gemm_ready(void) { return 0; }
+int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) { (void)q, (void)y, (void)c0, (void)c1; return -1; }
+#endif
