@@ -29,32 +29,77 @@
 
 #define PANEL 32                      /* output columns a panel: two 512-bit vectors */
 #define MR 6                          /* rows of x a tile (7 and 8 spill registers: slower) */
+#define PREFETCH_BLOCKS 8             /* a column's block this far ahead is fetched while packing */
 #define QUAD_BYTES (PANEL * 4)        /* one group of four values for the panel's columns */
 #define BLOCK_BYTES (8 * QUAD_BYTES + 4 * PANEL * 4)  /* quads, then scale[2][PANEL], min[2][PANEL] */
 
 int gemm_ready(void) { return 1; }
 
+/* The quads of 16 columns of one block, transposed: in[j] holds columns 2j and 2j + 1 (their
+ * eight 4-byte groups each), out[g] group g of the 16 columns. Three rounds of two-register
+ * permutes (each halves the columns a register holds and doubles its groups), 24 in all,
+ * where scalar stores took 128. */
+typedef struct { __m512i s1[2], s2[2], s3[2]; } transpose_indices;
+
+static transpose_indices make_indices(void) {
+    int32_t i1[2][16], i2[2][16], i3[2][16];
+    for (int h = 0; h < 2; h++)
+        for (int lane = 0; lane < 16; lane++) {
+            int g = lane / 4 + 4 * h, c = lane % 4;  /* round 1: 4 groups x 4 columns */
+            i1[h][lane] = (c < 2 ? 0 : 16) + (c % 2) * 8 + g;
+            int gg = lane / 8 + 2 * h, c8 = lane % 8;  /* round 2: 2 groups x 8 columns */
+            i2[h][lane] = (c8 < 4 ? 0 : 16) + gg * 4 + c8 % 4;
+            i3[h][lane] = (lane < 8 ? 0 : 16) + 8 * h + lane % 8;  /* round 3: 1 group x 16 columns */
+        }
+    transpose_indices t;
+    for (int h = 0; h < 2; h++) {
+        t.s1[h] = _mm512_loadu_si512(i1[h]), t.s2[h] = _mm512_loadu_si512(i2[h]), t.s3[h] = _mm512_loadu_si512(i3[h]);
+    }
+    return t;
+}
+
+static inline void transpose16(const transpose_indices *t, const __m512i in[8], __m512i out[8]) {
+    __m512i b[4][2], c[2][2][2];
+    for (int p = 0; p < 4; p++)
+        for (int h = 0; h < 2; h++) b[p][h] = _mm512_permutex2var_epi32(in[2 * p], t->s1[h], in[2 * p + 1]);
+    for (int q = 0; q < 2; q++)
+        for (int h = 0; h < 2; h++)
+            for (int u = 0; u < 2; u++) c[q][h][u] = _mm512_permutex2var_epi32(b[2 * q][h], t->s2[u], b[2 * q + 1][h]);
+    for (int h = 0; h < 2; h++)
+        for (int u = 0; u < 2; u++)
+            for (int e = 0; e < 2; e++)
+                out[4 * h + 2 * u + e] = _mm512_permutex2var_epi32(c[0][h][u], t->s3[e], c[1][h][u]);
+}
+
 /* Columns [0, cols) of a panel from weight rows w (row_bytes apart), k = 32 nb values each;
- * missing columns are zero (their outputs are never stored). */
+ * missing columns are zero (their outputs are never stored). Block by block: 16 columns'
+ * blocks unpacked, then transposed (transpose16). */
 #define DEFINE_PACK(NAME, TYPE, BLOCK, BYTES, OFFSET, IS_SIGNED, TWO_SCALES)                        \
 static void NAME##_pack(const uint8_t *w, int64_t row_bytes, int cols, int64_t nb, uint8_t *panel) {  \
     const float offset = IS_SIGNED ? 128.0f : (float)(OFFSET);                                      \
+    const transpose_indices t = make_indices();                                                     \
     if (cols < PANEL) memset(panel, 0, (size_t)(nb * BLOCK_BYTES));                                 \
-    for (int c = 0; c < cols; c++) {                                                                \
-        const uint8_t *row = w + c * row_bytes;                                                     \
-        for (int64_t b = 0; b < nb; b++) {                                                          \
-            uint8_t *pb = panel + b * BLOCK_BYTES;                                                  \
-            block_params p;                                                                         \
-            NAME##_params(row, b, &p);                                                              \
-            __m256i v = NAME##_vec(row, b);                                                         \
-            if (IS_SIGNED) v = _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));                   \
-            uint32_t lanes[8];                                                                      \
-            _mm256_storeu_si256((__m256i *)lanes, v);                                               \
-            uint32_t *quads = (uint32_t *)pb;                                                       \
-            for (int g = 0; g < 8; g++) quads[g * PANEL + c] = lanes[g];                            \
-            float *scale = (float *)(pb + 8 * QUAD_BYTES), *min = scale + 2 * PANEL;                \
-            scale[c] = p.scale[0], scale[PANEL + c] = p.scale[1];                                   \
-            min[c] = p.min - offset * p.scale[0], min[PANEL + c] = p.min - offset * p.scale[1];     \
+    for (int64_t b = 0; b < nb; b++) {                                                              \
+        uint8_t *pb = panel + b * BLOCK_BYTES;                                                      \
+        float *scale = (float *)(pb + 8 * QUAD_BYTES), *min = scale + 2 * PANEL;                    \
+        for (int half = 0; half < PANEL / 16 && 16 * half < cols; half++) {                         \
+            __m256i v[16];                                                                          \
+            for (int j = 0; j < 16; j++) {                                                          \
+                const int c = 16 * half + j;                                                        \
+                if (c >= cols) { v[j] = _mm256_setzero_si256(); continue; }                        \
+                const uint8_t *row = w + c * row_bytes;                                             \
+                _mm_prefetch((const char *)row + (b + PREFETCH_BLOCKS) * BYTES, _MM_HINT_T0);        \
+                block_params p;                                                                     \
+                NAME##_params(row, b, &p);                                                          \
+                v[j] = NAME##_vec(row, b);                                                          \
+                if (IS_SIGNED) v[j] = _mm256_xor_si256(v[j], _mm256_set1_epi8((char)0x80));         \
+                scale[c] = p.scale[0], scale[PANEL + c] = p.scale[1];                               \
+                min[c] = p.min - offset * p.scale[0], min[PANEL + c] = p.min - offset * p.scale[1]; \
+            }                                                                                       \
+            __m512i in[8], out[8];                                                                  \
+            for (int j = 0; j < 8; j++) in[j] = _mm512_inserti64x4(_mm512_castsi256_si512(v[2 * j]), v[2 * j + 1], 1); \
+            transpose16(&t, in, out);                                                               \
+            for (int g = 0; g < 8; g++) _mm512_store_si512(pb + g * QUAD_BYTES + 64 * half, out[g]);   \
         }                                                                                           \
     }                                                                                               \
 }
