@@ -3,8 +3,10 @@
 ``EngineConfig.dtype="auto"`` (the default) means: a GGUF file's block-quantized weights
 stay quantized and run through the fused kernels (float32 activations); float weights
 run in bfloat16 where the CPU multiplies bf16 natively (AVX512-BF16 or AMX), else in
-float32 (bf16 without native support is slower than fp32). An explicit dtype loads every
-weight in it (quantized ones dequantized): the reference path. ``WeightFormat`` says
+float32 — except matrices stored in bfloat16, which stay bfloat16 (read where they lie)
+and are widened inside the float32 kernels (kernels/bf16_weights.py): a decode step reads
+2 bytes a weight, not the 4 of a float32 copy. An explicit dtype loads every weight in it
+(quantized ones dequantized): the reference path. ``WeightFormat`` says
 what was chosen, for the summary line, ``explain`` and the benchmarks.
 """
 
@@ -70,13 +72,23 @@ def load_weights(path: Path, engine_config, progress: bool = False):
                       and quantized_kernels_available())
     float_dtype = auto_float_dtype() if engine_config.cpu_kernels else torch.float32
     if Path(path).is_dir() or not _holds_blocks(path):  # float weights: read in the dtype that runs
-        return load_checkpoint(path, dtype=float_dtype, progress=progress), float_dtype
+        keep_bf16 = float_dtype == torch.float32 and _widening_kernels_run(engine_config)
+        return load_checkpoint(path, dtype=float_dtype, progress=progress, keep_bf16=keep_bf16), float_dtype
     # a quantized file: float32 activations, its blocks kept or not
     checkpoint = load_checkpoint(path, dtype=torch.float32, progress=progress, keep_quantized=True)
     if not keep_quantized:  # no kernels here, or sharded: dequantize (the reference path)
         checkpoint.tensors = {name: t.dequantize() if isinstance(t, QuantizedTensor) else t
                               for name, t in checkpoint.tensors.items()}
     return checkpoint, torch.float32
+
+
+def _widening_kernels_run(engine_config) -> bool:
+    """Whether bf16 matrices may stay bf16 beside float32 activations: the float32 kernels
+    (with the GEMV that widens bf16 weights) run, on one process."""
+    from inferpath.kernels import build
+
+    return (engine_config.cpu_kernels and engine_config.tensor_parallel_size == 1
+            and build.native_gemv_bf16_weights() is not None)
 
 
 def _holds_blocks(path: Path) -> bool:
@@ -95,6 +107,7 @@ def build_for_engine(checkpoint, dtype: torch.dtype, engine_config) -> nn.Module
     """The model the engine runs: sharded, quantized or plain, with the CPU kernels applied
     unless ``engine_config.cpu_kernels`` is off."""
     from inferpath.kernels import accelerate
+    from inferpath.kernels.bf16_weights import build_bf16_weight_model, holds_bf16_matrices
     from inferpath.kernels.quantized import build_quantized_model
     from inferpath.model import build_model
 
@@ -105,6 +118,8 @@ def build_for_engine(checkpoint, dtype: torch.dtype, engine_config) -> nn.Module
                                    cpu_kernels=engine_config.cpu_kernels)
     if checkpoint.quantized_tensors:
         model = build_quantized_model(checkpoint, dtype)
+    elif dtype == torch.float32 and holds_bf16_matrices(checkpoint):  # loaded with keep_bf16
+        model = build_bf16_weight_model(checkpoint)
     else:
         model = build_model(checkpoint, dtype)
     if engine_config.cpu_kernels:

@@ -53,6 +53,11 @@ LAYER_MATMUL_STAGES = ("q_proj", "k_proj", "v_proj", "o_proj", "router", "gate_p
                        "up_proj", "down_proj")
 
 
+# Float weight formats that run widened to float32 activations (bf16 weights on a CPU
+# without bf16 arithmetic, kernels/bf16_weights.py): they compute at the activations' peak.
+WIDENED_FORMATS = ("bfloat16",)
+
+
 @dataclass(frozen=True)
 class Precision:
     """Weight dtype, and the activation/KV dtype and compute peak that follow from it.
@@ -115,7 +120,7 @@ class Precision:
     def compute_dtype(self) -> str:
         """The peak-FLOP/s key: "quantized" for block formats (the probe measures their
         kernels; a preset falls back to its bf16 peak), else the weights' dtype."""
-        if self.bytes_per_weight is not None:
+        if self.bytes_per_weight is not None and self.label not in WIDENED_FORMATS:
             return "quantized"
         return "fp32" if self.weights == "fp32" else "bf16"
 

@@ -79,13 +79,15 @@ def row_prediction(row: str, predicted: PassCost) -> dict:
 
 def precision_of(engine) -> Precision:
     """The cost model's precision of what the engine runs: its compute dtype, and for
-    weights kept in GGUF blocks (dtype auto) their bytes per weight (engine.weight_format)."""
+    weights kept in GGUF blocks or in bf16 beside float32 activations (dtype auto) their
+    bytes per weight (engine.weight_format)."""
     weights = engine.weight_format
     dtype = str(weights.dtype).removeprefix("torch.")
     base = Precision.parse(dtype)
-    if not weights.quantized:
+    bytes_per_weight = weights.weight_bytes / weights.num_weights if weights.num_weights else base.weight_bytes
+    if not weights.quantized and bytes_per_weight == base.weight_bytes:
         return base
-    return Precision(base.weights, weights.weight_bytes / weights.num_weights, weights.formats)
+    return Precision(base.weights, bytes_per_weight, weights.formats)
 
 
 def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> dict:

@@ -71,7 +71,8 @@ FAMILIES = ("float32", "bfloat16", "quantized")
 _FAMILY_FLAGS = {("avx512", "bfloat16"): frozenset({"avx512_bf16"})}
 AMX_FLAGS = {"amx_tile", "amx_bf16"}
 KERNEL_NAMES = {
-    "float32": "gemv, rms_norm, silu_mul, rope, paged decode attention, argmax, native decode",
+    "float32": "gemv (float32 or bf16 weights), rms_norm, silu_mul, rope, paged decode attention, argmax, "
+               "native decode",
     "bfloat16": "gemv, rms_norm, silu_mul, rope, paged decode attention, native decode",
     "quantized": "GGUF Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K matmul and dequantize",
 }
@@ -89,6 +90,9 @@ _SIGNATURES = {  # every exported function returns int: 0, or a negative error
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _EXTRA_SIGNATURES = {
     "inferpath_argmax_f32": [_P] * 2 + [_I] * 2 + [_N],
+    # bf16 weights, float32 x / bias / y: as inferpath_gemv_{} and inferpath_gemv_group_{}
+    "inferpath_gemv_bf16_weights": _SIGNATURES["inferpath_gemv_{}"],
+    "inferpath_gemv_group_bf16_weights": _SIGNATURES["inferpath_gemv_group_{}"],
     # qtype, weight, row bytes, x (f32), bias (f32 or NULL), y (f32), m, n, k, threads, rows alone
     "inferpath_quant_matmul": [_N, _P, _I, _P, _P, _P, _I, _I, _I, _N, _N],
     # count, qtypes[], weights[], row bytes[], rows[], biases[], x, y, m, k, threads, rows alone
@@ -255,6 +259,17 @@ def _dtype_kernel(pattern: str, dtype: torch.dtype, level: str | None):
 def native_gemv(dtype: torch.dtype, level: str | None = None):
     """The native GEMV for ``dtype``, or None where it cannot run."""
     return _dtype_kernel("inferpath_gemv_{}", dtype, level)
+
+
+def native_gemv_bf16_weights(level: str | None = None):
+    """The GEMV of float32 x against bf16 weights (widened in the kernel: float32 family), or
+    None where it cannot run."""
+    return _native("inferpath_gemv_bf16_weights", "float32", level)
+
+
+def native_gemv_group_bf16_weights(level: str | None = None):
+    """``native_gemv_bf16_weights`` over a group of matrices sharing an input, or None."""
+    return _native("inferpath_gemv_group_bf16_weights", "float32", level)
 
 
 def native_amx_gemm(dtype: torch.dtype, level: str | None = None):

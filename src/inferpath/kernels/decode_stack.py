@@ -9,11 +9,12 @@ the same order, on the same buffers' values, so the hidden states are equal to t
 the module-by-module path (a test holds it). Two kinds of model take it: GGUF-quantized
 weights with float32 activations, and float32 or bfloat16 weights with activations of
 their dtype — for the row counts whose module path runs the GEMV (a bf16 batch on an AMX
-CPU, or past the GEMV's rows, takes oneDNN or AMX there, so the module path here).
-Everything else — prefill, mixed batches, a model outside the plain Llama layer
-(QK-norm, sandwich norms, soft-capping, MoE, non-SiLU gates), a traced step (its clock
-wraps module forwards), a hooked module (tensor parallelism's all-reduce) — takes the
-module path.
+CPU, or past the GEMV's rows, takes oneDNN or AMX there, so the module path here) —
+and bf16 weights with float32 activations (kernels/bf16_weights.py), the weights widened
+inside the GEMV. Everything else — prefill, mixed batches, a model outside the plain
+Llama layer (QK-norm, sandwich norms, soft-capping, MoE, non-SiLU gates), a traced step
+(its clock wraps module forwards), a hooked module (tensor parallelism's all-reduce) —
+takes the module path.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class _Plan:
         runs (else its results would differ): the fused quantized kernels, or the GEMV."""
         if self.quantized:
             return ops.quant_rows_fused(rows)
-        return all(group.serves(rows) for group in self.first_groups)
+        return all(group.serves(rows, self.dtype) for group in self.first_groups)
 
     @staticmethod
     def _check(stack: DecoderStack, dtype: torch.dtype, quantized: bool) -> str:
@@ -130,14 +131,18 @@ class _Plan:
             if any(type(n) is not CPURMSNorm or n.weight.dtype != activations or n._kernel is None for n in norms):
                 return f"not a native {str(activations).removeprefix('torch.')} RMSNorm"
             qkv = attn._quant_qkv if quantized else getattr(attn, "_float_qkv", None)
+            if not quantized and qkv is not None and not qkv.runs(activations):
+                qkv = None
             if (type(attn) is not CPUSelfAttention or attn.qk_norm or qkv is None
                     or type(attn.o_proj) is not projection or type(attn.rotary_emb) is not CPURotaryEmbedding
                     or type(attn.attn) is not CPUPagedAttention):
                 return "attention is not quantized or native-GEMV Q/K/V with native RoPE and paged attention"
             gate_up = mlp._quant_gate_up if quantized else mlp._float_gate_up
-            if gate_up is None or type(mlp.down_proj) is not projection or type(mlp.act_fn) is not CPUSiluAndMul:
+            if (gate_up is None or (not quantized and not gate_up.runs(activations))
+                    or type(mlp.down_proj) is not projection or type(mlp.act_fn) is not CPUSiluAndMul):
                 return "the MLP is not quantized or native-GEMV gate/up/down with a SiLU gate"
-            if not quantized and (float_group(attn.o_proj) is None or float_group(mlp.down_proj) is None):
+            if not quantized and not all((group := float_group(p)) is not None and group.runs(activations)
+                                         for p in (attn.o_proj, mlp.down_proj)):
                 return "a float projection the native GEMV does not serve"
             if attn.sliding_window != first.sliding_window or attn.rotary_emb.table is not first.rotary_emb.table:
                 return "layers differ in window or RoPE"

@@ -46,18 +46,25 @@ def quant_group(*projections: nn.Module) -> QuantGroup | None:
 
 def float_group(*projections: nn.Module) -> FloatGroup | None:
     """A ``FloatGroup`` over float ``nn.Linear`` projections sharing an input (one dtype,
-    contiguous CPU weights and biases), or None where they are not that or the GEMV does
-    not run here."""
+    contiguous CPU weights), for each activation dtype the native GEMV serves them in (x of
+    the weights' dtype with biases of it or none; float32 x against bf16 weights with
+    float32 biases or none), or None where there is none."""
     if not all(isinstance(p, nn.Linear) for p in projections):  # e.g. quantized (QuantLinear)
         return None
     weights = [p.weight.detach() for p in projections]
     biases = [None if p.bias is None else p.bias.detach() for p in projections]
     dtype = weights[0].dtype
-    if not ops.kernel_ready(dtype, *weights, *biases) or len({w.shape[1] for w in weights}) != 1:
+    if not ops.kernel_ready(dtype, *weights) or len({w.shape[1] for w in weights}) != 1:
         return None
-    fn = build.native_gemv_group(dtype)
-    kernels = ops.linear_kernels(weights[0], biases[0])
-    return None if fn is None or kernels[0] is None else FloatGroup(fn, weights, biases, kernels)
+    variants = {}
+    fn, kernels = build.native_gemv_group(dtype), ops.linear_kernels(weights[0], biases[0])
+    if fn is not None and kernels[0] is not None and ops.kernel_ready(dtype, *biases):
+        variants[dtype] = (fn, kernels)
+    fn, kernels = build.native_gemv_group_bf16_weights(), ops.bf16_weight_kernels(weights[0], biases[0])
+    if dtype == torch.bfloat16 and fn is not None and kernels[0] is not None \
+            and ops.kernel_ready(torch.float32, *biases):
+        variants[torch.float32] = (fn, kernels)
+    return FloatGroup(weights, biases, variants) if variants else None
 
 
 def _group_serves(x: torch.Tensor, quant: QuantGroup | None, floats: FloatGroup | None) -> str:
@@ -65,7 +72,7 @@ def _group_serves(x: torch.Tensor, quant: QuantGroup | None, floats: FloatGroup 
     rows = x.shape[0]
     if quant is not None and x.dtype == torch.float32:  # any row count: QuantGroup tiles past the fused rows
         return "quant"
-    if floats is not None and x.dtype == floats.dtype and x.dim() == 2 and floats.serves(rows):
+    if floats is not None and x.dim() == 2 and floats.serves(rows, x.dtype):
         return "float"
     return ""
 
@@ -100,23 +107,19 @@ class CPUSwiGLUMLP(SwiGLUMLP):
     def prepare(self) -> "CPUSwiGLUMLP":
         self._quant_gate_up = quant_group(self.gate_proj, self.up_proj)
         self._float_gate_up = float_group(self.gate_proj, self.up_proj)
-        self._silu_f32 = build.native_silu_mul(torch.float32)
-        self._silu = None if self._float_gate_up is None else build.native_silu_mul(self._float_gate_up.dtype)
-        if self._quant_gate_up is not None and self._silu_f32 is None:
+        self._silu = {dtype: build.native_silu_mul(dtype) for dtype in (torch.float32, torch.bfloat16)}
+        if self._quant_gate_up is not None and self._silu[torch.float32] is None:
             self._quant_gate_up = None
-        if self._silu is None:
-            self._float_gate_up = None
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, hidden_size) -> (num_tokens, hidden_size)
         group = _group_serves(x, self._quant_gate_up, self._float_gate_up)
-        if not group or _hooked(self.gate_proj, self.up_proj, self.act_fn):
+        if not group or self._silu.get(x.dtype) is None or _hooked(self.gate_proj, self.up_proj, self.act_fn):
             return super().forward(x)
         # gate_up: (tokens, 2 * inter), the weights read in place
         gate_up = (self._quant_gate_up if group == "quant" else self._float_gate_up)(x.contiguous())
         inter = gate_up.shape[1] // 2
         hidden = torch.empty((x.shape[0], inter), dtype=x.dtype)
-        run_silu_mul(self._silu_f32 if group == "quant" else self._silu, gate_up[:, :inter], gate_up[:, inter:],
-                     hidden)
+        run_silu_mul(self._silu[x.dtype], gate_up[:, :inter], gate_up[:, inter:], hidden)
         return self.down_proj(hidden)

@@ -69,31 +69,39 @@ class QuantGroup(_WeightArrays):
 
 
 class FloatGroup(_WeightArrays):
-    """Float weights (one dtype, contiguous (rows, in_features) each; biases of that dtype
-    or None) through the native GEMV (``inferpath_gemv_group_*``): each output value is the
-    one the single-matrix GEMV gives (same kernel, same chain over k), so a group equals
-    its projections run one by one through ``ops.small_batch_linear`` for the row counts
-    that take the GEMV there (``serves``); other row counts take the projections' own
-    modules (AMX, oneDNN)."""
+    """Float weights (one dtype, contiguous (rows, in_features) each) through the native GEMV
+    (``inferpath_gemv_group_*``), for x of each dtype in ``variants``: activation dtype ->
+    (group function, ``ops.linear_kernels``-form tuple of the single-matrix GEMV). x of the
+    weights' dtype, or float32 x against bf16 weights (``inferpath_gemv_group_bf16_weights``,
+    the weights widened in the kernel); biases in x's dtype or None. Each output value is
+    the one the single-matrix GEMV gives (same kernel, same chain over k), so a group equals
+    its projections run one by one (``ops.small_batch_linear``, ``ops.bf16_weight_linear``)
+    for the row counts that take the GEMV there (``serves``); other row counts take the
+    projections' own modules (AMX, oneDNN, widened tiles)."""
 
-    def __init__(self, fn, weights: list[torch.Tensor], biases: list, kernels: tuple) -> None:
+    def __init__(self, weights: list[torch.Tensor], biases: list, variants: dict) -> None:
         super().__init__([GGUF_FLOAT_TYPES[weights[0].dtype]] * len(weights), weights, [w.shape[0] for w in weights],
                          biases)
-        self._fn = fn
-        self._kernels = kernels  # ops.linear_kernels of the weights
-        self.dtype = weights[0].dtype
+        self._variants = variants
+        self.dtype = weights[0].dtype  # of the weights
         self.in_features = weights[0].shape[1]
 
-    def serves(self, rows: int) -> bool:
-        """Whether ``ops.small_batch_linear`` takes the GEMV for ``rows`` rows of x."""
-        return ops.gemv_serves(rows, self._kernels)
+    def runs(self, activations: torch.dtype) -> bool:
+        """Whether the group takes x of ``activations``."""
+        return activations in self._variants
+
+    def serves(self, rows: int, activations: torch.dtype) -> bool:
+        """Whether the single-matrix path takes the GEMV for ``rows`` rows of x of
+        ``activations`` (and so this group may run them)."""
+        variant = self._variants.get(activations)
+        return variant is not None and ops.gemv_serves(rows, variant[1])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x (m, in_features) contiguous, the group's dtype -> (m, num_out)."""
+        """x (m, in_features) contiguous, a dtype the group ``runs`` -> (m, num_out) of it."""
         count, _, ptrs, _, rows, biases = self.native_arguments()
-        out = torch.empty((x.shape[0], self.num_out), dtype=self.dtype)
-        status = self._fn(count, ptrs, rows, biases, x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1],
-                          torch.get_num_threads())
+        out = torch.empty((x.shape[0], self.num_out), dtype=x.dtype)
+        status = self._variants[x.dtype][0](count, ptrs, rows, biases, x.data_ptr(), out.data_ptr(), x.shape[0],
+                                            x.shape[1], torch.get_num_threads())
         if status != 0:
             raise RuntimeError(f"gemv group rejected x={tuple(x.shape)} (status {status})")
         return out

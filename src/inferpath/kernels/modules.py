@@ -11,7 +11,8 @@ nothing of them. They dispatch on dtype, device and rows:
 - a batched decode step's matmuls: for bf16 on CPUs with AMX, 2 to 128 rows, a
   small-batch GEMM that streams the weights straight into AMX tiles (csrc/amx.c);
   otherwise a GEMV that reads each weight once at close to memory bandwidth (fp32 up to
-  32 rows, bf16 up to 8);
+  32 rows, bf16 up to 8); bf16 weights meeting float32 activations (kernels/bf16_weights.py)
+  take a GEMV that widens them in the kernel, or widened tiles and PyTorch's GEMM;
 - RMSNorm, the SwiGLU gate (``SiluAndMul``) and RoPE on Q and K, any number of rows:
   one pass each;
 - the decode group of any step (one query per sequence, any batch size): attention that
@@ -49,10 +50,16 @@ class CPULinear(nn.Linear):
     def prepare(self) -> "CPULinear":
         """Decide the kernels for the current weight (call again after replacing it)."""
         self._kernels = ops.linear_kernels(self.weight, self.bias)
+        self._widening = self.weight.dtype == torch.bfloat16 and (self.bias is None
+                                                                  or self.bias.dtype == torch.float32)
+        if self._widening:  # bf16 weights may meet float32 x (kernels/bf16_weights.py)
+            self._widening_kernels = ops.bf16_weight_kernels(self.weight, self.bias)
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, in_features) -> (num_tokens, out_features)
+        if self._widening and x.dtype == torch.float32:
+            return ops.bf16_weight_linear(x, self.weight, self.bias, self._widening_kernels)
         return small_batch_linear(x, self.weight, self.bias, self._kernels)
 
 

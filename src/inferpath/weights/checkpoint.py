@@ -50,12 +50,14 @@ class Checkpoint:
 
 
 def load_checkpoint(path: str | Path, dtype: torch.dtype | str = torch.float32,
-                    progress: bool = False, keep_quantized: bool = False) -> Checkpoint:
+                    progress: bool = False, keep_quantized: bool = False, keep_bf16: bool = False) -> Checkpoint:
     """Load a ``.gguf`` file or a Hugging Face model directory (see module docstring).
 
     ``progress`` shows a tqdm bar (on stderr) while tensors are read. ``keep_quantized``
     leaves a GGUF's block-quantized weights as ``QuantizedTensor`` (weights/quantized.py)
-    instead of dequantizing them to ``dtype``.
+    instead of dequantizing them to ``dtype``. ``keep_bf16`` leaves matrices stored in
+    bfloat16 as they are (a BF16 GGUF's: views of the mapped file), every other tensor in
+    ``dtype``.
     Raises WeightsError (a ValueError) naming the file, and the tensor and expected shape
     where one is missing or wrong; FileNotFoundError if ``path`` does not exist.
     """
@@ -66,10 +68,10 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype | str = torch.float32,
     if path.is_file() and (path.suffix == ".safetensors" or path.name == "config.json"):
         path = path.parent  # a file inside a Hugging Face directory: load the directory
     if path.is_dir():
-        config, tensors, eos = read_hf_dir(path, dtype, progress)
+        config, tensors, eos = read_hf_dir(path, dtype, progress, keep_bf16)
         tokenizer_path = path
     elif _is_gguf(path):
-        config, tensors, eos = read_gguf(path, dtype, progress, keep_quantized)
+        config, tensors, eos = read_gguf(path, dtype, progress, keep_quantized, keep_bf16)
         tokenizer_path = path
     else:
         raise WeightsError(

@@ -179,14 +179,15 @@ def unpermute_rows(rows: np.ndarray, num_heads: int) -> np.ndarray:
     return per_head.swapaxes(1, 2).reshape(rows.shape)  # (heads, 2, d/2, …) flattened
 
 
-def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quantized: bool = False
-              ) -> tuple[ModelConfig, dict[str, torch.Tensor | QuantizedTensor], list[int]]:
+def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quantized: bool = False,
+              keep_bf16: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor | QuantizedTensor], list[int]]:
     """Config, Hugging Face-named tensors in ``dtype``, and EOS ids of one GGUF file.
 
     With ``keep_quantized``, 2-D tensors in a block format the kernels read
     (``QUANTIZED_TYPES``) stay as ``QuantizedTensor`` views of the mapped file (Q and K
     rows of permuted architectures are copied into Hugging Face order); the rest are
-    dequantized to ``dtype`` as usual.
+    dequantized to ``dtype`` as usual. With ``keep_bf16``, BF16 matrices stay bfloat16
+    views of the mapped file (reordered the same way).
     """
     index = read_gguf_index(path)
     config = config_from_gguf(index, path)
@@ -222,7 +223,7 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
             rows = index.array(data, t)  # F32/F16 values, BF16 bytes (rows, 2 * cols)
             if arch in _PERMUTED_ARCHITECTURES and kind in heads_of:
                 rows = _rows_in_order(rows, unpermute_rows(np.arange(shape[0]), heads_of[kind]))
-            matrix = _float_matrix(rows, t.qtype, dtype)
+            matrix = _float_matrix(rows, t.qtype, torch.bfloat16 if keep_bf16 and t.qtype == Q.BF16 else dtype)
             if not _shares_memory(matrix, rows):  # converted: its bytes in the map are read for good
                 _release_pages(data, t.offset, t.nbytes)
             tensors[_hf_name_or_raise(t.name, config, path)] = matrix

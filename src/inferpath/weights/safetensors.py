@@ -25,9 +25,10 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 
-def read_hf_dir(path: Path, dtype: torch.dtype, progress: bool = False
+def read_hf_dir(path: Path, dtype: torch.dtype, progress: bool = False, keep_bf16: bool = False
                 ) -> tuple[ModelConfig, dict[str, torch.Tensor], list[int]]:
-    """Config, tensors in ``dtype`` (exactly those the model needs), and EOS ids of a dir.
+    """Config, tensors in ``dtype`` (exactly those the model needs), and EOS ids of a dir;
+    with ``keep_bf16``, matrices stored in bfloat16 stay bfloat16.
 
     Tensors the model recomputes or shares (a tied ``lm_head.weight`` saved anyway, RoPE
     ``inv_freq`` buffers) are not read; any other tensor it does not use is an error.
@@ -72,7 +73,9 @@ def read_hf_dir(path: Path, dtype: torch.dtype, progress: bool = False
                     if found != shapes[name]:
                         raise WeightsError(f"{file}: tensor {name!r} has shape {found}, "
                                            f"expected {shapes[name]} from config.json")
-                    tensors[name] = shard.get_tensor(name).to(dtype)
+                    tensor = shard.get_tensor(name)
+                    keep = keep_bf16 and tensor.dtype == torch.bfloat16 and tensor.dim() == 2
+                    tensors[name] = tensor if keep else tensor.to(dtype)
                     bar.update()
         except (SafetensorError, OSError) as exc:
             raise WeightsError(f"{file}: not a readable safetensors file ({exc}); "

@@ -1,4 +1,5 @@
-/* GEMV: y = x @ w^T (+ bias) for a few rows of x, in bfloat16 (AVX512-BF16) or float32 (AVX512F).
+/* GEMV: y = x @ w^T (+ bias) for a few rows of x, in bfloat16 (AVX512-BF16) or float32 (AVX512F),
+ * or bf16 weights against float32 x (AVX512F: the weights widened in the kernel).
  *
  * x: (m, k) bf16 row-major, w: (n, k) bf16 row-major (nn.Linear's layout), bias: (n,) bf16
  * or NULL, y: (m, n) bf16 row-major, any m >= 1 (in groups of 4 rows). Products are accumulated in float32 by
@@ -142,3 +143,51 @@ void NAME(const T *x, const T *w, const T *bias, T *y, int64_t ldy, int64_t m, i
 
 DEFINE_COLUMNS(gemv_columns_bf16, uint16_t, block4, dot_row, bf16_to_float, round_bf16)
 DEFINE_COLUMNS(gemv_columns_f32, float, block4_f32, dot_row_f32, f32_identity, f32_identity)
+
+/* ---------------------------------------------------------------- bf16 weights, float32 x
+ * A BF16 file on an AVX-512 CPU without AVX512-BF16: each 16 weights widened exactly (a
+ * zero-extension and a 16-bit shift) and multiplied by float32 x with one FMA. Four weight
+ * rows meet one row of x at a time, and every row of x takes the same loop whatever m is
+ * (an output does not depend on the batch it is in). */
+static void widen_block4(const uint16_t *w, const float *x, int64_t k, float out[4]) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    __m512 acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps();
+    for (int64_t c = 0; c < k; c += 16) {
+        __mmask16 mask = lanes16(k - c);
+        _mm_prefetch((const char *)(w + PF * k + c), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w + (PF + 1) * k + c), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w + (PF + 2) * k + c), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w + (PF + 3) * k + c), _MM_HINT_T0);
+        __m512 xv = LOADF(x + c, mask);
+        acc0 = _mm512_fmadd_ps(load_bf16_as_f32(w + c, mask), xv, acc0);
+        acc1 = _mm512_fmadd_ps(load_bf16_as_f32(w + k + c, mask), xv, acc1);
+        acc2 = _mm512_fmadd_ps(load_bf16_as_f32(w + 2 * k + c, mask), xv, acc2);
+        acc3 = _mm512_fmadd_ps(load_bf16_as_f32(w + 3 * k + c, mask), xv, acc3);
+    }
+    out[0] = _mm512_reduce_add_ps(acc0), out[1] = _mm512_reduce_add_ps(acc1);
+    out[2] = _mm512_reduce_add_ps(acc2), out[3] = _mm512_reduce_add_ps(acc3);
+}
+
+static float widen_dot(const uint16_t *w, const float *x, int64_t k) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t c = 0; c < k; c += 16) {
+        __mmask16 mask = lanes16(k - c);
+        acc = _mm512_fmadd_ps(load_bf16_as_f32(w + c, mask), LOADF(x + c, mask), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+void gemv_columns_bf16_weights(const float *x, const uint16_t *w, const float *bias, float *y, int64_t ldy,
+                               int64_t m, int64_t k, int64_t c0, int64_t c1) {
+    int64_t row = c0;
+    for (; row + 4 <= c1; row += 4) {
+        const uint16_t *wb = w + row * k;
+        for (int64_t j = 0; j < m; j++) {
+            float out[4];
+            widen_block4(wb, x + j * k, k, out);
+            for (int r = 0; r < 4; r++) y[j * ldy + row + r] = out[r] + (bias ? bias[row + r] : 0.0f);
+        }
+    }
+    for (; row < c1; row++)
+        for (int64_t j = 0; j < m; j++) y[j * ldy + row] = widen_dot(w + row * k, x + j * k, k) + (bias ? bias[row] : 0.0f);
+}

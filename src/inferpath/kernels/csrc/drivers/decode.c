@@ -10,7 +10,8 @@
  * Two kinds of model: weights in GGUF blocks (quant/matmul.c) with float32 activations,
  * or float weights (float32 or bfloat16, the level's GEMV) with activations, norms, RoPE
  * tables and KV cache in the weights' type (each kernel rounds where its module does: a
- * bf16 residual add is one rounding of the float32 sum, as PyTorch's). Either way the
+ * bf16 residual add is one rounding of the float32 sum, as PyTorch's), or bf16 weights
+ * with everything else float32 (a CPU without bf16 arithmetic). Either way the
  * matmuls' output columns are split over the decode pool (pool.c). Llama-family layers
  * only (the Python side checks the model: no QK-norm, no sandwich norms, no soft-capping,
  * SwiGLU).
@@ -46,7 +47,7 @@ typedef struct {
     const uint8_t *const *weights;
     const int64_t *row_bytes;
     const int64_t *rows;
-    const void *const *biases;  /* float32 for block types, else the weights' type */
+    const void *const *biases;  /* float32 for block types, else the activations' type */
 } weight_group;
 
 typedef struct {
@@ -84,13 +85,21 @@ static void columns_task(void *ctx, int64_t chunk) {
     else gemv_group_columns(job->floats, job->x, job->y, job->m, job->k, c0, c1);
 }
 
-/* y = x W^T (+ b) for the group, its columns split over the decode pool (pool.c) */
+/* The float GEMV for weights of GGUF type ``weights`` and activations of ``activations``
+ * (bf16 weights with float32 activations: a BF16 file on a CPU without bf16 arithmetic) */
+static int gemv_kind(int weights, int activations) {
+    if (weights == TYPE_F32) return GEMV_F32;
+    return activations == TYPE_BF16 ? GEMV_BF16 : GEMV_BF16_WEIGHTS;
+}
+
+/* y = x W^T (+ b) for the group, its columns split over the decode pool (pool.c); x and y
+ * of type ``activations`` */
 static int matmul(const weight_group *w, const void *x, void *y, int64_t m, int64_t k, int threads,
-                  int rows_alone) {
+                  int rows_alone, int activations) {
     columns_job job = {0, 0, x, y, m, k, 0, 0};
     if (w->qtypes[0] == TYPE_F32 || w->qtypes[0] == TYPE_BF16) {
-        float_group g = {w->count, w->qtypes[0] == TYPE_BF16, (const void *const *)w->weights, w->rows, w->biases,
-                         0};
+        float_group g = {w->count, gemv_kind(w->qtypes[0], activations), (const void *const *)w->weights, w->rows,
+                         w->biases, 0};
         for (int i = 0; i < w->count; i++) g.n += w->rows[i];
         job.floats = &g, job.n = g.n, job.columns = chunk_columns(g.n, threads);
         pool_run(threads, columns_task, &job, (job.n + job.columns - 1) / job.columns);
@@ -175,7 +184,7 @@ int inferpath_decode_layers(const decode_layer *layers, int num_layers, const de
     for (int l = 0; l < num_layers && !status; l++) {
         const decode_layer *L = &layers[l];
         status = rms_norm(bf16, x, L->input_norm, normed, m, s->hidden, s->eps, num_threads);
-        if (!status) status = matmul(&L->qkv, normed, qkv, m, s->hidden, num_threads, rows_alone);
+        if (!status) status = matmul(&L->qkv, normed, qkv, m, s->hidden, num_threads, rows_alone, s->dtype);
         if (!status) status = rope(bf16, qkv, qkv_size, s, q_size, cos, sin, q, k, m, num_threads);
         if (status) break;
         for (int64_t i = 0; i < m; i++) {  /* this step's K/V into the cache */
@@ -184,13 +193,13 @@ int inferpath_decode_layers(const decode_layer *layers, int num_layers, const de
                    size * (size_t)kv_size);
         }
         status = attention(bf16, q, L, block_tables, seq_lens, attended, m, s, num_threads);
-        if (!status) status = matmul(&L->o, attended, projected, m, q_size, num_threads, rows_alone);
+        if (!status) status = matmul(&L->o, attended, projected, m, q_size, num_threads, rows_alone, s->dtype);
         if (status) break;
         add_residual(bf16, x, projected, m * s->hidden);
         status = rms_norm(bf16, x, L->post_norm, normed, m, s->hidden, s->eps, num_threads);
-        if (!status) status = matmul(&L->gate_up, normed, gate_up, m, s->hidden, num_threads, rows_alone);
+        if (!status) status = matmul(&L->gate_up, normed, gate_up, m, s->hidden, num_threads, rows_alone, s->dtype);
         if (!status) status = silu_mul(bf16, gate_up, act, m, s->intermediate, num_threads);
-        if (!status) status = matmul(&L->down, act, projected, m, s->intermediate, num_threads, rows_alone);
+        if (!status) status = matmul(&L->down, act, projected, m, s->intermediate, num_threads, rows_alone, s->dtype);
         if (status) break;
         add_residual(bf16, x, projected, m * s->hidden);
     }

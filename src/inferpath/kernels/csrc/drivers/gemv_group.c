@@ -2,7 +2,8 @@
  * or for a group of matrices sharing x (Q/K/V, gate/up: one call and one parallel region
  * for all, each matrix read where it lies, no concatenated copy), the output columns split
  * over OpenMP threads and computed by the level's gemv_columns_* (avx512/ or portable/
- * gemv.c). The library links libgomp.so.1, which PyTorch has already loaded: these regions
+ * gemv.c): float32, bfloat16, and bf16 weights against float32 x (``_bf16_weights``).
+ * The library links libgomp.so.1, which PyTorch has already loaded: these regions
  * run on PyTorch's own thread pool.
  */
 #include <omp.h>
@@ -15,9 +16,12 @@ void gemv_group_columns(const float_group *g, const void *x, void *y, int64_t m,
     for (int i = 0; i < g->count && start < c1; start += g->rows[i], i++) {
         int64_t lo = c0 > start ? c0 - start : 0, hi = c1 - start < g->rows[i] ? c1 - start : g->rows[i];
         if (lo >= hi) continue;
-        if (g->bf16)
+        if (g->kind == GEMV_BF16)
             gemv_columns_bf16((const uint16_t *)x, (const uint16_t *)g->weights[i], (const uint16_t *)g->biases[i],
                               (uint16_t *)y + start, g->n, m, k, lo, hi);
+        else if (g->kind == GEMV_BF16_WEIGHTS)
+            gemv_columns_bf16_weights((const float *)x, (const uint16_t *)g->weights[i], (const float *)g->biases[i],
+                                      (float *)y + start, g->n, m, k, lo, hi);
         else
             gemv_columns_f32((const float *)x, (const float *)g->weights[i], (const float *)g->biases[i],
                              (float *)y + start, g->n, m, k, lo, hi);
@@ -45,17 +49,19 @@ static int64_t total_rows(int count, const int64_t *rows) {
     return n;
 }
 
-#define DEFINE_ENTRY_POINTS(SUFFIX, T, IS_BF16)                                                        \
-int inferpath_gemv_group_##SUFFIX(int count, const T *const *ws, const int64_t *rows, const T *const *biases, \
-                                  const T *x, T *y, int64_t m, int64_t k, int num_threads) {            \
-    float_group g = {count, IS_BF16, (const void *const *)ws, rows, (const void *const *)biases,       \
+/* TX: x's, the bias's and y's type; TW: the weights' */
+#define DEFINE_ENTRY_POINTS(SUFFIX, TX, TW, KIND)                                                      \
+int inferpath_gemv_group_##SUFFIX(int count, const TW *const *ws, const int64_t *rows, const TX *const *biases, \
+                                  const TX *x, TX *y, int64_t m, int64_t k, int num_threads) {          \
+    float_group g = {count, KIND, (const void *const *)ws, rows, (const void *const *)biases,          \
                      total_rows(count, rows)};                                                         \
     return run_group(&g, x, y, m, k, num_threads);                                                     \
 }                                                                                                      \
-int inferpath_gemv_##SUFFIX(const T *x, const T *w, const T *bias, T *y, int64_t m, int64_t n, int64_t k, \
+int inferpath_gemv_##SUFFIX(const TX *x, const TW *w, const TX *bias, TX *y, int64_t m, int64_t n, int64_t k, \
                             int num_threads) {                                                         \
     return inferpath_gemv_group_##SUFFIX(1, &w, &n, &bias, x, y, m, k, num_threads);                   \
 }
 
-DEFINE_ENTRY_POINTS(f32, float, 0)
-DEFINE_ENTRY_POINTS(bf16, uint16_t, 1)
+DEFINE_ENTRY_POINTS(f32, float, float, GEMV_F32)
+DEFINE_ENTRY_POINTS(bf16, uint16_t, uint16_t, GEMV_BF16)
+DEFINE_ENTRY_POINTS(bf16_weights, float, uint16_t, GEMV_BF16_WEIGHTS)
