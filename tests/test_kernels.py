@@ -9,6 +9,7 @@ fallback path is tested too, by forcing it.
 
 from __future__ import annotations
 
+import ctypes
 import shutil
 
 import pytest
@@ -87,6 +88,53 @@ def test_bfloat16_gemv_is_the_float32_product_rounded_once(m, n, k, with_bias, i
     assert ((out.float() - exact).abs() <= exact.abs() * 2**-8 + 1e-4 * k).all()
     # and nearly always the very value PyTorch's bf16 linear gives
     assert (out == F.linear(x, w, bias)).float().mean() >= 0.99
+
+
+@native
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("m,n,k", SHAPES + [(17, 37, 65), (64, 11, 576)])
+def test_bf16_weights_gemv_is_the_float32_product_of_the_widened_weights(m, n, k, with_bias, isa):
+    """float32 x against bf16 weights (a BF16 file on a CPU without bf16 arithmetic): the
+    weights widen exactly, so the result is the float32 product up to summation order; and
+    each row is the value it has computed alone (the kernel's rows are independent), and a
+    group of matrices gives each matrix's columns as the single-matrix call does."""
+    gen = torch.Generator().manual_seed(n * k + m)
+    x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen).bfloat16()
+    bias = torch.randn(n, generator=gen) if with_bias else None
+    fn = kernel_build.native_gemv_bf16_weights()
+    assert fn is not None, kernel_status()
+    out = kernel_ops.run_gemv(fn, x, w, bias)
+    assert out.shape == (m, n) and out.dtype == torch.float32
+    torch.testing.assert_close(out, F.linear(x, w.float(), bias), rtol=1e-5, atol=1e-5 * k ** 0.5)
+    for j in {0, m - 1}:
+        assert torch.equal(kernel_ops.run_gemv(fn, x[j:j + 1], w, bias), out[j:j + 1])
+    group = kernel_build.native_gemv_group_bf16_weights()
+    w2 = torch.randn(5, k, generator=gen).bfloat16()
+    b2 = torch.randn(5, generator=gen) if with_bias else None
+    both = torch.empty(m, n + 5)
+    weights = (ctypes.c_void_p * 2)(w.data_ptr(), w2.data_ptr())
+    biases = (ctypes.c_void_p * 2)(*(None if b is None else b.data_ptr() for b in (bias, b2)))
+    assert group(2, weights, (ctypes.c_int64 * 2)(n, 5), biases, x.data_ptr(), both.data_ptr(), m, k, 2) == 0
+    assert torch.equal(both[:, :n], out)
+    assert torch.equal(both[:, n:], kernel_ops.run_gemv(fn, x, w2, b2))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 200])
+def test_a_bf16_linear_meeting_float32_x_is_the_widened_product(rows, isa):
+    """``CPULinear`` with bf16 weights and a float32 bias, float32 x: the GEMV for a few rows,
+    widened tiles and PyTorch's GEMM for many (200 rows: past every level's cutoff); the
+    same values as ``F.linear`` over the widened weights either way."""
+    gen = torch.Generator().manual_seed(rows)
+    linear = nn.Linear(96, 70)
+    linear.weight.data = torch.randn(70, 96, generator=gen).bfloat16()
+    linear.bias.data = torch.randn(70, generator=gen)
+    linear.__class__ = CPULinear
+    linear.prepare()
+    assert linear._widening_kernels[0] is not None, kernel_status()
+    x = torch.randn(rows, 96, generator=gen)
+    out = linear(x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, F.linear(x, linear.weight.float(), linear.bias), rtol=1e-5, atol=1e-4)
 
 
 amx = pytest.mark.skipif(kernel_build.native_amx_gemm(torch.bfloat16) is None,

@@ -1,0 +1,160 @@
+"""A BF16 GGUF on a CPU without bf16 arithmetic (kernels/bf16_weights.py), forced here with
+INFERPATH_ISA=avx2: ``--dtype auto`` keeps the matrices bfloat16 views of the mapped file
+and runs float32 activations, norms and KV cache through kernels that widen the weights
+(exact), so the model is the float32 model of the same file up to the order of float32
+sums: same greedy tokens, logprobs within float32 noise, native decode bitwise equal to the
+module path, and about half the resident memory of the float32 conversion."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from gguf_files import write_float_gguf
+
+from inferpath.config import EngineConfig
+from inferpath.engine.llm_engine import LLMEngine
+from inferpath.kernels import build
+from inferpath.models import resolve_model
+from inferpath.sampling.params import SamplingParams
+
+PROMPTS = ["Tell me about the number 7.", "def fibonacci(n):"]
+
+
+@pytest.fixture(scope="module")
+def bf16_gguf(tmp_path_factory) -> str:
+    """The packaged SmolLM2 as a BF16 GGUF (matrices BF16, norms F32: llama.cpp's layout)."""
+    path = tmp_path_factory.mktemp("bf16") / "SmolLM2-135M-Instruct.BF16.gguf"
+    return str(write_float_gguf(resolve_model("smollm2-135m-instruct"), path))
+
+
+@pytest.fixture
+def avx2(monkeypatch):
+    """The AVX2 level (no bf16 arithmetic), or a skip saying why it cannot run."""
+    if not build.can_run("avx2"):
+        pytest.skip(f"this CPU cannot execute the avx2 level (its best is {build.cpu_level()})")
+    monkeypatch.setenv("INFERPATH_ISA", "avx2")
+    if build.native_gemv_bf16_weights() is None:
+        pytest.skip(build.kernel_status())
+
+
+def engine_for(path: str, dtype: str = "auto") -> LLMEngine:
+    return LLMEngine.from_model(path, EngineConfig(threads=2, kv_cache_memory_bytes=64 * 2**20, dtype=dtype))
+
+
+def generate(engine: LLMEngine) -> dict:
+    """request id -> (greedy token ids, [(token id, logprob, top 5)] per token)."""
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=5)
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(str(i), prompt, params)
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o.outputs[0] for o in engine.step() if o.finished})
+    return {k: (o.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in o.logprobs]) for k, o in done.items()}
+
+
+def _mapped_ranges(path: str) -> list[tuple[int, int]]:
+    """This process's address ranges that map ``path``."""
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and fields[5] == path:
+                start, end = (int(a, 16) for a in fields[0].split("-"))
+                ranges.append((start, end))
+    return ranges
+
+
+def test_auto_keeps_the_matrices_bf16_views_of_the_mapped_file(bf16_gguf, avx2):
+    """Every matrix parameter is bfloat16 and lies in the file's mapping (no copy); norms
+    are float32; the summary names what runs and counts 2 bytes a weight."""
+    from inferpath.explain.trace import precision_of
+
+    engine = engine_for(bf16_gguf)
+    model = engine.runner.model
+    ranges = _mapped_ranges(bf16_gguf)
+    assert ranges
+    matrices = 0
+    for name, param in model.named_parameters():
+        if param.dim() == 1:
+            assert param.dtype == torch.float32, name
+            continue
+        matrices += 1
+        assert param.dtype == torch.bfloat16, name
+        assert any(start <= param.data_ptr() < end for start, end in ranges), name
+    assert matrices == 1 + 7 * 30  # the tied embedding / LM head, seven per layer
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    weights = engine.weight_format
+    assert weights.describe() == "bfloat16 weights, float32 activations, kernels avx2"
+    assert weights.weight_bytes == 2 * weights.num_weights
+    precision = precision_of(engine)
+    assert precision.weight_bytes == 2 and precision.activation_bytes == 4 and precision.compute_dtype == "fp32"
+    assert engine.kv_cache.k_caches[0].dtype == torch.float32
+    assert model.model.native_decode_refusal() == ""
+
+
+def test_bf16_weights_give_the_float32_model_of_the_same_file(bf16_gguf, avx2):
+    """Against ``--dtype float32`` (every matrix converted at load): the same greedy tokens,
+    and top-5 logprobs equal up to float32 summation order."""
+    widened = generate(engine_for(bf16_gguf))
+    converted = generate(engine_for(bf16_gguf, dtype="float32"))
+    assert widened.keys() == converted.keys()
+    for key in widened:
+        tokens, logprobs = widened[key]
+        assert tokens == converted[key][0], key
+        for (token, logprob, top), (token32, logprob32, top32) in zip(logprobs, converted[key][1]):
+            assert token == token32 and abs(logprob - logprob32) <= 1e-4 * max(1.0, abs(logprob32))
+            assert [t for t, _ in top] == [t for t, _ in top32]
+            assert all(abs(a - b) <= 1e-4 * max(1.0, abs(b)) for (_, a), (_, b) in zip(top, top32))
+
+
+def test_bf16_weights_decode_natively_bitwise_equal_to_the_module_path(bf16_gguf, avx2):
+    """A decode step is one native call (the widening GEMV inside decode.c), equal to the
+    bit to the module-by-module path."""
+    engine = engine_for(bf16_gguf)
+    stack = engine.runner.model.model
+    calls: list[bool] = []
+    original = stack._decode_natively
+
+    def counting(*args):
+        hidden = original(*args)
+        calls.append(hidden is not None)
+        return hidden
+    stack._decode_natively = counting
+    native = generate(engine)
+    assert sum(calls) >= 20 and not calls[0]  # the prefill step took the module path
+    module = engine_for(bf16_gguf)
+    module.runner.model.model.use_native_decode = False
+    assert native == generate(module)
+
+
+def test_a_bf16_file_run_with_bf16_weights_holds_about_the_file(bf16_gguf):
+    """Resident memory of an engine serving the BF16 file under ``--dtype auto`` on the avx2
+    level: about the file (its mapped pages) plus the KV cache, not the float32 conversion
+    (twice the file: ~540 MB for SmolLM2's 270 MB)."""
+    if not build.can_run("avx2"):
+        pytest.skip(f"this CPU cannot execute the avx2 level (its best is {build.cpu_level()})")
+    # VmHWM: this process's peak resident memory (ru_maxrss would carry pytest's over exec)
+    code = ("import sys\n"
+            "from inferpath.config import EngineConfig\n"
+            "from inferpath.engine.llm_engine import LLMEngine\n"
+            "from inferpath.sampling.params import SamplingParams\n"
+            "status = lambda key: int(open('/proc/self/status').read().split(key + ':')[1].split()[0]) * 1024\n"
+            "before = status('VmRSS')\n"
+            "engine = LLMEngine.from_model(sys.argv[1], EngineConfig(threads=1, kv_cache_memory_bytes=32 * 2**20))\n"
+            "engine.add_request('0', 'Write a haiku about rain.', SamplingParams(max_tokens=8, temperature=0))\n"
+            "while engine.has_unfinished_requests():\n"
+            "    engine.step()\n"
+            "print(status('VmHWM') - before, engine.weight_format.describe())\n")
+    env = {**os.environ, "INFERPATH_ISA": "avx2"}
+    done = subprocess.run([sys.executable, "-c", code, bf16_gguf], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert done.returncode == 0, done.stderr
+    added, described = done.stdout.split(maxsplit=1)
+    if not described.startswith("bfloat16 weights, float32 activations"):
+        pytest.skip(f"the bf16-weight kernels do not run here: {described.strip()}")
+    file_bytes = os.path.getsize(bf16_gguf)
+    assert int(added) < 1.5 * file_bytes, (int(added), file_bytes)
