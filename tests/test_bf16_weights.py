@@ -71,6 +71,7 @@ def _mapped_ranges(path: str) -> list[tuple[int, int]]:
 def test_auto_keeps_the_matrices_bf16_views_of_the_mapped_file(bf16_gguf, avx2):
     """Every matrix parameter is bfloat16 and lies in the file's mapping (no copy); norms
     are float32; the summary names what runs and counts 2 bytes a weight."""
+    from inferpath.explain.cost import Precision
     from inferpath.explain.trace import precision_of
 
     engine = engine_for(bf16_gguf)
@@ -90,8 +91,8 @@ def test_auto_keeps_the_matrices_bf16_views_of_the_mapped_file(bf16_gguf, avx2):
     weights = engine.weight_format
     assert weights.describe() == "bfloat16 weights, float32 activations, kernels avx2"
     assert weights.weight_bytes == 2 * weights.num_weights
-    precision = precision_of(engine)
-    assert precision.weight_bytes == 2 and precision.activation_bytes == 4 and precision.compute_dtype == "fp32"
+    for precision in (precision_of(engine), Precision.of_gguf(bf16_gguf)):  # trace's, explain's
+        assert precision.weight_bytes == 2 and precision.activation_bytes == 4 and precision.compute_dtype == "fp32"
     assert engine.kv_cache.k_caches[0].dtype == torch.float32
     assert model.model.native_decode_refusal() == ""
 

@@ -289,7 +289,8 @@ def test_float_matrices_read_by_torch_equal_the_dequantized_ones_cast(tmp_path, 
 
 
 def test_a_bf16_file_read_in_float32_does_not_stay_resident_beside_the_conversion(tmp_path):
-    """SmolLM2 as a BF16 GGUF read in float32 (what an AVX2 CPU runs): each matrix's pages
+    """SmolLM2 as a BF16 GGUF read in float32 (``--dtype float32``; ``auto`` keeps its
+    matrices bf16 where the CPU lacks bf16 arithmetic, test_bf16_weights): each matrix's pages
     of the map are dropped once converted, and no tensor is left a view of the map, so the
     load peaks at about the float32 weights, not those plus the file (they did: +50%)."""
     import subprocess
