@@ -159,3 +159,33 @@ def test_a_bf16_file_run_with_bf16_weights_holds_about_the_file(bf16_gguf):
         pytest.skip(f"the bf16-weight kernels do not run here: {described.strip()}")
     file_bytes = os.path.getsize(bf16_gguf)
     assert int(added) < 1.5 * file_bytes, (int(added), file_bytes)
+
+
+def test_a_bf16_hugging_face_checkpoint_against_transformers_float32(tmp_path, avx2):
+    """A tiny random Llama saved by transformers in bfloat16, loaded with ``--dtype auto``:
+    its matrices stay bf16 (untied LM head included), and the logits of a 40-token pass (the
+    GEMV's rows) and of each row alone equal transformers' float32 model of the same bf16
+    weights to float32 rounding."""
+    from test_quantized import _teacher_forced_logits
+
+    from inferpath.engine.load import build_for_engine, load_weights
+
+    import transformers  # test-only reference
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      rms_norm_eps=1e-6, tie_word_embeddings=False)
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path)
+    reference = transformers.LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    tokens = torch.randint(0, 96, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        expected = reference(torch.tensor([tokens])).logits[0]  # (40, vocab)
+    engine_config = EngineConfig(threads=1)
+    checkpoint, dtype = load_weights(tmp_path, engine_config)
+    model = build_for_engine(checkpoint, dtype, engine_config)
+    assert model.lm_head.weight.dtype == torch.bfloat16 and model.model.norm.weight.dtype == torch.float32
+    assert model.lm_head.weight is not model.model.embed_tokens.weight
+    for rows_alone in (False, True):
+        logits = _teacher_forced_logits(model, tokens, rows_alone=rows_alone)
+        torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())

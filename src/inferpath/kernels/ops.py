@@ -99,8 +99,10 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 # 60 weights of 1536 x 576 (not in cache), ms a matmul GEMV vs tiles: avx2 rows 1: 0.06
 # (the float32 GEMV on the widened weights: 0.11), 8: 0.17 vs 0.51, 32: 0.59 vs 0.70, 64:
 # 1.13 vs 1.23, 128 to 512: equal; avx512 16: 0.42 vs 0.45, 32: 0.69 vs 1.16, 64: 1.38
-# vs 1.28; generic (compiler-vectorised) 2: 0.32 vs 0.21.
-BF16_WEIGHTS_GEMV_MAX_ROWS = {"generic": 1, "avx2": 64, "avx512": 32}
+# vs 1.28; generic (compiler-vectorised) 2: 0.32 vs 0.21, 4: 0.40 vs 0.26 — kept to 4 rows
+# all the same, as the portable bf16 GEMV is, so that small decode batches stay one native
+# call (a step's ~360 Python round trips cost more than the difference).
+BF16_WEIGHTS_GEMV_MAX_ROWS = {"generic": 4, "avx2": 64, "avx512": 32}
 
 
 def bf16_weight_kernels(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
