@@ -78,6 +78,9 @@ static inline void transpose16(const transpose_indices *t, const __m512i in[8], 
 static void NAME##_pack(const uint8_t *w, int64_t row_bytes, int cols, int64_t nb, uint8_t *panel) {  \
     const float offset = IS_SIGNED ? 128.0f : (float)(OFFSET);                                      \
     const transpose_indices t = make_indices();                                                     \
+    for (int c = 0; c < cols; c++)  /* the rows' first blocks: the loop below fetches ahead of them */  \
+        for (int64_t at = 0; at < PREFETCH_BLOCKS * BYTES && at < row_bytes; at += 64)                \
+            _mm_prefetch((const char *)w + c * row_bytes + at, _MM_HINT_T0);                         \
     if (cols < PANEL) memset(panel, 0, (size_t)(nb * BLOCK_BYTES));                                 \
     for (int64_t b = 0; b < nb; b++) {                                                              \
         uint8_t *pb = panel + b * BLOCK_BYTES;                                                      \
