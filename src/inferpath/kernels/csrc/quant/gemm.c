@@ -27,34 +27,82 @@
 #include <immintrin.h>
 #include "unpack.h"
 
-#define PANEL 32                      /* output columns a panel: two 512-bit vectors */
+#define PANEL GEMM_PANEL               /* output columns a panel: two 512-bit vectors */
 #define MR 6                          /* rows of x a tile (7 and 8 spill registers: slower) */
+#define PREFETCH_BLOCKS 8             /* a column's block this far ahead is fetched while packing */
 #define QUAD_BYTES (PANEL * 4)        /* one group of four values for the panel's columns */
 #define BLOCK_BYTES (8 * QUAD_BYTES + 4 * PANEL * 4)  /* quads, then scale[2][PANEL], min[2][PANEL] */
 
 int gemm_ready(void) { return 1; }
 
+/* The quads of 16 columns of one block, transposed: in[j] holds columns 2j and 2j + 1 (their
+ * eight 4-byte groups each), out[g] group g of the 16 columns. Three rounds of two-register
+ * permutes (each halves the columns a register holds and doubles its groups), 24 in all,
+ * where scalar stores took 128. */
+typedef struct { __m512i s1[2], s2[2], s3[2]; } transpose_indices;
+
+static transpose_indices make_indices(void) {
+    int32_t i1[2][16], i2[2][16], i3[2][16];
+    for (int h = 0; h < 2; h++)
+        for (int lane = 0; lane < 16; lane++) {
+            int g = lane / 4 + 4 * h, c = lane % 4;  /* round 1: 4 groups x 4 columns */
+            i1[h][lane] = (c < 2 ? 0 : 16) + (c % 2) * 8 + g;
+            int gg = lane / 8 + 2 * h, c8 = lane % 8;  /* round 2: 2 groups x 8 columns */
+            i2[h][lane] = (c8 < 4 ? 0 : 16) + gg * 4 + c8 % 4;
+            i3[h][lane] = (lane < 8 ? 0 : 16) + 8 * h + lane % 8;  /* round 3: 1 group x 16 columns */
+        }
+    transpose_indices t;
+    for (int h = 0; h < 2; h++) {
+        t.s1[h] = _mm512_loadu_si512(i1[h]), t.s2[h] = _mm512_loadu_si512(i2[h]), t.s3[h] = _mm512_loadu_si512(i3[h]);
+    }
+    return t;
+}
+
+static inline void transpose16(const transpose_indices *t, const __m512i in[8], __m512i out[8]) {
+    __m512i b[4][2], c[2][2][2];
+    for (int p = 0; p < 4; p++)
+        for (int h = 0; h < 2; h++) b[p][h] = _mm512_permutex2var_epi32(in[2 * p], t->s1[h], in[2 * p + 1]);
+    for (int q = 0; q < 2; q++)
+        for (int h = 0; h < 2; h++)
+            for (int u = 0; u < 2; u++) c[q][h][u] = _mm512_permutex2var_epi32(b[2 * q][h], t->s2[u], b[2 * q + 1][h]);
+    for (int h = 0; h < 2; h++)
+        for (int u = 0; u < 2; u++)
+            for (int e = 0; e < 2; e++)
+                out[4 * h + 2 * u + e] = _mm512_permutex2var_epi32(c[0][h][u], t->s3[e], c[1][h][u]);
+}
+
 /* Columns [0, cols) of a panel from weight rows w (row_bytes apart), k = 32 nb values each;
- * missing columns are zero (their outputs are never stored). */
+ * missing columns are zero (their outputs are never stored). Block by block: 16 columns'
+ * blocks unpacked, then transposed (transpose16). */
 #define DEFINE_PACK(NAME, TYPE, BLOCK, BYTES, OFFSET, IS_SIGNED, TWO_SCALES)                        \
 static void NAME##_pack(const uint8_t *w, int64_t row_bytes, int cols, int64_t nb, uint8_t *panel) {  \
     const float offset = IS_SIGNED ? 128.0f : (float)(OFFSET);                                      \
+    const transpose_indices t = make_indices();                                                     \
+    for (int c = 0; c < cols; c++)  /* the rows' first blocks: the loop below fetches ahead of them */  \
+        for (int64_t at = 0; at < PREFETCH_BLOCKS * BYTES && at < row_bytes; at += 64)                \
+            _mm_prefetch((const char *)w + c * row_bytes + at, _MM_HINT_T0);                         \
     if (cols < PANEL) memset(panel, 0, (size_t)(nb * BLOCK_BYTES));                                 \
-    for (int c = 0; c < cols; c++) {                                                                \
-        const uint8_t *row = w + c * row_bytes;                                                     \
-        for (int64_t b = 0; b < nb; b++) {                                                          \
-            uint8_t *pb = panel + b * BLOCK_BYTES;                                                  \
-            block_params p;                                                                         \
-            NAME##_params(row, b, &p);                                                              \
-            __m256i v = NAME##_vec(row, b);                                                         \
-            if (IS_SIGNED) v = _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));                   \
-            uint32_t lanes[8];                                                                      \
-            _mm256_storeu_si256((__m256i *)lanes, v);                                               \
-            uint32_t *quads = (uint32_t *)pb;                                                       \
-            for (int g = 0; g < 8; g++) quads[g * PANEL + c] = lanes[g];                            \
-            float *scale = (float *)(pb + 8 * QUAD_BYTES), *min = scale + 2 * PANEL;                \
-            scale[c] = p.scale[0], scale[PANEL + c] = p.scale[1];                                   \
-            min[c] = p.min - offset * p.scale[0], min[PANEL + c] = p.min - offset * p.scale[1];     \
+    for (int64_t b = 0; b < nb; b++) {                                                              \
+        uint8_t *pb = panel + b * BLOCK_BYTES;                                                      \
+        float *scale = (float *)(pb + 8 * QUAD_BYTES), *min = scale + 2 * PANEL;                    \
+        for (int half = 0; half < PANEL / 16 && 16 * half < cols; half++) {                         \
+            __m256i v[16];                                                                          \
+            for (int j = 0; j < 16; j++) {                                                          \
+                const int c = 16 * half + j;                                                        \
+                if (c >= cols) { v[j] = _mm256_setzero_si256(); continue; }                        \
+                const uint8_t *row = w + c * row_bytes;                                             \
+                _mm_prefetch((const char *)row + (b + PREFETCH_BLOCKS) * BYTES, _MM_HINT_T0);        \
+                block_params p;                                                                     \
+                NAME##_params(row, b, &p);                                                          \
+                v[j] = NAME##_vec(row, b);                                                          \
+                if (IS_SIGNED) v[j] = _mm256_xor_si256(v[j], _mm256_set1_epi8((char)0x80));         \
+                scale[c] = p.scale[0], scale[PANEL + c] = p.scale[1];                               \
+                min[c] = p.min - offset * p.scale[0], min[PANEL + c] = p.min - offset * p.scale[1]; \
+            }                                                                                       \
+            __m512i in[8], out[8];                                                                  \
+            for (int j = 0; j < 8; j++) in[j] = _mm512_inserti64x4(_mm512_castsi256_si512(v[2 * j]), v[2 * j + 1], 1); \
+            transpose16(&t, in, out);                                                               \
+            for (int g = 0; g < 8; g++) _mm512_store_si512(pb + g * QUAD_BYTES + 64 * half, out[g]);   \
         }                                                                                           \
     }                                                                                               \
 }
@@ -71,9 +119,11 @@ static pack_fn pack_of(int qtype, int *two_scales) {
     }
 }
 
-/* R rows (a constant at each call site) from row j0 against a packed panel: out[R][PANEL]. */
+/* R rows (a constant at each call site) from row j0 against a packed panel: y's rows j0..,
+ * n apart, from y's first column of the panel (cols of them), + bias (cols) or NULL. */
 static inline __attribute__((always_inline)) void tile(const uint8_t *panel, const quant_matmul *q, int64_t j0,
-                                                       const int R, const int two_scales, float *out) {
+                                                       const int R, const int two_scales, float *y, int64_t n,
+                                                       int cols, const float *bias) {
     const int64_t k = q->k, nb = k / 32;
     const int8_t *xq = q->xq + j0 * k, *xr = q->xr + j0 * k;
     const int halves = two_scales ? 2 : 1, quads = 8 / halves;
@@ -123,17 +173,24 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *panel, con
             }
         }
     }
+    /* + bias, into y's rows: columns [0, cols) of the panel */
+    const __mmask16 m0 = cols >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1u);
+    const __mmask16 m1 = cols >= 32 ? (__mmask16)0xffff : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1u);
+    const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
     for (int i = 0; i < R; i++) {
-        _mm512_storeu_ps(out + i * PANEL, acc[i][0]);
-        _mm512_storeu_ps(out + i * PANEL + 16, acc[i][1]);
+        _mm512_mask_storeu_ps(y + (j0 + i) * n, m0, _mm512_add_ps(acc[i][0], b0));
+        _mm512_mask_storeu_ps(y + (j0 + i) * n + 16, m1, _mm512_add_ps(acc[i][1], b1));
     }
 }
 
-static void tile_rows(const uint8_t *panel, const quant_matmul *q, int64_t j0, int rows, int two_scales, float *out) {
-#define TILE_CASE(R) case R: if (two_scales) tile(panel, q, j0, R, 1, out); else tile(panel, q, j0, R, 0, out); break;
+static void tile_rows(const uint8_t *panel, const quant_matmul *q, int64_t j0, int rows, int two_scales, float *y,
+                      int64_t n, int cols, const float *bias) {
+#define TILE_CASE(R) case R: if (two_scales) tile(panel, q, j0, R, 1, y, n, cols, bias); \
+                             else tile(panel, q, j0, R, 0, y, n, cols, bias); break;
     switch (rows) {
         TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5)
-        default: if (two_scales) tile(panel, q, j0, MR, 1, out); else tile(panel, q, j0, MR, 0, out); break;
+        default: if (two_scales) tile(panel, q, j0, MR, 1, y, n, cols, bias); else tile(panel, q, j0, MR, 0, y, n, cols, bias); break;
     }
 #undef TILE_CASE
 }
@@ -166,14 +223,11 @@ int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
         pack_fn pack = pack_of(q->qtypes[i], &two_scales);
         pack(q->ws[i] + local * q->row_bytes[i], q->row_bytes[i], cols, nb, panel);
         const float *bias = q->biases[i] ? q->biases[i] + local : 0;
-        for (int64_t j0 = 0; j0 < m; j0 += MR) {
-            const int rows = m - j0 < MR ? (int)(m - j0) : MR;
-            float out[MR * PANEL];
-            tile_rows(panel, q, j0, rows, two_scales, out);
-            for (int r = 0; r < rows; r++) {
-                float *dst = y + (j0 + r) * n + c;
-                for (int col = 0; col < cols; col++) dst[col] = out[r * PANEL + col] + (bias ? bias[col] : 0.0f);
-            }
+        const int64_t tiles = (m + MR - 1) / MR, base = m / tiles, longer = m % tiles;  /* balanced: 32 rows 6,6,5,5,5,5 */
+        for (int64_t t = 0, j0 = 0; t < tiles; t++) {
+            const int rows = (int)(base + (t < longer));
+            tile_rows(panel, q, j0, rows, two_scales, y + c, n, cols, bias);
+            j0 += rows;
         }
         c = end;
     }
