@@ -149,9 +149,9 @@ static inline __attribute__((always_inline)) void attend_rows(scratch *s, int r,
             __m512 top = _mm512_set1_ps(s->top[r + i]);
             for (int v = 0; v < KEY_VECTORS; v++) top = _mm512_mask_max_ps(top, valid[v], top, score[i][v]);
             const float new_top = _mm512_reduce_max_ps(top);
-            const __m512 scale = exp2_512(_mm512_set1_ps(s->top[r + i] - new_top));  /* ~0 from -inf: the sums are 0 */
-            for (int64_t c = 0; c < dp; c += 16) _mm512_storeu_ps(acc + c, _mm512_mul_ps(_mm512_loadu_ps(acc + c), scale));
-            _mm512_storeu_ps(total, _mm512_mul_ps(_mm512_loadu_ps(total), scale));
+            const __m512 shrink = exp2_512(_mm512_set1_ps(s->top[r + i] - new_top));  /* ~0 from -inf: the sums are 0 */
+            for (int64_t c = 0; c < dp; c += 16) _mm512_storeu_ps(acc + c, _mm512_mul_ps(_mm512_loadu_ps(acc + c), shrink));
+            _mm512_storeu_ps(total, _mm512_mul_ps(_mm512_loadu_ps(total), shrink));
             s->top[r + i] = new_top;
         }
         const __m512 top = _mm512_set1_ps(s->top[r + i]);
