@@ -119,6 +119,22 @@ static pack_fn pack_of(int qtype, int *two_scales) {
     }
 }
 
+/* s[i][*] += the integer dot products of the groups [g0, g0 + quads) of a packed block with
+ * rows i of one int8 pass of x (x: the block's first value of row 0; rows k apart). */
+static inline __attribute__((always_inline)) void one_pass(__m512i s[][2], const uint8_t *pb, const int8_t *x,
+                                                           int64_t k, int g0, int quads, const int R) {
+    for (int g = g0; g < g0 + quads; g++) {
+        __m512i w0 = _mm512_load_si512(pb + g * QUAD_BYTES), w1 = _mm512_load_si512(pb + g * QUAD_BYTES + 64);
+        for (int i = 0; i < R; i++) {
+            int32_t four;
+            memcpy(&four, x + i * k + 4 * g, 4);
+            __m512i xv = _mm512_set1_epi32(four);
+            s[i][0] = _mm512_dpbusd_epi32(s[i][0], w0, xv);
+            s[i][1] = _mm512_dpbusd_epi32(s[i][1], w1, xv);
+        }
+    }
+}
+
 /* R rows (a constant at each call site) from row j0 against a packed panel: y's rows j0..,
  * n apart, from y's first column of the panel (cols of them), + bias (cols) or NULL. */
 static inline __attribute__((always_inline)) void tile(const uint8_t *panel, const quant_matmul *q, int64_t j0,
@@ -136,30 +152,12 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *panel, con
             const int g0 = half * quads;
             __m512i s[MR][2];
             for (int i = 0; i < R; i++) s[i][0] = s[i][1] = _mm512_setzero_si512();
-            for (int g = g0; g < g0 + quads; g++) {
-                __m512i w0 = _mm512_load_si512(pb + g * QUAD_BYTES), w1 = _mm512_load_si512(pb + g * QUAD_BYTES + 64);
-                for (int i = 0; i < R; i++) {
-                    int32_t four;
-                    memcpy(&four, xq + i * k + 32 * b + 4 * g, 4);
-                    __m512i xv = _mm512_set1_epi32(four);
-                    s[i][0] = _mm512_dpbusd_epi32(s[i][0], w0, xv);
-                    s[i][1] = _mm512_dpbusd_epi32(s[i][1], w1, xv);
-                }
-            }
+            one_pass(s, pb, xq + 32 * b, k, g0, quads, R);
             for (int i = 0; i < R; i++) {
                 s[i][0] = _mm512_slli_epi32(s[i][0], RESIDUAL_SHIFT);
                 s[i][1] = _mm512_slli_epi32(s[i][1], RESIDUAL_SHIFT);
             }
-            for (int g = g0; g < g0 + quads; g++) {
-                __m512i w0 = _mm512_load_si512(pb + g * QUAD_BYTES), w1 = _mm512_load_si512(pb + g * QUAD_BYTES + 64);
-                for (int i = 0; i < R; i++) {
-                    int32_t four;
-                    memcpy(&four, xr + i * k + 32 * b + 4 * g, 4);
-                    __m512i xv = _mm512_set1_epi32(four);
-                    s[i][0] = _mm512_dpbusd_epi32(s[i][0], w0, xv);
-                    s[i][1] = _mm512_dpbusd_epi32(s[i][1], w1, xv);
-                }
-            }
+            one_pass(s, pb, xr + 32 * b, k, g0, quads, R);
             const __m512 sc0 = _mm512_load_ps(scale + half * PANEL), sc1 = _mm512_load_ps(scale + half * PANEL + 16);
             const __m512 mn0 = _mm512_load_ps(min + half * PANEL), mn1 = _mm512_load_ps(min + half * PANEL + 16);
             for (int i = 0; i < R; i++) {
