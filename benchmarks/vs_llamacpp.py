@@ -16,7 +16,9 @@ so tok/s <= read bandwidth / bytes per token.
 Files: the packaged Q4_1 SmolLM2, and Q8_0 and BF16 versions of it made by llama.cpp's
 quantizer (``llama_cpp.llama_model_quantize``, requantizing from Q4_1: the same shapes
 and bytes per weight as a Q8_0/BF16 conversion; the quality of the values is not
-measured here). ``--busy`` runs a niced busy loop beside every measurement.
+measured here); "Qwen": the packaged Qwen2.5-Coder-0.5B file as published, whose tensors
+mix Q5_0, Q8_0, Q4_K and Q6_K (a real download's mix; ``--formats`` picks the files).
+``--busy`` runs a niced busy loop beside every measurement.
 """
 
 from __future__ import annotations
@@ -223,7 +225,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--busy", action="store_true", help="a niced busy loop beside every run")
-    parser.add_argument("--formats", default="Q4_1,Q8_0,BF16")
+    parser.add_argument("--formats", default="Q4_1,Q8_0,BF16,Qwen")
     parser.add_argument("--engines", default="llamacpp,inferpath,inferpath-avx2",
                         help=f"comma-separated, of {', '.join(ENGINES)}")
     parser.add_argument("--dtype", default="auto", help="(worker) inferpath's dtype")
@@ -244,6 +246,7 @@ def main() -> None:
     keys = args.engines.split(",")
     source = Path(resolve_model("smollm2-135m-instruct"))
     files = make_files(source, workdir) if "llamacpp" in keys else {"Q4_1": str(source)}
+    files["Qwen"] = str(resolve_model("qwen2.5-coder-0.5b-instruct"))
     results: dict = {"machine": info, "threads": args.threads, "busy": args.busy, "repeats": args.repeats,
                      "files": {}}
     for fmt in args.formats.split(","):

@@ -202,6 +202,34 @@ def test_native_prefill_attention_equals_causal_sdpa(tokens, heads, kv_heads, he
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@torch.inference_mode()
+def test_native_prefill_attention_rescales_as_later_keys_outgrow_the_first(dtype):
+    """Keys whose scale grows along the prompt (and a first key far above the rest for the
+    last heads), so that a query's top score keeps rising block after block and the
+    kernel must rescale its running sums, or keeps one early top and must not: the
+    causal attention computed in float64 (PyTorch's float32 SDPA is 2e-5 off it here)."""
+    from inferpath.kernels import ops
+
+    if not kernel_build.can_run("avx512") or kernel_build.native_prefill_attention(dtype) is None:
+        pytest.skip(f"the native prefill attention is built at the avx512 level only: {kernel_status()}")
+    tokens, heads, kv_heads, head_dim = 300, 6, 2, 64
+    gen = torch.Generator().manual_seed(3)
+    ramp = (1 + torch.arange(tokens) / 16).view(tokens, 1, 1)  # late scores up to ~20x the first
+    q = torch.randn(tokens, heads, head_dim, generator=gen).to(dtype)
+    k = (torch.randn(tokens, kv_heads, head_dim, generator=gen) * ramp)
+    k[0, 1] = q[:, 3:].float().mean(dim=(0, 1)) * 8  # the last heads' first score stays on top
+    k, v = k.to(dtype), torch.randn(tokens, kv_heads, head_dim, generator=gen).to(dtype)
+    out = ops.run_prefill_attention(kernel_build.native_prefill_attention(dtype), q, k, v, head_dim ** -0.5)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *(t.double().transpose(0, 1).unsqueeze(0) for t in (q, k, v)), is_causal=True, enable_gqa=True,
+        scale=head_dim ** -0.5).squeeze(0).transpose(0, 1)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    else:
+        torch.testing.assert_close(out.double(), expected, rtol=2**-7, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", ["mixed", "single-chunk-on-context", "single-fresh-prefill"])
 @torch.inference_mode()
 def test_prompt_chunks_take_the_native_prefill_attention_with_or_without_context(name, dtype, monkeypatch):

@@ -36,6 +36,16 @@ def test_the_cache_key_changes_with_the_kernel_level(monkeypatch):
     assert avx2 == probe.probe_key("cpu", 2, **SMALL) and "isa-avx2" in avx2
 
 
+def test_the_cache_key_changes_with_the_kernels_build(monkeypatch):
+    """New kernel sources (another library build) are measured anew, not read from the cache."""
+    from inferpath.kernels import build
+
+    key = probe.probe_key("cpu", 2, **SMALL)
+    assert f"kernels-{build.library_build()}" in key
+    monkeypatch.setattr(build, "library_build", lambda level=None: "another-build")
+    assert probe.probe_key("cpu", 2, **SMALL) != key
+
+
 def test_a_forced_kernel_level_is_measured_and_cached_apart(tmp_path, monkeypatch):
     path = tmp_path / "probe.json"
     calls = []

@@ -16,8 +16,8 @@ measured as slow, so its ridge point (peak / bandwidth) is small but positive an
 stages come out compute-bound, which is what they are here.
 
 Results are cached as JSON under ``$INFERPATH_CACHE`` (default ``~/.cache/inferpath``),
-keyed by what changes them: CPU model and flags, torch version, kernel level, thread
-count and sizes (``probe_key``). ``refresh=True`` (``--reprobe``) measures again.
+keyed by what changes them: CPU model and flags, torch version, kernel level and build,
+thread count and sizes (``probe_key``). ``refresh=True`` (``--reprobe``) measures again.
 """
 
 from __future__ import annotations
@@ -64,6 +64,17 @@ def kernel_level() -> str:
     return level + ("+amx" if amx else "")
 
 
+def kernel_build() -> str:
+    """The build of the kernels' library (changes with their sources: new kernels measure
+    anew); "" where none runs."""
+    from inferpath.kernels import build
+
+    try:
+        return build.library_build()
+    except ValueError:  # an INFERPATH_ISA the kernels refuse: kernel_level() keys it
+        return ""
+
+
 def cpu_flags() -> frozenset[str]:
     """The CPU's flags, as the kernels read them (kernels/build.py)."""
     from inferpath.kernels import build
@@ -87,7 +98,7 @@ def probe_key(device: str, threads: int, bandwidth_bytes: int, matmul_n: int) ->
 
     flags = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:12]
     return (f"{device}|{cpu_model()}|flags-{flags}|torch-{torch.__version__}|isa-{kernel_level()}"
-            f"|t{threads}|b{bandwidth_bytes}|n{matmul_n}")
+            f"|kernels-{kernel_build()}|t{threads}|b{bandwidth_bytes}|n{matmul_n}")
 
 
 def probe_this_machine(device: str = "cpu", bandwidth_bytes: int | None = None,
@@ -177,7 +188,8 @@ def measure(device: str, bandwidth_bytes: int, matmul_n: int) -> dict:
 
 def measure_quantized(device: str, n: int) -> dict:
     """GEMM FLOP/s (n rows) and GEMV bytes/s (one row) of the engine's quantized linear
-    (``QuantLinear``: fused int8 dot products for few rows, dequantized tiles for many)
+    (``QuantLinear``: the fused int8 kernels, gemm.c's panels for many rows at the avx512
+    level, dequantized tiles for many rows below it)
     for each of ``_QUANT_TYPES``; nothing where the native kernels do not run."""
     import torch
 

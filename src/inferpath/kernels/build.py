@@ -344,6 +344,13 @@ def gemv_available(dtype: torch.dtype) -> bool:
     return native_gemv(dtype) is not None
 
 
+def library_build(level: str | None = None) -> str:
+    """Which build of ``level``'s library (default ``active_level()``) loads: the digest of
+    its sources, flags and compiler in the cached file's name; "" where none builds."""
+    lib, _ = _library(level or active_level())
+    return "" if lib is None else Path(lib._name).stem.rsplit("-", 1)[-1]
+
+
 def kernel_level(family: torch.dtype | str) -> str | None:
     """The level a kernel family (a dtype, or "quantized") runs at now, or None (PyTorch)."""
     return resolve_level(_family(family))[0]

@@ -260,7 +260,7 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 # Up to this many rows (per instruction-set level) a quantized matmul runs the fused int8
 # kernels (csrc/quant: the row kernel for a few rows, the wide kernel for tiles of 6+,
-# gemm.c's packed panels for 10+ rows at the avx512 level); past it, weight tiles are
+# gemm.c's packed panels for 4+ rows at the avx512 level); past it, weight tiles are
 # dequantized to float32 once and reused for all rows by PyTorch's GEMM. Measured on a
 # 1536 x 576 Q4_1 weight, 1 thread, AMD EPYC (avx512 VNNI), ms fused vs tiled: avx512
 # rows 32: 0.23 vs 1.38, 128: 0.68 vs 3.01, 512: 2.5 vs 9.4 (the GEMM kernel wins at every

@@ -27,7 +27,7 @@
 #include <immintrin.h>
 #include "unpack.h"
 
-#define PANEL 32                      /* output columns a panel: two 512-bit vectors */
+#define PANEL GEMM_PANEL               /* output columns a panel: two 512-bit vectors */
 #define MR 6                          /* rows of x a tile (7 and 8 spill registers: slower) */
 #define PREFETCH_BLOCKS 8             /* a column's block this far ahead is fetched while packing */
 #define QUAD_BYTES (PANEL * 4)        /* one group of four values for the panel's columns */
@@ -78,6 +78,9 @@ static inline void transpose16(const transpose_indices *t, const __m512i in[8], 
 static void NAME##_pack(const uint8_t *w, int64_t row_bytes, int cols, int64_t nb, uint8_t *panel) {  \
     const float offset = IS_SIGNED ? 128.0f : (float)(OFFSET);                                      \
     const transpose_indices t = make_indices();                                                     \
+    for (int c = 0; c < cols; c++)  /* the rows' first blocks: the loop below fetches ahead of them */  \
+        for (int64_t at = 0; at < PREFETCH_BLOCKS * BYTES && at < row_bytes; at += 64)                \
+            _mm_prefetch((const char *)w + c * row_bytes + at, _MM_HINT_T0);                         \
     if (cols < PANEL) memset(panel, 0, (size_t)(nb * BLOCK_BYTES));                                 \
     for (int64_t b = 0; b < nb; b++) {                                                              \
         uint8_t *pb = panel + b * BLOCK_BYTES;                                                      \
@@ -116,9 +119,27 @@ static pack_fn pack_of(int qtype, int *two_scales) {
     }
 }
 
-/* R rows (a constant at each call site) from row j0 against a packed panel: out[R][PANEL]. */
+/* s[i][*] += the integer dot products of the groups [g0, g0 + quads) of a packed block with
+ * rows i of one int8 pass of x (x: the block's first value of row 0; rows k apart). */
+static inline __attribute__((always_inline)) void one_pass(__m512i s[][2], const uint8_t *pb, const int8_t *x,
+                                                           int64_t k, int g0, int quads, const int R) {
+    for (int g = g0; g < g0 + quads; g++) {
+        __m512i w0 = _mm512_load_si512(pb + g * QUAD_BYTES), w1 = _mm512_load_si512(pb + g * QUAD_BYTES + 64);
+        for (int i = 0; i < R; i++) {
+            int32_t four;
+            memcpy(&four, x + i * k + 4 * g, 4);
+            __m512i xv = _mm512_set1_epi32(four);
+            s[i][0] = _mm512_dpbusd_epi32(s[i][0], w0, xv);
+            s[i][1] = _mm512_dpbusd_epi32(s[i][1], w1, xv);
+        }
+    }
+}
+
+/* R rows (a constant at each call site) from row j0 against a packed panel: y's rows j0..,
+ * n apart, from y's first column of the panel (cols of them), + bias (cols) or NULL. */
 static inline __attribute__((always_inline)) void tile(const uint8_t *panel, const quant_matmul *q, int64_t j0,
-                                                       const int R, const int two_scales, float *out) {
+                                                       const int R, const int two_scales, float *y, int64_t n,
+                                                       int cols, const float *bias) {
     const int64_t k = q->k, nb = k / 32;
     const int8_t *xq = q->xq + j0 * k, *xr = q->xr + j0 * k;
     const int halves = two_scales ? 2 : 1, quads = 8 / halves;
@@ -131,30 +152,12 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *panel, con
             const int g0 = half * quads;
             __m512i s[MR][2];
             for (int i = 0; i < R; i++) s[i][0] = s[i][1] = _mm512_setzero_si512();
-            for (int g = g0; g < g0 + quads; g++) {
-                __m512i w0 = _mm512_load_si512(pb + g * QUAD_BYTES), w1 = _mm512_load_si512(pb + g * QUAD_BYTES + 64);
-                for (int i = 0; i < R; i++) {
-                    int32_t four;
-                    memcpy(&four, xq + i * k + 32 * b + 4 * g, 4);
-                    __m512i xv = _mm512_set1_epi32(four);
-                    s[i][0] = _mm512_dpbusd_epi32(s[i][0], w0, xv);
-                    s[i][1] = _mm512_dpbusd_epi32(s[i][1], w1, xv);
-                }
-            }
+            one_pass(s, pb, xq + 32 * b, k, g0, quads, R);
             for (int i = 0; i < R; i++) {
                 s[i][0] = _mm512_slli_epi32(s[i][0], RESIDUAL_SHIFT);
                 s[i][1] = _mm512_slli_epi32(s[i][1], RESIDUAL_SHIFT);
             }
-            for (int g = g0; g < g0 + quads; g++) {
-                __m512i w0 = _mm512_load_si512(pb + g * QUAD_BYTES), w1 = _mm512_load_si512(pb + g * QUAD_BYTES + 64);
-                for (int i = 0; i < R; i++) {
-                    int32_t four;
-                    memcpy(&four, xr + i * k + 32 * b + 4 * g, 4);
-                    __m512i xv = _mm512_set1_epi32(four);
-                    s[i][0] = _mm512_dpbusd_epi32(s[i][0], w0, xv);
-                    s[i][1] = _mm512_dpbusd_epi32(s[i][1], w1, xv);
-                }
-            }
+            one_pass(s, pb, xr + 32 * b, k, g0, quads, R);
             const __m512 sc0 = _mm512_load_ps(scale + half * PANEL), sc1 = _mm512_load_ps(scale + half * PANEL + 16);
             const __m512 mn0 = _mm512_load_ps(min + half * PANEL), mn1 = _mm512_load_ps(min + half * PANEL + 16);
             for (int i = 0; i < R; i++) {
@@ -168,17 +171,24 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *panel, con
             }
         }
     }
+    /* + bias, into y's rows: columns [0, cols) of the panel */
+    const __mmask16 m0 = cols >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1u);
+    const __mmask16 m1 = cols >= 32 ? (__mmask16)0xffff : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1u);
+    const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
     for (int i = 0; i < R; i++) {
-        _mm512_storeu_ps(out + i * PANEL, acc[i][0]);
-        _mm512_storeu_ps(out + i * PANEL + 16, acc[i][1]);
+        _mm512_mask_storeu_ps(y + (j0 + i) * n, m0, _mm512_add_ps(acc[i][0], b0));
+        _mm512_mask_storeu_ps(y + (j0 + i) * n + 16, m1, _mm512_add_ps(acc[i][1], b1));
     }
 }
 
-static void tile_rows(const uint8_t *panel, const quant_matmul *q, int64_t j0, int rows, int two_scales, float *out) {
-#define TILE_CASE(R) case R: if (two_scales) tile(panel, q, j0, R, 1, out); else tile(panel, q, j0, R, 0, out); break;
+static void tile_rows(const uint8_t *panel, const quant_matmul *q, int64_t j0, int rows, int two_scales, float *y,
+                      int64_t n, int cols, const float *bias) {
+#define TILE_CASE(R) case R: if (two_scales) tile(panel, q, j0, R, 1, y, n, cols, bias); \
+                             else tile(panel, q, j0, R, 0, y, n, cols, bias); break;
     switch (rows) {
         TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5)
-        default: if (two_scales) tile(panel, q, j0, MR, 1, out); else tile(panel, q, j0, MR, 0, out); break;
+        default: if (two_scales) tile(panel, q, j0, MR, 1, y, n, cols, bias); else tile(panel, q, j0, MR, 0, y, n, cols, bias); break;
     }
 #undef TILE_CASE
 }
@@ -211,14 +221,11 @@ int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
         pack_fn pack = pack_of(q->qtypes[i], &two_scales);
         pack(q->ws[i] + local * q->row_bytes[i], q->row_bytes[i], cols, nb, panel);
         const float *bias = q->biases[i] ? q->biases[i] + local : 0;
-        for (int64_t j0 = 0; j0 < m; j0 += MR) {
-            const int rows = m - j0 < MR ? (int)(m - j0) : MR;
-            float out[MR * PANEL];
-            tile_rows(panel, q, j0, rows, two_scales, out);
-            for (int r = 0; r < rows; r++) {
-                float *dst = y + (j0 + r) * n + c;
-                for (int col = 0; col < cols; col++) dst[col] = out[r * PANEL + col] + (bias ? bias[col] : 0.0f);
-            }
+        const int64_t tiles = (m + MR - 1) / MR, base = m / tiles, longer = m % tiles;  /* balanced: 32 rows 6,6,5,5,5,5 */
+        for (int64_t t = 0, j0 = 0; t < tiles; t++) {
+            const int rows = (int)(base + (t < longer));
+            tile_rows(panel, q, j0, rows, two_scales, y + c, n, cols, bias);
+            j0 += rows;
         }
         c = end;
     }

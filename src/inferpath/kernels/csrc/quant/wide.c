@@ -3,27 +3,23 @@
  * broadcast and meets all eight rows in one integer dot product, so the float work (one
  * conversion, one multiply-add per block) and the result (one register: eight outputs)
  * serve eight rows at once, where the row kernel (matmul.c) spends them per row. Used for
- * tiles of WIDE_MIN_ROWS rows and more (batched decode, prefill). AVX2 and AVX-512 VNNI
- * levels only: the portable level keeps the row kernel.
+ * tiles of WIDE_MIN_ROWS rows and more (batched decode, prefill) at the AVX2 level only:
+ * the portable level keeps the row kernel, and with AVX-512 VNNI gemm.c's panels take every
+ * tile of GEMM_MIN_ROWS rows or more.
  */
 #include "blocks.h"
 #include "activations.h"
 #include "unpack.h"
 #include "wide.h"
 
-#if defined(__AVX2__)
+#if defined(__AVX2__) && !VNNI  /* unpack.h: VNNI */
 
 /* acc + the int32 sums of groups g and g + 1: in each 32-bit lane (row j) the eight
- * products of the groups' broadcast weights with row j's values. VNNI: vpdpbusd, twice.
- * AVX2: vpmaddubsw pairs into int16, the two groups' pairs added in int16 (unsigned
- * weights have at most 6 bits: 2 * 2 * 63 * 127 = 32004 < 32768), one vpmaddwd; Q8_0's
- * signed weights (|w| against x carrying w's sign, pairs up to 2 * 127 * 127) widen each
- * group apart. */
+ * products of the groups' broadcast weights with row j's values: vpmaddubsw pairs into
+ * int16, the two groups' pairs added in int16 (unsigned weights have at most 6 bits:
+ * 2 * 2 * 63 * 127 = 32004 < 32768), one vpmaddwd; Q8_0's signed weights (|w| against x
+ * carrying w's sign, pairs up to 2 * 127 * 127) widen each group apart. */
 static inline __m256i dot_pair(__m256i acc, __m256i w0, __m256i x0, __m256i w1, __m256i x1, int is_signed) {
-#if VNNI
-    (void)is_signed;
-    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc, w0, x0), w1, x1);
-#else
     const __m256i ones = _mm256_set1_epi16(1);
     if (is_signed) {
         __m256i p0 = _mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(x0, w0));
@@ -32,7 +28,6 @@ static inline __m256i dot_pair(__m256i acc, __m256i w0, __m256i x0, __m256i w1, 
     }
     __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(w0, x0), _mm256_maddubs_epi16(w1, x1));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones));
-#endif
 }
 
 /* (q << RESIDUAL_SHIFT) + r over the groups [g0, g0 + 4) of one block, for the 8 rows */
@@ -52,13 +47,12 @@ static inline __m256i half_block(__m256i w, const int8_t *xq, const int8_t *xr, 
 #define DEFINE_WIDE(NAME, OFFSET, IS_SIGNED, TWO_SCALES)                                            \
 static void NAME##_wide(const uint8_t *row, const wide_rows *x, float *out) {                       \
     const int64_t nb = x->k / 32;                                                                   \
-    const int is_signed = IS_SIGNED && !VNNI, offset = (IS_SIGNED && VNNI) ? 128 : OFFSET;          \
+    const int is_signed = IS_SIGNED, offset = OFFSET;                                               \
     __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();                                   \
     for (int64_t b = 0; b < nb; b++) {                                                              \
         block_params p;                                                                             \
         NAME##_params(row, b, &p);                                                                  \
         __m256i w = NAME##_vec(row, b);                                                             \
-        if (IS_SIGNED && VNNI) w = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));              \
         const int8_t *xq = x->q + b * 8 * 4 * TILE_ROWS, *xr = x->r + b * 8 * 4 * TILE_ROWS;       \
         __m256 dx = _mm256_loadu_ps(x->d + b * TILE_ROWS);                                          \
         if (TWO_SCALES) {                                                                           \
