@@ -320,8 +320,10 @@ def dequantized_linear(x: torch.Tensor, weights: list[tuple[torch.Tensor, int]],
     for data, _ in weights:
         starts.append(starts[-1] + data.shape[0])
     num_out = starts[-1]
-    out = torch.empty((x.shape[0], num_out), dtype=torch.float32)
     tile_rows = max(1, DEQUANT_TILE_VALUES // cols)
+    # NOTE: allocated only for several tiles: an unused output held beside F.linear's made
+    # that one land on fresh pages (a 512 x 1536 prefill matmul, 2 threads: 7.3 -> 5.1 ms)
+    out = torch.empty((x.shape[0], num_out), dtype=torch.float32) if num_out > tile_rows else None
     for r0 in range(0, num_out, tile_rows):
         r1 = min(r0 + tile_rows, num_out)
         tile = torch.empty((r1 - r0, cols), dtype=torch.float32)  # (rows, cols)
