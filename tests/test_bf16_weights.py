@@ -166,11 +166,10 @@ def test_a_bf16_hugging_face_checkpoint_against_transformers_float32(tmp_path, a
     its matrices stay bf16 (untied LM head included), and the logits of a 40-token pass (the
     GEMV's rows) and of each row alone equal transformers' float32 model of the same bf16
     weights to float32 rounding."""
+    import transformers  # test-only reference
     from test_quantized import _teacher_forced_logits
 
     from inferpath.engine.load import build_for_engine, load_weights
-
-    import transformers  # test-only reference
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inferpath.kernels import build, ops
+from inferpath.kernels import bf16_weights, build, ops
 from inferpath.kernels.groups import FloatGroup, QuantGroup
 from inferpath.kernels.ops import run_silu_mul
 from inferpath.model.layers import SwiGLUMLP
@@ -60,7 +60,7 @@ def float_group(*projections: nn.Module) -> FloatGroup | None:
     fn, kernels = build.native_gemv_group(dtype), ops.linear_kernels(weights[0], biases[0])
     if fn is not None and kernels[0] is not None and ops.kernel_ready(dtype, *biases):
         variants[dtype] = (fn, kernels)
-    fn, kernels = build.native_gemv_group_bf16_weights(), ops.bf16_weight_kernels(weights[0], biases[0])
+    fn, kernels = build.native_gemv_group_bf16_weights(), bf16_weights.bf16_weight_kernels(weights[0], biases[0])
     if dtype == torch.bfloat16 and fn is not None and kernels[0] is not None \
             and ops.kernel_ready(torch.float32, *biases):
         variants[torch.float32] = (fn, kernels)

@@ -75,7 +75,7 @@ class FloatGroup(_WeightArrays):
     weights' dtype, or float32 x against bf16 weights (``inferpath_gemv_group_bf16_weights``,
     the weights widened in the kernel); biases in x's dtype or None. Each output value is
     the one the single-matrix GEMV gives (same kernel, same chain over k), so a group equals
-    its projections run one by one (``ops.small_batch_linear``, ``ops.bf16_weight_linear``)
+    its projections run one by one (``ops.small_batch_linear``, ``bf16_weights.bf16_weight_linear``)
     for the row counts that take the GEMV there (``serves``); other row counts take the
     projections' own modules (AMX, oneDNN, widened tiles)."""
 

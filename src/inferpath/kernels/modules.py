@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inferpath.kernels import build, ops
+from inferpath.kernels import bf16_weights, build, ops
 from inferpath.kernels.decode_stack import CPUDecoderStack
 from inferpath.kernels.fused import CPUSelfAttention, CPUSwiGLUMLP
 from inferpath.kernels.ops import (run_paged_decode_attention, run_prefill_attention, run_rms_norm, run_rope,
@@ -53,13 +53,13 @@ class CPULinear(nn.Linear):
         self._widening = self.weight.dtype == torch.bfloat16 and (self.bias is None
                                                                   or self.bias.dtype == torch.float32)
         if self._widening:  # bf16 weights may meet float32 x (kernels/bf16_weights.py)
-            self._widening_kernels = ops.bf16_weight_kernels(self.weight, self.bias)
+            self._widening_kernels = bf16_weights.bf16_weight_kernels(self.weight, self.bias)
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, in_features) -> (num_tokens, out_features)
         if self._widening and x.dtype == torch.float32:
-            return ops.bf16_weight_linear(x, self.weight, self.bias, self._widening_kernels)
+            return bf16_weights.bf16_weight_linear(x, self.weight, self.bias, self._widening_kernels)
         return small_batch_linear(x, self.weight, self.bias, self._kernels)
 
 
