@@ -17,10 +17,14 @@ static inline __m256i nibbles256(const uint8_t *q16) {
     __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0xf)), hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0xf));
     return _mm256_set_m128i(hi, lo);
 }
-/* 0x10 in byte j where bit j of the 32-bit word at qh4 is set */
+/* 0x10 in byte j where bit j of the 32-bit word at qh4 is set (AVX-512: the word is a
+ * byte mask) */
 static inline __m256i fifth_bits256(const uint8_t *qh4) {
     uint32_t h;
     memcpy(&h, qh4, 4);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm256_maskz_mov_epi8((__mmask32)h, _mm256_set1_epi8(0x10));
+#endif
     __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h),
                                     _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
                                                        0x0303030303030303LL));
