@@ -14,12 +14,12 @@ import sys
 import pytest
 import torch
 from gguf_files import write_float_gguf
+from test_decode_stack import generate
 
 from inferpath.config import EngineConfig
 from inferpath.engine.llm_engine import LLMEngine
 from inferpath.kernels import build
 from inferpath.models import resolve_model
-from inferpath.sampling.params import SamplingParams
 
 PROMPTS = ["Tell me about the number 7.", "def fibonacci(n):"]
 
@@ -43,17 +43,6 @@ def avx2(monkeypatch):
 
 def engine_for(path: str, dtype: str = "auto") -> LLMEngine:
     return LLMEngine.from_model(path, EngineConfig(threads=2, kv_cache_memory_bytes=64 * 2**20, dtype=dtype))
-
-
-def generate(engine: LLMEngine) -> dict:
-    """request id -> (greedy token ids, [(token id, logprob, top 5)] per token)."""
-    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=5)
-    for i, prompt in enumerate(PROMPTS):
-        engine.add_request(str(i), prompt, params)
-    done = {}
-    while engine.has_unfinished_requests():
-        done.update({o.request_id: o.outputs[0] for o in engine.step() if o.finished})
-    return {k: (o.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in o.logprobs]) for k, o in done.items()}
 
 
 def _mapped_ranges(path: str) -> list[tuple[int, int]]:
@@ -100,8 +89,8 @@ def test_auto_keeps_the_matrices_bf16_views_of_the_mapped_file(bf16_gguf, avx2):
 def test_bf16_weights_give_the_float32_model_of_the_same_file(bf16_gguf, avx2):
     """Against ``--dtype float32`` (every matrix converted at load): the same greedy tokens,
     and top-5 logprobs equal up to float32 summation order."""
-    widened = generate(engine_for(bf16_gguf))
-    converted = generate(engine_for(bf16_gguf, dtype="float32"))
+    widened = generate(bf16_gguf, native=True, prompts=PROMPTS)
+    converted = generate(bf16_gguf, native=True, dtype="float32", prompts=PROMPTS)
     assert widened.keys() == converted.keys()
     for key in widened:
         tokens, logprobs = widened[key]
@@ -115,21 +104,10 @@ def test_bf16_weights_give_the_float32_model_of_the_same_file(bf16_gguf, avx2):
 def test_bf16_weights_decode_natively_bitwise_equal_to_the_module_path(bf16_gguf, avx2):
     """A decode step is one native call (the widening GEMV inside decode.c), equal to the
     bit to the module-by-module path."""
-    engine = engine_for(bf16_gguf)
-    stack = engine.runner.model.model
     calls: list[bool] = []
-    original = stack._decode_natively
-
-    def counting(*args):
-        hidden = original(*args)
-        calls.append(hidden is not None)
-        return hidden
-    stack._decode_natively = counting
-    native = generate(engine)
+    native = generate(bf16_gguf, native=True, calls=calls, prompts=PROMPTS)
     assert sum(calls) >= 20 and not calls[0]  # the prefill step took the module path
-    module = engine_for(bf16_gguf)
-    module.runner.model.model.use_native_decode = False
-    assert native == generate(module)
+    assert native == generate(bf16_gguf, native=False, prompts=PROMPTS)
 
 
 def test_a_bf16_file_run_with_bf16_weights_holds_about_the_file(bf16_gguf):

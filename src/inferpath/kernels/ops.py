@@ -212,7 +212,7 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 # Up to this many rows (per instruction-set level) a quantized matmul runs the fused int8
-# kernels (csrc/quant: the row kernel for a few rows, the wide kernel for tiles of 6+,
+# kernels (csrc/quant: the row kernel for a few rows, the wide kernel for tiles of 6+ (avx2),
 # gemm.c's packed panels for 4+ rows at the avx512 level); past it, weight tiles are
 # dequantized to float32 once and reused for all rows by PyTorch's GEMM. Measured on a
 # 1536 x 576 Q4_1 weight, 1 thread, AMD EPYC (avx512 VNNI), ms fused vs tiled: avx512
@@ -244,9 +244,11 @@ def run_quant_matmul(fn, x: torch.Tensor, data: torch.Tensor, qtype: int, bias: 
     return out
 
 
-def run_dequantize(fn, data: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
-    """Rows of a quantized weight, data (rows, row_bytes) contiguous -> (rows, cols) float32."""
-    out = torch.empty((data.shape[0], cols), dtype=torch.float32)
+def run_dequantize(fn, data: torch.Tensor, qtype: int, cols: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows of a quantized weight, data (rows, row_bytes) contiguous -> (rows, cols) float32,
+    into ``out`` (contiguous) where given."""
+    if out is None:
+        out = torch.empty((data.shape[0], cols), dtype=torch.float32)
     if fn(qtype, data.data_ptr(), data.shape[1], out.data_ptr(), data.shape[0], cols, torch.get_num_threads()) != 0:
         raise RuntimeError(f"dequantize rejected {tuple(data.shape)} bytes as {cols} values of GGUF type {qtype}")
     return out
@@ -286,7 +288,10 @@ def dequantized_linear(x: torch.Tensor, weights: list[tuple[torch.Tensor, int]],
             if lo >= hi:
                 continue
             rows = data[lo - start:hi - start]
-            tile[lo - r0:hi - r0] = rows if qtype is None else run_dequantize(dequantize_fn, rows, qtype, cols)
+            if qtype is None:
+                tile[lo - r0:hi - r0] = rows
+            else:  # straight into the tile's rows (contiguous)
+                run_dequantize(dequantize_fn, rows, qtype, cols, out=tile[lo - r0:hi - r0])
             if b is not None:
                 bias[lo - r0:hi - r0] = b[lo - start:hi - start]
         if r1 - r0 == num_out:  # one tile: no copy into out

@@ -19,7 +19,8 @@
  *   portable: the same sums in plain integer C.
  * Every format's OFFSET (w - OFFSET) joins its min as -OFFSET * scale * sum(x). The row
  * kernel here unpacks a weight block once for a tile of up to 8 rows of x (one row: the
- * decode step); wide.c's kernel takes whole tiles of 6+ rows a 32-bit lane per row. Weight
+ * decode step); on AVX2 wide.c's kernel takes whole tiles of 6+ rows a 32-bit lane per row,
+ * with AVX-512 VNNI gemm.c's packed panels take GEMM_MIN_ROWS rows or more. Weight
  * rows are split over OpenMP threads in chunks. ``inferpath_quant_dequantize`` turns rows
  * into float32 (embedding lookups, and large batches where a float GEMM over a dequantized
  * tile is faster).
@@ -194,7 +195,8 @@ static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
  * output columns are computed in ranges (quant_columns): by one OpenMP region here, by
  * the decode pool in decode.c. rows_alone: every row through the row kernel, whatever m
  * (a row's result then never depends on the rows beside it: batch invariance); else tiles
- * of WIDE_MIN_ROWS rows or more take the wide kernel. Returns 0, -1 for a bad format or
+ * of WIDE_MIN_ROWS rows or more take the wide kernel (AVX2), or m >= GEMM_MIN_ROWS takes
+ * gemm.c's panels (AVX-512 VNNI). Returns 0, -1 for a bad format or
  * shape, -2 out of memory. */
 /* Less work than this runs on the calling thread alone: waking the other threads (a futex
  * each under OMP_WAIT_POLICY=PASSIVE, tens of microseconds) costs more than it saves; a
@@ -269,7 +271,7 @@ int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *co
     quant_matmul q;
     int status = quant_prepare(&q, count, qtypes, ws, row_bytes, ns, biases, x, m, k, num_threads, rows_alone);
     if (status) return status;
-    const int64_t chunk = q.use_gemm ? 32 : 16, n = q.n;
+    const int64_t chunk = q.use_gemm ? GEMM_PANEL : 16, n = q.n;
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
     for (int64_t c0 = 0; c0 < n; c0 += chunk) quant_columns(&q, y, c0, c0 + chunk < n ? c0 + chunk : n);
     quant_release(&q);
