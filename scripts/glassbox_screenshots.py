@@ -1,4 +1,4 @@
-"""Screenshots of the glass-box page for the README (docs/glassbox/*.png).
+"""Screenshots of the glass-box page for docs/glassbox.md (docs/glassbox/*.png).
 
 Starts ``inferpath serve``'s app on 127.0.0.1 with the default model and drives the
 distribution's Chromium through Playwright:
@@ -73,7 +73,7 @@ def main() -> None:
 
 
 def shrink(path: Path) -> None:
-    """A 256-colour palette (fast octree keeps the few chart colours): the README stays small."""
+    """A 256-colour palette (fast octree keeps the few chart colours): the repository stays small."""
     from PIL import Image  # matplotlib's dependency
 
     Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
