@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
+from inferpath.explain.hardware import THIS_MACHINE
 from inferpath.server.errors import APIError
 
 STATIC_DIR = Path(__file__).with_name("static")
@@ -87,7 +88,12 @@ def install_trace_routes(app: FastAPI, async_engine: Any, api_key: str | None = 
         for request_id in (response_id, f"{response_id}-0"):
             if tracer.steps_of(request_id):
                 spec = await hardware()
-                return JSONResponse(request_trace(tracer, request_id, engine, spec))
+                trace = request_trace(tracer, request_id, engine, spec)
+                if trace["probe_stale"] and spec.name == THIS_MACHINE:  # measured again on next load
+                    from inferpath.explain.probe import note_observed
+
+                    await asyncio.to_thread(note_observed, trace["probe_stale"]["attained_read_bandwidth"])
+                return JSONResponse(trace)
         raise APIError(404, f"no trace of {response_id!r}: send the completion with the header "
                        "'X-Inferpath-Trace: 1' (traces are kept for the last 4,096 steps)",
                        param="id", code="trace_not_found")

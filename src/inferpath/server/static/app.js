@@ -113,10 +113,18 @@ async function refresh(id) {
   render(await r.json());
 }
 
+// a decode step that beat the probed bandwidth: the floor is wrong, and the page says so
+function staleNote(stale) {
+  if (!stale) return "";
+  return " — PROBE STALE: a decode step read " + (stale.attained_read_bandwidth / 1e9).toFixed(1) +
+    " GB/s, above the probed " + (stale.probed_read_bandwidth / 1e9).toFixed(1) +
+    " GB/s (measured again when the server next starts)";
+}
+
 function render(trace) {
   const hw = trace.hardware;
   $("hardware-line").textContent = trace.dtype + " on " + hw.name + ": " + hw.source +
-    "; ridge " + fmtNum(hw.ridge) + " FLOP/byte";
+    "; ridge " + fmtNum(hw.ridge) + " FLOP/byte" + staleNote(trace.probe_stale);
   renderTable(trace);
   renderTokens(trace);
   renderShare(trace);
