@@ -16,7 +16,8 @@ def test_generate_streams_text_and_ends_with_a_summary_line(capsys):
         r"\[prompt (\d+) tokens \| TTFT \d+ ms \| decode [\d.]+ tok/s \((\d+) tokens\) \| "
         r"(Q4_1 \+ Q8_0 weights, float32 activations, kernels (?:avx512|avx2|generic), \d+ threads"
         r"(?: \(one-sequence decode: (?:trying \d+ and 1|\d+, measured faster)\))?, native decode) \| "
-        r"([\d.]+) MB/token, \d+% of the [\d.]+ GB/s floor \| "
+        r"([\d.]+) MB/token, (?:\d+% of the [\d.]+ GB/s floor|read [\d.]+ GB/s: above the probed [\d.]+ "
+        r"GB/s floor \(probe stale: measured again next run\)) \| "
         r"KV [\d.]+ MB \((\d+) tokens x ([\d,]+) B\) \| finish (\w+)\]", summary)
     assert match, summary
     num_prompt, num_out, num_tokens = (int(match.group(i)) for i in (1, 2, 5))
@@ -26,6 +27,14 @@ def test_generate_streams_text_and_ends_with_a_summary_line(capsys):
     # seed formula for SmolLM2: 2 x 30 layers x 3 kv heads x 64 head dim x 4 bytes (fp32)
     assert match.group(6) == f"{2 * 30 * 3 * 64 * 4:,}" and match.group(7) == "length"
     assert num_prompt > len("What is a quadratic equation?".split())  # chat template applied
+
+
+def test_the_floor_is_never_quoted_above_100_percent():
+    from inferpath.cli.generate import floor_text
+
+    assert floor_text(10e9, 20e9) == ", 50% of the 20.0 GB/s floor"
+    assert "above the probed 20.0 GB/s floor" in floor_text(30e9, 20e9)
+    assert "%" not in floor_text(30e9, 20e9)
 
 
 def test_bad_sampling_flag_is_an_error_naming_the_parameter(capsys):

@@ -142,6 +142,35 @@ def test_a_plain_client_is_not_traced_and_sees_no_trace(server):
     assert missing.status_code == 404 and "X-Inferpath-Trace" in missing.text
 
 
+def test_a_trace_re_priced_on_a_preset_gives_explains_figures(server):
+    """The same request's steps priced on h100-sxm: each step's prediction is the cost model's
+    pass for that preset, the shapes and tokens the step ran (what ``explain`` computes)."""
+    from inferpath.explain.cost import pass_cost
+    from inferpath.explain.hardware import get_hardware
+    from inferpath.explain.trace import precision_of
+
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0}
+    reply = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120,
+                       headers={"X-Inferpath-Trace": "1"}).json()
+    here = httpx.get(f"{server.url}/v1/trace/{reply['id']}", timeout=30).json()
+    there = httpx.get(f"{server.url}/v1/trace/{reply['id']}?hardware=h100-sxm", timeout=30).json()
+    assert there["hardware"]["name"] == "h100-sxm" and here["hardware"]["name"] == "this-machine"
+    assert [s["step_s"] for s in there["steps"]] == [s["step_s"] for s in here["steps"]]  # measured: the same
+    same = LLMEngine.from_model(MODEL, EngineConfig())  # the server's model, as the engine runs it
+    config, precision, h100 = same.model_config, precision_of(same), get_hardware("h100-sxm")
+    for step in there["steps"]:
+        expected = pass_cost(config, h100, precision, step["num_new_tokens"], step["context_len"],
+                             fused_attention=True)
+        assert step["predicted_s"] == pytest.approx(expected.time_s)
+        assert step["bound"] == expected.bound
+    phases = {s["phase"]: s["bound"] for s in there["steps"]}
+    assert phases["decode"] == "memory"  # the seed's point, on the seed's hardware
+    bad = httpx.get(f"{server.url}/v1/trace/{reply['id']}?hardware=abacus", timeout=30)
+    assert bad.status_code == 400 and "abacus" in bad.text and "h100-sxm" in bad.text
+    names = httpx.get(f"{server.url}/v1/trace-hardware", timeout=30).json()["hardware"]
+    assert names[0] == "this-machine" and "h100-sxm" in names
+
+
 def test_two_traced_requests_at_once_show_the_batch_they_shared(server):
     from concurrent.futures import ThreadPoolExecutor
 

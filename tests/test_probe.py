@@ -19,6 +19,7 @@ SLOW_BF16 = {
     "device": "cpu", "read_bandwidth": 20e9, "copy_bandwidth": 18e9, "fp32_flops": 60e9,
     "bf16_flops": 0.6e9, "fp32_gemv_bandwidth": 15e9, "bf16_gemv_bandwidth": 1e9,
     "memory_bytes": 16e9, "bandwidth_bytes": SMALL["bandwidth_bytes"], "matmul_n": SMALL["matmul_n"],
+    "load_average": 0.0, "cpus": 2,
 }
 
 
@@ -109,3 +110,73 @@ def test_a_quantized_file_is_costed_at_the_quantized_rate():
     assert spec.flops_for("quantized") == 9e9  # the slower of the measured block formats
     h100 = get_hardware("h100-sxm")  # a preset: weight-only quantization computes in bf16
     assert h100.flops_for("quantized") == h100.flops_for("bf16")
+
+
+def _quiet(**extra):
+    return {**SLOW_BF16, "load_average": 0.1, "cpus": 2, **extra}
+
+
+def test_a_probe_beaten_by_a_real_step_is_raised_then_measured_again(tmp_path, monkeypatch):
+    """A fake probe with an impossibly low bandwidth: the first decode step that reads faster
+    marks it stale and raises its floor (no fraction above 100%); the next use measures again
+    and keeps the attained rate as the floor's lower bound."""
+    import torch
+
+    path = tmp_path / "probe.json"
+    low = _quiet(read_bandwidth=1e9)  # 1 GB/s: any real decode step beats it
+    fresh = _quiet()  # 20 GB/s
+    measurements = iter([low, fresh])
+    monkeypatch.setattr(probe, "measure", lambda *a: dict(next(measurements)))
+    monkeypatch.setattr(probe, "load_now", lambda: 0.1)
+    sizes = dict(bandwidth_bytes=probe.DEFAULT_BANDWIDTH_BYTES, matmul_n=probe.DEFAULT_MATMUL_N)
+    assert probe.probe_this_machine(cache_path=path, **sizes).memory_bandwidth == 1e9
+    assert probe.probe_this_machine(cache_path=path, **sizes).memory_bandwidth == 1e9  # cached
+    assert not probe.note_observed(0.5e9, cache_path=path)  # slower than the floor: nothing to say
+    assert probe.note_observed(25e9, cache_path=path)
+    (entry,) = json.loads(path.read_text()).values()
+    assert entry["stale"] and entry["observed_read_bandwidth"] == 25e9
+    assert probe.reprobe_reason(entry, 0.1).startswith("a decode step read 25.0 GB/s")
+    stale = probe.spec_from_measurement(entry)
+    assert stale.memory_bandwidth == 25e9 and "floor raised to 25.0 GB/s" in stale.source
+    spec = probe.probe_this_machine(cache_path=path, **sizes)  # measured again: fresh (20 GB/s)
+    assert spec.memory_bandwidth == 25e9 and "stale" not in spec.source  # the attained rate bounds it
+    (entry,) = json.loads(path.read_text()).values()
+    assert not entry.get("stale") and entry["read_bandwidth"] == 20e9
+    assert torch.get_num_threads() == entry["threads"]
+
+
+def test_a_probe_taken_under_load_is_taken_again_once_the_machine_is_quieter(tmp_path, monkeypatch):
+    path = tmp_path / "probe.json"
+    calls = []
+    busy = _quiet(load_average=3.0)  # 1.5 runnable tasks a CPU
+    monkeypatch.setattr(probe, "measure", lambda *a: calls.append(a) or dict(busy))
+    monkeypatch.setattr(probe, "load_now", lambda: 3.0)
+    probe.probe_this_machine(cache_path=path, **SMALL)
+    probe.probe_this_machine(cache_path=path, **SMALL)  # still as busy: measuring again gains nothing
+    assert len(calls) == 1
+    monkeypatch.setattr(probe, "load_now", lambda: 0.2)
+    busy = _quiet(load_average=0.2)
+    probe.probe_this_machine(cache_path=path, **SMALL)
+    assert len(calls) == 2
+    probe.probe_this_machine(cache_path=path, **SMALL)  # quiet now: cached
+    assert len(calls) == 2
+    (entry,) = json.loads(path.read_text()).values()
+    assert "load average 0.20 on 2 CPUs" in probe.spec_from_measurement(entry).source
+
+
+def test_a_probe_stored_without_its_load_is_taken_again(tmp_path, monkeypatch):
+    path = tmp_path / "probe.json"
+    key = probe.probe_key("cpu", __import__("torch").get_num_threads(), **SMALL)
+    old = {k: v for k, v in SLOW_BF16.items() if k not in ("load_average", "cpus")}
+    path.write_text(json.dumps({key: old}))  # as an older inferpath wrote it
+    calls = []
+    monkeypatch.setattr(probe, "measure", lambda *a: calls.append(a) or _quiet())
+    monkeypatch.setattr(probe, "load_now", lambda: 0.1)
+    probe.probe_this_machine(cache_path=path, **SMALL)
+    probe.probe_this_machine(cache_path=path, **SMALL)
+    assert len(calls) == 1
+
+
+def test_the_real_measurement_records_its_load(tmp_path):
+    measured = probe.measure("cpu", **SMALL)
+    assert measured["load_average"] >= 0 and measured["cpus"] >= 1 and measured["measured_at"] > 0

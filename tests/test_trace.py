@@ -139,6 +139,23 @@ def test_a_request_that_shared_its_steps_shows_the_batch(llm):
     assert_nothing_attached(llm)
 
 
+def test_a_decode_step_faster_than_the_probe_marks_it_stale(llm, traced):
+    """A probe with an impossibly low bandwidth (1 MB/s): the trace's decode steps beat it and
+    the trace says so, with the rate they attained; an honest preset does not."""
+    from dataclasses import replace
+
+    *_, tracer, _, _ = traced
+    with trace(llm.engine):
+        (out,) = llm.generate("The capital of France is", SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    honest = request_trace(tracer, out.request_id, llm.engine, get_hardware("h100-sxm"))
+    assert honest["probe_stale"] is None
+    slow = replace(get_hardware("h100-sxm"), memory_bandwidth=1e6)
+    stale = request_trace(tracer, out.request_id, llm.engine, slow)["probe_stale"]
+    decode_s = min(s["step_s"] for s in honest["steps"] if s["phase"] == "decode")
+    assert stale["probed_read_bandwidth"] == 1e6
+    assert stale["attained_read_bandwidth"] == pytest.approx(llm.engine.weight_format.decode_bytes / decode_s)
+
+
 def test_request_trace_predicts_the_batch_the_step_ran(llm, traced):
     *_, tracer, _, _ = traced
     hardware = get_hardware("h100-sxm")

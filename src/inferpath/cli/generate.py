@@ -97,8 +97,10 @@ def _stream_answer(engine, request_id: str, prompt, params) -> str:
     if hasattr(stack, "native_decode_refusal"):  # kernels/decode_stack.py
         refusal = stack.native_decode_refusal()
         threads += ", native decode" if not refusal else f", module decode ({refusal})"
-    print(summary_line(final, engine.kv_cache.bytes_per_token, engine.weight_format, _read_bandwidth(),
+    bandwidth = _read_bandwidth()
+    print(summary_line(final, engine.kv_cache.bytes_per_token, engine.weight_format, bandwidth,
                        threads=threads), file=sys.stderr, flush=True)
+    _check_probe(final, engine.weight_format, bandwidth)
     return final.outputs[0].text
 
 
@@ -135,11 +137,32 @@ def summary_line(output, kv_bytes_per_token: int, weights=None, bandwidth: float
         threads = threads or f"{torch.get_num_threads()} threads"
         ran = f"{weights.describe()}, {threads} | {weights.decode_bytes / 1e6:.1f} MB/token"
         if bandwidth and tok_s:
-            ran += f", {tok_s * weights.decode_bytes / bandwidth:.0%} of the {bandwidth / 1e9:.1f} GB/s floor"
+            ran += floor_text(tok_s * weights.decode_bytes, bandwidth)
         ran += " | "
     return (f"[prompt {num_prompt} tokens | TTFT {ttft_text} | decode {rate} ({num_out} tokens) | {ran}"
             f"KV {kv_bytes / 1e6:.2f} MB ({num_tokens} tokens x {kv_bytes_per_token:,} B) | "
             f"finish {completion.finish_reason}]")
+
+
+def floor_text(read_rate: float, bandwidth: float) -> str:
+    """The decode speed against the bandwidth floor; never above 100%: a step that read faster
+    than the probe allows proves the probe stale (explain/probe_guard.py)."""
+    if read_rate > bandwidth:
+        return (f", read {read_rate / 1e9:.1f} GB/s: above the probed {bandwidth / 1e9:.1f} GB/s floor "
+                "(probe stale: measured again next run)")
+    return f", {read_rate / bandwidth:.0%} of the {bandwidth / 1e9:.1f} GB/s floor"
+
+
+def _check_probe(output, weights, bandwidth: float | None) -> None:
+    """Tell the probe what this decode attained, so a stale floor is measured again."""
+    metrics, num_out = output.metrics, len(output.outputs[0].token_ids)
+    if not bandwidth or weights is None or metrics.time_to_first_token is None or num_out < 2:
+        return
+    decode_s = metrics.finished_time - metrics.first_token_time
+    if decode_s > 0 and (num_out - 1) / decode_s * weights.decode_bytes > bandwidth:
+        from inferpath.explain.probe import note_observed
+
+        note_observed((num_out - 1) / decode_s * weights.decode_bytes)
 
 
 def run_generate(args: argparse.Namespace) -> int:

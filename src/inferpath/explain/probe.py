@@ -18,6 +18,12 @@ stages come out compute-bound, which is what they are here.
 Results are cached as JSON under ``$INFERPATH_CACHE`` (default ``~/.cache/inferpath``),
 keyed by what changes them: CPU model and flags, torch version, kernel level and build,
 thread count and sizes (``probe_key``). ``refresh=True`` (``--reprobe``) measures again.
+
+NOTE: a cached figure must not lie for long (probe_guard.py). Each measurement records
+the load average it was taken under; one taken on a busy machine is measured again once
+the machine is quieter, and one that a real step has beaten (a decode step that read its
+bytes faster than the probed bandwidth allows) is marked stale, its floor raised to what
+the step attained, and measured again on the next use.
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ import time
 from pathlib import Path
 
 from inferpath.explain.hardware import THIS_MACHINE, HardwareSpec
+from inferpath.explain.probe_guard import carry_observed, load_now, observe, raised_bandwidth, reprobe_reason
 
 DEFAULT_BANDWIDTH_BYTES = 256 * 2**20
 DEFAULT_MATMUL_N = 1024
 _REPEATS = 5
+_BANDWIDTH_REPEATS = 9  # the floor every fraction is quoted against: the best of more short runs
 _DTYPES = (("fp32", "float32"), ("bf16", "bfloat16"))
 # GGUF block formats whose kernels the probe times (QuantLinear, the engine's path for a
 # quantized file); the slower one is the "quantized" compute rate the cost model uses
@@ -113,17 +121,37 @@ def probe_this_machine(device: str = "cpu", bandwidth_bytes: int | None = None,
     key = probe_key(device, threads, bandwidth_bytes, matmul_n)
     path = cache_path or cache_dir() / "probe.json"
     cached = _load(path)
-    if not refresh and key in cached:
+    if not refresh and key in cached and not reprobe_reason(cached[key], load_now()):
         return spec_from_measurement(cached[key])
     measured = measure(device, bandwidth_bytes, matmul_n)
     measured["threads"] = threads
     measured["kernel_level"] = kernel_level()
-    cached[key] = measured
+    cached = _load(path)  # another process may have written meanwhile
+    cached[key] = carry_observed(cached.get(key), measured)
+    _store(path, cached)
+    return spec_from_measurement(cached[key])
+
+
+def note_observed(bytes_per_second: float, device: str = "cpu", cache_path: Path | None = None) -> bool:
+    """A real step read its bytes at ``bytes_per_second``: if that beats the cached probe of
+    this configuration (default sizes, the current thread count), mark it stale and raise its
+    floor (probe_guard.py). True if it did."""
+    import torch
+
+    key = probe_key(device, torch.get_num_threads(), DEFAULT_BANDWIDTH_BYTES, DEFAULT_MATMUL_N)
+    path = cache_path or cache_dir() / "probe.json"
+    cached = _load(path)
+    if key not in cached or not observe(cached[key], bytes_per_second):
+        return False
+    _store(path, cached)
+    return True
+
+
+def _store(path: Path, cached: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(cached, indent=2))
     tmp.replace(path)  # atomic: a concurrent reader sees the old or the new file
-    return spec_from_measurement(measured)
 
 
 def spec_from_measurement(m: dict) -> HardwareSpec:
@@ -142,14 +170,17 @@ def spec_from_measurement(m: dict) -> HardwareSpec:
     quant_rates = [m[f"{t.lower()}_flops"] for t in _QUANT_TYPES if m.get(f"{t.lower()}_flops", 0) > 0]
     if quant_rates:
         peak_flops["quantized"] = min(quant_rates)
+    bandwidth, raised = raised_bandwidth(m)
+    load = (f", load average {m['load_average']:.2f} on {m.get('cpus', '?')} CPUs"
+            if "load_average" in m else "")
     return HardwareSpec(
-        name=THIS_MACHINE, memory_bandwidth=m["read_bandwidth"],
+        name=THIS_MACHINE, memory_bandwidth=bandwidth,
         peak_flops=peak_flops,
         memory_bytes=m["memory_bytes"],
         source=(f"measured on {m['device']} with {m.get('threads', '?')} threads, kernels "
                 f"{m.get('kernel_level', '?')}: read {m['read_bandwidth'] / 1e9:.1f} GB/s, copy "
                 f"{m['copy_bandwidth'] / 1e9:.1f} GB/s, fp32 GEMM {m['fp32_flops'] / 1e9:.1f} GFLOP/s, "
-                f"bf16 GEMM {m['bf16_flops'] / 1e9:.1f} GFLOP/s{quant}{gemv}"),
+                f"bf16 GEMM {m['bf16_flops'] / 1e9:.1f} GFLOP/s{quant}{gemv}{load}{raised}"),
     )
 
 
@@ -163,7 +194,10 @@ def measure(device: str, bandwidth_bytes: int, matmul_n: int) -> dict:
     y = torch.empty_like(x)
     result = {
         "device": device,
-        "read_bandwidth": x.nbytes / _best_time(lambda: x.sum(), device),
+        "load_average": load_now(),  # before measuring: the probe's own load is not counted
+        "cpus": os.cpu_count() or 1,
+        "measured_at": time.time(),
+        "read_bandwidth": x.nbytes / _best_time(lambda: x.sum(), device, repeats=_BANDWIDTH_REPEATS),
         "copy_bandwidth": 2 * x.nbytes / _best_time(lambda: y.copy_(x), device),
         "memory_bytes": _memory_bytes(device),
         "bandwidth_bytes": bandwidth_bytes,
@@ -212,14 +246,14 @@ def measure_quantized(device: str, n: int) -> dict:
     return result
 
 
-def _best_time(fn, device: str) -> float:
+def _best_time(fn, device: str, repeats: int = _REPEATS) -> float:
     import torch
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     fn()  # warm up: first-touch page faults, kernel selection
     sync()
     best = float("inf")
-    for _ in range(_REPEATS):
+    for _ in range(repeats):
         start = time.perf_counter()
         fn()
         sync()

@@ -137,6 +137,7 @@ def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> di
                    "vocab_size": config.vocab_size},
         "dtype": engine.engine_config.dtype, "precision": precision.description,
         "hardware": hardware_json(hardware, precision),
+        "probe_stale": probe_staleness(steps, engine.weight_format.decode_bytes, hardware),
         "fusions": dict(tracer.fusions),
         "num_prompt_tokens": records[0].chunk_of(request_id).num_prompt_tokens if records else 0,
         "prefill_s": prefill_s, "decode_s": decode_s,
@@ -144,6 +145,17 @@ def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> di
         "summary": summary_rows(steps),
         "steps": steps,
     }
+
+
+def probe_staleness(steps: list[dict], decode_bytes: int, hardware: HardwareSpec) -> dict | None:
+    """None, or — where a decode step read its weight bytes faster than ``hardware``'s
+    bandwidth allows, so the floor it is quoted against is wrong — the fastest such rate
+    beside the probed one (the page says so; the server tells the probe, probe_guard.py)."""
+    rates = [decode_bytes / s["step_s"] for s in steps if s["phase"] == "decode" and s["step_s"] > 0]
+    fastest = max(rates, default=0.0)
+    if fastest <= hardware.memory_bandwidth:
+        return None
+    return {"attained_read_bandwidth": fastest, "probed_read_bandwidth": hardware.memory_bandwidth}
 
 
 def summary_rows(steps: list[dict]) -> list[dict]:

@@ -22,10 +22,11 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
+from inferpath.explain.hardware import HARDWARE_PRESETS, THIS_MACHINE, get_hardware
 from inferpath.server.errors import APIError
 
 STATIC_DIR = Path(__file__).with_name("static")
@@ -75,19 +76,39 @@ def install_trace_routes(app: FastAPI, async_engine: Any, api_key: str | None = 
         app.add_middleware(TraceOnHeader, tracer=tracer)
     app.mount("/glassbox", StaticFiles(directory=STATIC_DIR), name="glassbox")
 
+    @app.get("/v1/trace-hardware", include_in_schema=False)
+    async def trace_hardware() -> JSONResponse:
+        """The hardware a trace can be priced on: this machine, then the presets."""
+        return JSONResponse({"hardware": [THIS_MACHINE, *HARDWARE_PRESETS]})
+
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html")
 
     @app.get("/v1/trace/{response_id}")
-    async def get_trace(response_id: str, request: Request) -> JSONResponse:
+    async def get_trace(response_id: str, request: Request, hardware_name: str = Query(
+            THIS_MACHINE, alias="hardware")) -> JSONResponse:
+        """The request's trace priced on this machine, or re-priced on a preset
+        (``?hardware=h100-sxm``): the same stages and tokens, the cost model's figures for
+        that hardware (as ``inferpath explain`` gives them for the same shapes)."""
         _check_key(request, api_key)
         if tracer is None:
             raise APIError(400, f"this server cannot trace: {untraceable}", code="trace_unavailable")
+        preset = None
+        if hardware_name != THIS_MACHINE:
+            try:
+                preset = get_hardware(hardware_name)
+            except ValueError as exc:
+                raise APIError(400, str(exc), param="hardware", code="unknown_hardware") from None
         for request_id in (response_id, f"{response_id}-0"):
             if tracer.steps_of(request_id):
-                spec = await hardware()
-                return JSONResponse(request_trace(tracer, request_id, engine, spec))
+                spec = preset or await hardware()
+                trace = request_trace(tracer, request_id, engine, spec)
+                if trace["probe_stale"] and spec.name == THIS_MACHINE:  # measured again on next load
+                    from inferpath.explain.probe import note_observed
+
+                    await asyncio.to_thread(note_observed, trace["probe_stale"]["attained_read_bandwidth"])
+                return JSONResponse(trace)
         raise APIError(404, f"no trace of {response_id!r}: send the completion with the header "
                        "'X-Inferpath-Trace: 1' (traces are kept for the last 4,096 steps)",
                        param="id", code="trace_not_found")

@@ -42,6 +42,13 @@ async function init() {
   } catch (e) {
     $("model-line").textContent = "could not reach /v1/models: " + e;
   }
+  try {  // the presets a trace can be re-priced on (the seed's question on the seed's hardware)
+    const names = (await (await fetch("/v1/trace-hardware")).json()).hardware;
+    for (const name of names.slice(1)) $("hardware").add(new Option(name, name));
+  } catch (e) { /* the page still works priced on this machine */ }
+  $("hardware").addEventListener("change", () => {
+    if (document.body.dataset.requestId) refresh(document.body.dataset.requestId);
+  });
   $("ask").addEventListener("submit", (ev) => { ev.preventDefault(); ask(); });
   document.addEventListener("click", (ev) => {
     if (!ev.target.classList.contains("token")) hidePopup();
@@ -108,15 +115,25 @@ function stopPolling() {
 }
 
 async function refresh(id) {
-  const r = await fetch("/v1/trace/" + encodeURIComponent(id), {headers: headers()});
+  const on = $("hardware").value;
+  const query = on === "this-machine" ? "" : "?hardware=" + encodeURIComponent(on);
+  const r = await fetch("/v1/trace/" + encodeURIComponent(id) + query, {headers: headers()});
   if (!r.ok) return;  // not recorded yet
   render(await r.json());
+}
+
+// a decode step that beat the probed bandwidth: the floor is wrong, and the page says so
+function staleNote(stale) {
+  if (!stale) return "";
+  return " — PROBE STALE: a decode step read " + (stale.attained_read_bandwidth / 1e9).toFixed(1) +
+    " GB/s, above the probed " + (stale.probed_read_bandwidth / 1e9).toFixed(1) +
+    " GB/s (measured again when the server next starts)";
 }
 
 function render(trace) {
   const hw = trace.hardware;
   $("hardware-line").textContent = trace.dtype + " on " + hw.name + ": " + hw.source +
-    "; ridge " + fmtNum(hw.ridge) + " FLOP/byte";
+    "; ridge " + fmtNum(hw.ridge) + " FLOP/byte" + staleNote(trace.probe_stale);
   renderTable(trace);
   renderTokens(trace);
   renderShare(trace);
