@@ -67,6 +67,15 @@ CASES = {
     "ernie4_5-tied": lambda: _config(transformers.Ernie4_5Config, head_dim=32),
     "ernie4_5-bias-untied": lambda: _config(transformers.Ernie4_5Config, use_bias=True, tie_word_embeddings=False,
                                             num_hidden_layers=3),
+    # half-rotary heads, 8 experts in 4 groups (the best 2 chosen from), a shared expert, a
+    # dense first layer; then per-head QK-norm, Q/K/V biases, two shared experts, one group
+    "glm4-moe-groups": lambda: _config(
+        transformers.Glm4MoeConfig, num_hidden_layers=3, moe_intermediate_size=32, n_routed_experts=8,
+        num_experts_per_tok=3, n_group=4, topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5),
+    "glm4-moe-qk-norm-bias": lambda: _config(
+        transformers.Glm4MoeConfig, head_dim=32, moe_intermediate_size=32, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=2, use_qk_norm=True, attention_bias=True, norm_topk_prob=False,
+        first_k_dense_replace=0, tie_word_embeddings=True),
 }
 
 
@@ -79,7 +88,7 @@ def save_random_model(config: transformers.PreTrainedConfig, directory: Path) ->
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.add_(0.1 * torch.randn_like(p))
-            elif name.endswith(".bias"):
+            elif name.endswith((".bias", "e_score_correction_bias")):
                 p.normal_(0.0, 0.1)
     model.save_pretrained(directory)
     return directory

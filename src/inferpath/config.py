@@ -92,6 +92,16 @@ class ModelConfig:
     attention_multiplier: float | None = None
     residual_multiplier: float = 1.0
     logits_scaling: float = 1.0
+    # GLM-4: RoPE turns only the first rotary_dim of each head's dimensions (0 = all of them)
+    rotary_dim: int = 0
+    # the experts' router: "softmax" (top-k of a softmax), or "sigmoid_grouped" (GLM-4 MoE:
+    # sigmoid scores, a per-expert correction bias that only chooses, the best
+    # num_expert_groups groups' experts, weights times routed_scaling_factor); GLM-4's
+    # shared experts are shared_expert_intermediate_size wide with no gate
+    moe_router: str = "softmax"
+    num_expert_groups: int = 1
+    num_topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -117,6 +127,14 @@ class ModelConfig:
             raise ConfigError(f"hidden_act {self.hidden_act!r} with experts is not supported (SiLU only)")
         if self.layer_types is not None and len(self.layer_types) != self.num_layers:
             raise ConfigError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+        if self.rotary_dim and (self.rotary_dim % 2 or self.rotary_dim > self.head_dim):
+            raise ConfigError(f"rotary_dim ({self.rotary_dim}) must be even and at most head_dim ({self.head_dim})")
+        if self.moe_router not in ("softmax", "sigmoid_grouped"):
+            raise ConfigError(f"moe_router {self.moe_router!r} is not supported; supported: softmax, sigmoid_grouped")
+        if self.num_experts and (self.num_experts % self.num_expert_groups
+                                 or not 0 < self.num_topk_groups <= self.num_expert_groups):
+            raise ConfigError(f"{self.num_experts} experts in {self.num_expert_groups} groups, the best "
+                              f"{self.num_topk_groups} chosen: groups must divide the experts and be chosen 1..all")
         if self.sandwich_norms and self.post_norms:
             raise ConfigError("sandwich_norms and post_norms exclude each other (Gemma's norms or OLMo 2's)")
         if any(not 0 <= i < self.num_layers for i in self.no_rope_layers):

@@ -47,6 +47,8 @@ class Family:
     # Q/K stored for RoPE over adjacent pairs (ERNIE 4.5): rows permuted at load into
     # rotate-half order, which leaves q . k unchanged (weights/names.py)
     interleaved_rope: bool = False
+    # tensors of layers past num_hidden_layers (GLM-4's MTP layers) are not read
+    extra_layers_ignored: bool = False
     tensor_parallel: bool = False  # parallel/tp.py shards its layers
     native_decode: bool = False  # kernels/decode_stack.py was written for its layer
 
@@ -92,6 +94,15 @@ FAMILIES: dict[str, Family] = {f.architecture: f for f in (
     Family("olmo2", frozenset({"attention_bias"})),
     # ERNIE 4.5 (dense): use_bias on every projection, RoPE over adjacent pairs
     Family("ernie4_5", frozenset({"use_bias"}), interleaved_rope=True),
+    # GLM-4 MoE: partial rotary, sigmoid router with a correction bias over expert groups,
+    # shared experts, dense first layers. Its checkpoints' multi-token-prediction layers
+    # (num_nextn_predict_layers, past num_hidden_layers) serve speculative decoding only:
+    # transformers does not load them either
+    Family("glm4_moe", frozenset({"attention_bias", "partial_rotary_factor", "moe_intermediate_size",
+                                  "num_experts_per_tok", "n_shared_experts", "n_routed_experts",
+                                  "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace",
+                                  "norm_topk_prob", "use_qk_norm", "num_nextn_predict_layers"}),
+           routed_moe=True, extra_layers_ignored=True),
 )}
 
 
@@ -133,7 +144,10 @@ NATIVE_DECODE_FIELDS: dict[str, Callable[[Any, Any], bool]] = {
     # experts: none (the MoE-only fields mean nothing without them)
     "num_experts": _equals(0),
     **dict.fromkeys(("num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
-                     "shared_expert_intermediate_size", "dense_layers"), _any),
+                     "shared_expert_intermediate_size", "dense_layers", "moe_router", "num_expert_groups",
+                     "num_topk_groups", "routed_scaling_factor"), _any),
+    # the native RoPE turns whole heads
+    "rotary_dim": lambda value, config: value in (0, config.head_dim),
     "qk_norm": _equals(""), "norm_weight_offset": _equals(0.0), "sandwich_norms": _equals(False),
     "post_norms": _equals(False), "embedding_multiplier": _equals(1.0), "residual_multiplier": _equals(1.0),
     # the step's plan carries the attention scale, whatever sets it

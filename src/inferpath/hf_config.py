@@ -196,6 +196,19 @@ def smollm3_rope_layers(cfg: dict[str, Any], num_layers: int) -> list[int]:
     return [int(f) for f in flags]
 
 
+def glm4_partial_rotary(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """GLM-4's partial_rotary_factor (in rope_parameters, or beside it in older configs;
+    transformers' default 0.5) as the rotated width, and the config without it."""
+    params = dict(cfg.get("rope_parameters") or {})
+    factor = float(params.pop("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.5)))
+    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
+    rotary_dim = int(head_dim * factor)
+    rest = {k: v for k, v in cfg.items() if k != "partial_rotary_factor"}
+    if "rope_parameters" in cfg:
+        rest["rope_parameters"] = params
+    return rest, rotary_dim
+
+
 def gemma3_rope(cfg: dict[str, Any]) -> dict[str, Any]:
     """Gemma 3's two RoPEs: global layers' (rope_theta, rope_scaling), sliding layers'
     (local_rope_theta, local_rope_scaling), from the nested or the older flat layout."""
@@ -219,8 +232,12 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
     num_heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
     num_layers = int(cfg["num_hidden_layers"])
+    glm = architecture == "glm4_moe"
+    rotary_dim = 0
+    if glm:  # partial rotary: read here, so that rope_settings refuses it for every other family
+        cfg, rotary_dim = glm4_partial_rotary(cfg)
     rope = gemma3_rope(cfg) if architecture == "gemma3_text" else dict(zip(("rope_theta", "rope_scaling"), rope_settings(cfg)))
-    num_experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+    num_experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
     types = layer_types(cfg, architecture, num_layers)
     llama_bias = bool(cfg.get("attention_bias", False))  # Llama and its kind: all four projections
     ernie_bias = architecture == "ernie4_5" and bool(cfg.get("use_bias", False))  # every projection
@@ -232,6 +249,8 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
     no_rope: tuple[int, ...] = ()
     if architecture == "smollm3":
         no_rope = tuple(i for i, flag in enumerate(smollm3_rope_layers(cfg, num_layers)) if not flag)
+    if glm:
+        dense_layers = tuple(range(min(int(cfg.get("first_k_dense_replace", 1)), num_layers)))
     granite = architecture == "granite"
     return dict(
         architecture=architecture,
@@ -256,10 +275,11 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0) if num_experts else 0,
         moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
         # transformers' default for OLMoE, Qwen2-MoE and Qwen3-MoE; Mixtral always renormalises
-        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)) if architecture != "mixtral" else True,
-        shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", glm)) if architecture != "mixtral" else True,
+        shared_expert_intermediate_size=(int(cfg.get("moe_intermediate_size", 0)) * int(cfg.get("n_shared_experts", 1))
+                                         if glm else int(cfg.get("shared_expert_intermediate_size") or 0)),
         dense_layers=dense_layers,
-        qk_norm=_QK_NORMS.get(architecture, ""),
+        qk_norm="head" if glm and cfg.get("use_qk_norm") else _QK_NORMS.get(architecture, ""),
         norm_weight_offset=1.0 if gemma else 0.0,
         sandwich_norms=gemma,
         embedding_multiplier=(float(cfg["hidden_size"]) ** 0.5 if gemma
@@ -274,4 +294,9 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         attention_multiplier=float(cfg.get("attention_multiplier", 1.0)) if granite else None,
         residual_multiplier=float(cfg.get("residual_multiplier", 1.0)) if granite else 1.0,
         logits_scaling=float(cfg.get("logits_scaling", 1.0)) if granite else 1.0,
+        rotary_dim=rotary_dim,
+        moe_router="sigmoid_grouped" if glm else "softmax",
+        num_expert_groups=int(cfg.get("n_group", 1)) if glm else 1,
+        num_topk_groups=int(cfg.get("topk_group", 1)) if glm else 1,
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)) if glm else 1.0,
     )

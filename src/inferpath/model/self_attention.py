@@ -13,7 +13,7 @@ from torch import nn
 from inferpath.config import ModelConfig
 from inferpath.model.attention import AttentionPlan, KVWrite, PagedAttention
 from inferpath.model.layers import make_norm
-from inferpath.model.rope import RopeTable, RotaryEmbedding
+from inferpath.model.rope import PartialRotaryEmbedding, RopeTable, RotaryEmbedding
 
 
 class SelfAttention(nn.Module):
@@ -36,7 +36,8 @@ class SelfAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
         # SmolLM3's NoPE layers: position enters only through the causal mask
-        self.rotary_emb = RotaryEmbedding(rope_table) if layer_idx not in config.no_rope_layers else None
+        rotary = PartialRotaryEmbedding if config.rotary_dim not in (0, config.head_dim) else RotaryEmbedding
+        self.rotary_emb = rotary(rope_table) if layer_idx not in config.no_rope_layers else None
         self.kv_write = KVWrite()
         self.attn = PagedAttention()
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=config.o_proj_bias)

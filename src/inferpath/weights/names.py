@@ -91,13 +91,18 @@ def _meta_shapes(config: ModelConfig) -> tuple[tuple[str, tuple[int, ...]], ...]
 
 
 def is_ignorable(name: str, config: ModelConfig) -> bool:
-    """A checkpoint tensor the model need not read: RoPE tables it recomputes, or the head
-    of a model whose head is tied to the embedding (saved anyway by some exporters)."""
+    """A checkpoint tensor the model need not read: RoPE tables it recomputes, the head
+    of a model whose head is tied to the embedding (saved anyway by some exporters), or a
+    layer past the last one where the family says so (GLM-4's multi-token prediction)."""
     if name.endswith(IGNORED_HF_SUFFIXES):
         return True
+    entry = FAMILIES.get(config.architecture)
+    if entry is not None and entry.extra_layers_ignored and (m := _HF_LAYER_INDEX_RE.match(name)):
+        return int(m.group(1)) >= config.num_layers
     return name == "lm_head.weight" and config.tie_word_embeddings
 
 
+_HF_LAYER_INDEX_RE = re.compile(r"^model\.layers\.(\d+)\.")
 _HF_TO_GGUF_LAYER = {v: k for k, v in _LAYER_RENAMES.items()}
 _HF_TO_GGUF_GLOBAL = {v: k for k, v in _GLOBAL_RENAMES.items()}
 _HF_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
