@@ -10,6 +10,10 @@ the chosen k.
 Llama-named SwiGLU MLPs; the weights are the softmax over all experts at the top k,
 renormalised only with ``norm_topk_prob``. Qwen2-MoE adds a shared expert that every
 token runs, scaled by ``sigmoid(shared_expert_gate(x))``.
+
+``GroupedSigmoidMoE`` (GLM-4 MoE): the same layout, a sigmoid router whose choice (not
+weights) adds a per-expert correction bias and is restricted to the best expert groups,
+and ungated shared experts (``mlp.shared_experts``).
 """
 
 from __future__ import annotations
@@ -108,4 +112,56 @@ class RoutedMoE(nn.Module):
         if self.shared_expert is not None:
             # every token also runs the shared expert, gated by a sigmoid of one score
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+
+class GroupedRouter(nn.Module):
+    """GLM-4 MoE's router (``mlp.gate``): ``weight`` (num_experts, hidden) and the
+    ``e_score_correction_bias`` (num_experts,) that steers the choice only."""
+
+    def __init__(self, hidden_size: int, num_experts: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+        self.e_score_correction_bias = nn.Parameter(torch.empty(num_experts))
+
+
+class GroupedSigmoidMoE(nn.Module):
+    """Experts chosen by sigmoid scores within the best groups, plus shared experts.
+
+    Per token: scores = sigmoid(router logits) (float32); a group's rank is the sum of its
+    two best biased scores; only the best ``num_topk_groups`` groups' experts may be chosen;
+    the top k by biased score are chosen, weighted by their *unbiased* scores (renormalised
+    with ``norm_topk_prob``) times ``routed_scaling_factor``. transformers' Glm4MoeTopkRouter
+    is the reference.
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
+                 norm_topk_prob: bool, num_groups: int, num_topk_groups: int, routed_scaling_factor: float,
+                 shared_intermediate_size: int) -> None:
+        super().__init__()
+        self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
+        self.num_groups, self.num_topk_groups = num_groups, num_topk_groups
+        self.routed_scaling_factor = routed_scaling_factor
+        self.gate = GroupedRouter(hidden_size, num_experts)
+        self.experts = nn.ModuleList(SwiGLUMLP(hidden_size, intermediate_size) for _ in range(num_experts))
+        self.shared_experts = SwiGLUMLP(hidden_size, shared_intermediate_size) if shared_intermediate_size else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (num_tokens, hidden_size)
+        scores = F.linear(x.float(), self.gate.weight.float()).sigmoid()  # (num_tokens, num_experts)
+        biased = scores + self.gate.e_score_correction_bias.float()
+        num_tokens, num_experts = biased.shape
+        grouped = biased.view(num_tokens, self.num_groups, num_experts // self.num_groups)
+        group_rank = grouped.topk(min(2, grouped.shape[-1]), dim=-1)[0].sum(dim=-1)  # (num_tokens, num_groups)
+        best_groups = group_rank.topk(self.num_topk_groups, dim=-1)[1]
+        allowed = torch.zeros_like(group_rank, dtype=torch.bool).scatter_(1, best_groups, True)
+        allowed = allowed.unsqueeze(-1).expand_as(grouped).reshape(num_tokens, num_experts)
+        top_experts = biased.masked_fill(~allowed, float("-inf")).topk(self.top_k, dim=-1)[1]  # (num_tokens, top_k)
+        weights = scores.gather(1, top_experts)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        weights = weights * self.routed_scaling_factor
+        out = run_experts(x, self.experts, top_experts, weights.to(x.dtype))
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
         return out
