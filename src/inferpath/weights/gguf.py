@@ -26,6 +26,7 @@ from gguf.quants import dequantize
 
 from inferpath.config import ConfigError, ModelConfig
 from inferpath.weights.errors import WeightsError
+from inferpath.weights.gguf_arch import GGUF_ARCHITECTURES, GGUFArchitecture, is_norm
 from inferpath.weights.gguf_index import GGUFIndex, read_gguf_index
 from inferpath.weights.gguf_keys import check_metadata_keys
 from inferpath.weights.names import IGNORED_GGUF_TENSORS, hf_name, stacked_expert_names
@@ -38,10 +39,6 @@ SUPPORTED_TENSOR_TYPES = frozenset({
 })
 # float types PyTorch holds as they are stored
 _TORCH_FLOATS = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
-# GGUF architecture -> the model_type of ModelConfig; llama.cpp stores Mixtral as "llama"
-# with an expert count, and Mistral (7B) as "llama" too.
-_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}
-_PERMUTED_ARCHITECTURES = frozenset({"llama", "mistral"})
 
 
 class _PlainViewGGUFReader(GGUFReader):
@@ -87,15 +84,23 @@ def eos_token_ids(index: GGUFIndex) -> list[int]:
     return ids
 
 
+def architecture_of(index: GGUFIndex, path: Path) -> GGUFArchitecture:
+    """The entry (gguf_arch.py) of the file's ``general.architecture``; WeightsError naming
+    the supported ones for any other."""
+    arch = index.field("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise WeightsError(
+            f"{path}: GGUF architecture {arch!r} is not supported; "
+            f"supported: {', '.join(GGUF_ARCHITECTURES)}"
+        )
+    return GGUF_ARCHITECTURES[arch]
+
+
 def config_from_gguf(index: GGUFIndex, path: Path) -> ModelConfig:
     """ModelConfig from GGUF metadata (``read_gguf_index``), via the equivalent Hugging
     Face config dict."""
     arch = index.field("general.architecture")
-    if arch not in _ARCHITECTURES:
-        raise WeightsError(
-            f"{path}: GGUF architecture {arch!r} is not supported; "
-            f"supported: {', '.join(_ARCHITECTURES)}"
-        )
+    entry = architecture_of(index, path)
     check_metadata_keys(index.metadata, arch, path)
     tensor_shapes = {t.name: t.shape for t in index.tensors}
 
@@ -123,7 +128,7 @@ def config_from_gguf(index: GGUFIndex, path: Path) -> ModelConfig:
     if vocab is None:
         vocab = len(index.field("tokenizer.ggml.tokens", []))
     window = meta("attention.sliding_window")
-    model_type = "mixtral" if num_experts else _ARCHITECTURES[arch]
+    model_type = "mixtral" if num_experts and entry.model_type in ("llama", "mistral") else entry.model_type
     if model_type == "llama" and window is not None:
         model_type = "mistral"  # llama.cpp stores Mistral 7B as llama with a window
     hf: dict[str, Any] = {
@@ -150,7 +155,9 @@ def config_from_gguf(index: GGUFIndex, path: Path) -> ModelConfig:
             hf["mlp_bias"] = True
     if model_type in ("mistral", "mixtral") and window is not None:
         hf["sliding_window"] = int(window)
-    if num_experts:
+    if entry.config_fields is not None:
+        hf.update(entry.config_fields(meta, hf, path))
+    if model_type == "mixtral":
         hf.update(num_local_experts=num_experts, num_experts_per_tok=int(meta("expert_used_count", 0) or 0))
     try:
         return ModelConfig.from_hf_config(hf, name=str(index.field("general.name", path.stem)))
@@ -192,7 +199,8 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
     index = read_gguf_index(path)
     config = config_from_gguf(index, path)
     data = index.map_data()
-    arch = index.field("general.architecture")
+    entry = architecture_of(index, path)
+    permuted = entry.permuted_qk
     heads_of = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads}
     tensors: dict[str, torch.Tensor] = {}
     infos = index.tensors
@@ -210,36 +218,38 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
             )
         shape = t.shape  # numpy order: (rows, cols)
         kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
-        if arch in _PERMUTED_ARCHITECTURES and kind in heads_of and shape[0] % (2 * heads_of[kind]):
+        if permuted and kind in heads_of and shape[0] % (2 * heads_of[kind]):
             raise WeightsError(f"{path}: tensor {t.name!r} has {shape[0]} rows, not a whole number of "
                                f"row pairs for its {heads_of[kind]} heads; the file is inconsistent")
         if keep_quantized and t.qtype in QUANTIZED_TYPES and len(shape) == 2:
             blocks = index.array(data, t)  # (rows, row_bytes)
-            if arch in _PERMUTED_ARCHITECTURES and kind in heads_of:
+            if permuted and kind in heads_of:
                 blocks = _rows_in_order(blocks, unpermute_rows(np.arange(shape[0]), heads_of[kind]))
-            tensors[_hf_name_or_raise(t.name, config, path)] = QuantizedTensor.from_gguf(blocks, t.qtype, shape)
+            tensors[_hf_name_or_raise(t.name, entry, config, path)] = QuantizedTensor.from_gguf(blocks, t.qtype, shape)
             continue
         if t.qtype in _TORCH_FLOATS and len(shape) == 2:  # matrices: no numpy dequantization
             rows = index.array(data, t)  # F32/F16 values, BF16 bytes (rows, 2 * cols)
-            if arch in _PERMUTED_ARCHITECTURES and kind in heads_of:
+            if permuted and kind in heads_of:
                 rows = _rows_in_order(rows, unpermute_rows(np.arange(shape[0]), heads_of[kind]))
             matrix = _float_matrix(rows, t.qtype, torch.bfloat16 if keep_bf16 and t.qtype == Q.BF16 else dtype)
             if not _shares_memory(matrix, rows):  # converted: its bytes in the map are read for good
                 _release_pages(data, t.offset, t.nbytes)
-            tensors[_hf_name_or_raise(t.name, config, path)] = matrix
+            tensors[_hf_name_or_raise(t.name, entry, config, path)] = matrix
             continue
         try:
             values = dequantize(index.array(data, t), t.qtype).reshape(shape)
         except ValueError as exc:
             raise WeightsError(f"{path}: tensor {t.name!r} (shape {shape}, "
                                f"{t.qtype.name}) is corrupt: {exc}") from None
-        if arch in _PERMUTED_ARCHITECTURES and kind in heads_of:
+        if permuted and kind in heads_of:
             values = unpermute_rows(values, heads_of[kind])
+        if entry.norm_shift and is_norm(t.name):  # stored as w + shift (Gemma's 1 + w norms)
+            values = values.astype(np.float32) - np.float32(entry.norm_shift)
         if (names := stacked_expert_names(t.name, shape[0])) is not None:
             for name, expert in zip(names, values):  # values: (num_experts, rows, cols)
                 tensors[name] = _to_torch(expert, dtype)
             continue
-        tensors[_hf_name_or_raise(t.name, config, path)] = _to_torch(values, dtype)
+        tensors[_hf_name_or_raise(t.name, entry, config, path)] = _to_torch(values, dtype)
     return config, tensors, eos_token_ids(index)
 
 
@@ -281,8 +291,8 @@ def _rows_in_order(rows: np.ndarray, order: np.ndarray) -> np.ndarray:
     return rows
 
 
-def _hf_name_or_raise(gguf_tensor: str, config: ModelConfig, path: Path) -> str:
-    name = hf_name(gguf_tensor)
+def _hf_name_or_raise(gguf_tensor: str, entry: GGUFArchitecture, config: ModelConfig, path: Path) -> str:
+    name = hf_name(gguf_tensor, entry.renames)
     if name is None:
         raise WeightsError(
             f"{path}: tensor {gguf_tensor!r} has no Hugging Face counterpart for a "

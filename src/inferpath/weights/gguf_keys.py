@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from inferpath.weights.errors import WeightsError
+from inferpath.weights.gguf_arch import GGUF_ARCHITECTURES
 
 # "{arch}." keys the config reads (gguf.config_from_gguf)
 ARCH_KEYS = frozenset({
@@ -36,6 +37,7 @@ TOKENIZER_KEYS = frozenset({
     "tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.fim_suf_token_id",
     "tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.fim_pad_token_id",
     "tokenizer.ggml.fim_rep_token_id", "tokenizer.ggml.fim_sep_token_id",
+    "tokenizer.ggml.scores", "tokenizer.ggml.add_sep_token",
 })
 # Bookkeeping prefixes: file layout, provenance, licence, quantization bookkeeping
 HARMLESS_PREFIXES = ("GGUF.", "general.", "tokenizer.chat_template.", "quantize.")
@@ -43,11 +45,14 @@ HARMLESS_PREFIXES = ("GGUF.", "general.", "tokenizer.chat_template.", "quantize.
 
 def check_metadata_keys(metadata: dict[str, Any], arch: str, path: Path) -> None:
     """Raise WeightsError naming the first key neither read nor harmless, or a value we
-    do not implement (``metadata``: key -> value, as ``GGUFIndex.metadata``)."""
+    do not implement (``metadata``: key -> value, as ``GGUFIndex.metadata``); ``arch``'s
+    own keys (gguf_arch.py) are read too."""
+    entry = GGUF_ARCHITECTURES.get(arch)
+    own_keys = entry.keys if entry is not None else frozenset()
     for key in metadata:
         if key.startswith(HARMLESS_PREFIXES) or key in TOKENIZER_KEYS:
             continue
-        if key.startswith(f"{arch}.") and key[len(arch) + 1:] in ARCH_KEYS:
+        if key.startswith(f"{arch}.") and key[len(arch) + 1:] in ARCH_KEYS | own_keys:
             continue
         raise WeightsError(
             f"{path}: GGUF metadata key {key!r} is not implemented by inferpath and may change "
@@ -56,7 +61,10 @@ def check_metadata_keys(metadata: dict[str, Any], arch: str, path: Path) -> None
 
     value = metadata.get
 
-    if value("tokenizer.ggml.add_space_prefix"):
+    if value("tokenizer.ggml.add_sep_token"):
+        raise WeightsError(f"{path}: tokenizer.ggml.add_sep_token = true (a BERT-style separator "
+                           "after the text) is not implemented")
+    if value("tokenizer.ggml.add_space_prefix") and value("tokenizer.ggml.model") != "llama":
         raise WeightsError(f"{path}: tokenizer.ggml.add_space_prefix = true is not implemented "
                            "for byte-level BPE")
     head_dim = value(f"{arch}.attention.key_length")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 
 from inferpath.config import ModelConfig
 from inferpath.families import FAMILIES
@@ -45,21 +46,23 @@ _OLD_EXPERT_RE = re.compile(r"^blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down)\.(\d+)\.we
 _STACKED_EXPERT_RE = re.compile(r"^blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down)_exps\.weight$")
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """The Hugging Face name of one (non-stacked) GGUF tensor, or None if unknown.
+def hf_name(gguf_name: str, renames: Mapping[str, str] | None = None) -> str | None:
+    """The Hugging Face name of one (non-stacked) GGUF tensor, or None if unknown;
+    ``renames``: an architecture's per-layer renames, over the Llama table (gguf_arch.py).
 
     >>> hf_name("blk.3.attn_q.weight")
     'model.layers.3.self_attn.q_proj.weight'
     """
+    layer_renames = {**_LAYER_RENAMES, **renames} if renames else _LAYER_RENAMES
     head, _, kind = gguf_name.rpartition(".")
     if head in _GLOBAL_RENAMES and kind == "weight":
         return f"{_GLOBAL_RENAMES[head]}.weight"
     if m := _OLD_EXPERT_RE.match(gguf_name):
         layer, ffn, expert = m.groups()
         return f"model.layers.{layer}.block_sparse_moe.experts.{expert}.{MOE_EXPERT_NAMES[ffn]}.weight"
-    if (m := _LAYER_RE.match(gguf_name)) and m.group(2) in _LAYER_RENAMES:
+    if (m := _LAYER_RE.match(gguf_name)) and m.group(2) in layer_renames:
         layer, part, kind = m.groups()
-        return f"model.layers.{layer}.{_LAYER_RENAMES[part]}.{kind}"
+        return f"model.layers.{layer}.{layer_renames[part]}.{kind}"
     return None
 
 

@@ -1,0 +1,139 @@
+"""What each GGUF architecture means in Hugging Face terms (one entry per architecture).
+
+llama.cpp names an architecture (``general.architecture``) and writes its hyperparameters
+as ``{arch}.*`` keys. Some settings are not in the file at all: llama.cpp fixes them per
+architecture when it loads the file (Gemma's sliding-window pattern, the local RoPE base,
+the attention scale), so a reader must apply the same rules to run the same model. An
+entry holds, for one architecture: the Hugging Face ``model_type``; whether the converter
+permuted the Q/K rows (Llama's interleaved RoPE); tensor renames that differ from the Llama
+table (names.py); the constant the converter added to norm weights; the ``{arch}.`` keys
+read beyond the common ones (gguf_keys.py refuses any other); and a function giving the
+architecture's own config.json fields from the metadata, with llama.cpp's defaults
+(``vendor/llama.cpp/src/models/<arch>.cpp`` in llama-cpp-python 0.3.36) where a key is absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inferpath.weights.errors import WeightsError
+
+Meta = Callable[..., Any]  # meta(key, default=None): the value of "{arch}.{key}"
+ConfigFields = Callable[[Meta, dict[str, Any], Path], dict[str, Any]]
+
+# Gemma 2 and 3 (GGUF names -> Hugging Face per-layer names): four norms per layer and a
+# per-head RMSNorm on Q and K (Gemma 3); llama.cpp's "ffn_norm" is the pre-FFN norm here,
+# not Llama's post_attention_layernorm
+_GEMMA_RENAMES = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+}
+
+
+@dataclass(frozen=True)
+class GGUFArchitecture:
+    """How one ``general.architecture`` maps onto a Hugging Face model.
+
+    Invariant: ``keys`` lists every ``{arch}.`` key ``config_fields`` reads (they are
+    accepted by gguf_keys.py only because something reads them).
+    """
+
+    model_type: str
+    permuted_qk: bool = False
+    renames: Mapping[str, str] = field(default_factory=dict)
+    # the converter stored each "*norm.weight" as the Hugging Face weight + norm_shift
+    norm_shift: float = 0.0
+    keys: frozenset[str] = frozenset()
+    config_fields: ConfigFields | None = None
+
+
+def sliding_layers(meta: Meta, num_layers: int, default_pattern: int, path: Path) -> list[bool]:
+    """Which layers slide: ``attention.sliding_window_pattern`` as a per-layer list, or a
+    period n (every n-th layer, the last of each period, attends fully; 0 = all slide), as
+    llama.cpp's ``set_swa_pattern``; ``default_pattern`` when the key is absent."""
+    pattern = meta("attention.sliding_window_pattern", default_pattern)
+    if isinstance(pattern, list):
+        if len(pattern) != num_layers:
+            raise WeightsError(f"{path}: attention.sliding_window_pattern has {len(pattern)} entries "
+                               f"for {num_layers} layers; the file is inconsistent")
+        return [bool(p) for p in pattern]
+    n = int(pattern)
+    return [n == 0 or i % n < n - 1 for i in range(num_layers)]
+
+
+def _gemma_query_scalar(hf: dict[str, Any], num_layers_27b: int) -> float:
+    """llama.cpp's Gemma attention scale (the file has no key for it): the 27B model
+    (told by its layer count) scales by (hidden / heads) ** -0.5, every other size by
+    head_dim ** -0.5 (google/gemma_pytorch's config, as llama.cpp cites it)."""
+    if hf["num_hidden_layers"] == num_layers_27b:
+        return float(hf["hidden_size"] // hf["num_attention_heads"])
+    return float(hf["head_dim"])
+
+
+def _layer_types(sliding: list[bool]) -> list[str]:
+    return ["sliding_attention" if s else "full_attention" for s in sliding]
+
+
+def _gemma3(meta: Meta, hf: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Gemma 3: sliding layers (period 6 by default) only when a window is given; their
+    RoPE base ``rope.freq_base_swa`` or 10000, unscaled; no attention soft cap."""
+    num_layers = hf["num_hidden_layers"]
+    window = int(meta("attention.sliding_window", 0) or 0)
+    sliding = sliding_layers(meta, num_layers, 6, path) if window > 0 else [False] * num_layers
+    fields: dict[str, Any] = {
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": _gemma_query_scalar(hf, 62),
+        "layer_types": _layer_types(sliding),
+        "sliding_window": window if any(sliding) else None,
+        "rope_local_base_freq": float(meta("rope.freq_base_swa", 10000.0)),
+    }
+    if cap := meta("final_logit_softcapping"):
+        fields["final_logit_softcapping"] = float(cap)
+    return fields
+
+
+def _gemma2(meta: Meta, hf: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Gemma 2: every other layer slides (the first included), window 4096 and soft caps
+    50 (attention) / 30 (logits) unless the file says; one RoPE base for all layers."""
+    num_layers = hf["num_hidden_layers"]
+    swa_base = meta("rope.freq_base_swa")
+    if swa_base is not None and float(swa_base) != hf["rope_theta"]:
+        raise WeightsError(f"{path}: gemma2.rope.freq_base_swa = {swa_base} differs from rope.freq_base "
+                           f"= {hf['rope_theta']}; a separate RoPE base for Gemma 2's sliding layers "
+                           "is not implemented")
+    window = int(meta("attention.sliding_window", 4096) or 0)
+    sliding = sliding_layers(meta, num_layers, 2, path) if window > 0 else [False] * num_layers
+    return {
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": _gemma_query_scalar(hf, 46),
+        "layer_types": _layer_types(sliding),
+        "sliding_window": window if any(sliding) else None,
+        "attn_logit_softcapping": float(meta("attn_logit_softcapping", 50.0)) or None,
+        "final_logit_softcapping": float(meta("final_logit_softcapping", 30.0)) or None,
+    }
+
+
+GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
+    # llama.cpp stores Mixtral as "llama" with an expert count, and Mistral 7B as "llama" too
+    "llama": GGUFArchitecture("llama", permuted_qk=True),
+    "mistral": GGUFArchitecture("mistral", permuted_qk=True),
+    "qwen2": GGUFArchitecture("qwen2"),
+    "gemma3": GGUFArchitecture(
+        "gemma3_text", renames=_GEMMA_RENAMES, norm_shift=1.0, config_fields=_gemma3,
+        keys=frozenset({"final_logit_softcapping", "rope.freq_base_swa", "attention.sliding_window_pattern"})),
+    "gemma2": GGUFArchitecture(
+        "gemma2", renames=_GEMMA_RENAMES, norm_shift=1.0, config_fields=_gemma2,
+        keys=frozenset({"final_logit_softcapping", "attn_logit_softcapping", "rope.freq_base_swa",
+                        "attention.sliding_window_pattern"})),
+}
+
+
+def is_norm(gguf_tensor: str) -> bool:
+    """A norm weight, as the converters tell them (the name ends in "norm.weight")."""
+    return gguf_tensor.endswith("norm.weight")
