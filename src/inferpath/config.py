@@ -16,6 +16,7 @@ from typing import Any
 
 from inferpath.families import FAMILIES
 from inferpath.hf_config import UnsupportedFieldError, model_config_kwargs
+from inferpath.speculative_config import SpeculativeConfig, SpeculativeConfigError
 
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 # MoE architectures whose experts sit under ``mlp`` with Llama names (model/moe.py RoutedMoE)
@@ -268,8 +269,17 @@ class EngineConfig:
     # a request's tokens and logprobs bitwise the same whatever shares its steps
     # (model/batch_invariant.py); costs speed on prompts and large bf16 batches
     batch_invariant: bool = False
+    # speculative decoding (speculative_config.py): a SpeculativeConfig, or its dict / JSON
+    # spelling ({"method": "ngram", "num_speculative_tokens": 4}); None: off
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.speculative_config is not None:
+            try:
+                spec = SpeculativeConfig.from_value(self.speculative_config)
+            except SpeculativeConfigError as exc:
+                raise ConfigError(str(exc)) from None
+            object.__setattr__(self, "speculative_config", spec)
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_waiting_requests",

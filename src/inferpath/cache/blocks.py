@@ -190,6 +190,20 @@ class BlockManager:
                 block.block_hash, block.token_ids = block_hash, tokens
                 self._cached[block_hash] = block.block_id
 
+    def trim(self, seq_id: object, num_tokens: int) -> None:
+        """Give back the sequence's blocks past the first ``num_blocks_for(num_tokens)``
+        (the slots of rejected speculative drafts). Those blocks are never hashed: only
+        blocks full of computed tokens are, and they lie before ``num_tokens``."""
+        table = self._tables[seq_id]
+        num_kept = self.num_blocks_for(num_tokens)
+        while len(table) > num_kept:
+            block = self._blocks[table.pop()]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block.block_id] = None
+                if block.block_hash is None:
+                    self._free.move_to_end(block.block_id, last=False)
+
     def free(self, seq_id: object) -> None:
         """Release a sequence's blocks. Cached ones stay hit-able until evicted."""
         table = self._tables.pop(seq_id)

@@ -72,6 +72,11 @@ SPELLINGS: dict[str, Spelling] = {
     "batch_invariant": Spelling(("--deterministic", "--batch-invariant"), "batch-invariant mode: a "
                                 "request's tokens and logprobs are bitwise the same whatever shares its "
                                 "steps (slower prompts)", affirm=True),
+    "speculative_config": Spelling(("--speculative-config",), "speculative decoding, as a JSON "
+                                   "object: {\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                                   "\"prompt_lookup_max\": 4} or {\"method\": \"draft_model\", "
+                                   "\"model\": ALIAS, \"num_speculative_tokens\": 4}", type=str,
+                                   metavar="JSON", none_means="off"),
     "seed": Spelling(("--engine-seed",), "seed of the engine's shared random generator "
                      "(requests with their own seed do not use it)", type=int, metavar="S"),
 }

@@ -45,12 +45,15 @@ class LLMEngine:
     ``max_model_len`` is ``engine_config.max_model_len`` or else the model's
     ``max_position_embeddings``; the number of KV blocks is ``engine_config.num_kv_blocks``
     or else what ``kv_cache_memory_bytes`` holds. ``kv_cache`` and ``sampler`` come from
-    engine/builder.py (asked for here when not given).
+    engine/builder.py (asked for here when not given). With ``speculative_config``
+    (engine/spec/) drafts are proposed after each step; a ``draft_model`` method drafts
+    with ``draft_model`` when given, else loads the model the config names.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, model_config: ModelConfig,
                  engine_config: EngineConfig, *, eos_token_ids=(), model_name: str = "",
-                 kv_cache: KVCache | None = None, sampler: Sampler | None = None):
+                 kv_cache: KVCache | None = None, sampler: Sampler | None = None,
+                 draft_model: torch.nn.Module | None = None):
         self.tokenizer = tokenizer
         self.model_config = model_config
         self.engine_config = engine_config
@@ -74,6 +77,12 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.kv_cache, self.block_manager, sampler,
                                   self.eos_token_ids, thread_tuner=self._thread_tuner(engine_config))
         self.output_processor = OutputProcessor()
+        self.speculator = None  # engine/spec/: proposes drafts after each step
+        if engine_config.speculative_config is not None:
+            from inferpath.engine.spec.speculator import build_speculator
+
+            self.speculator = build_speculator(engine_config.speculative_config, target_config=model_config,
+                                               draft=draft_model, engine_config=engine_config)
         self._rng = random.Random(engine_config.seed)  # seeds of requests without one
         self._groups: dict[str, RequestGroup] = {}
         self._partial: dict[str, RequestGroup] = {}  # n > 1 groups with samples not added
@@ -148,6 +157,8 @@ class LLMEngine:
         executed = tracer.execute(scheduled) if tracer else self.runner.execute(scheduled)
         updates = self.scheduler.update(scheduled, executed)
         self.scheduler.finish_requests(self.output_processor.process(updates))  # stop strings
+        if self.speculator is not None:  # drafts for the next step to verify
+            self.speculator.propose(self.scheduler.running, self.scheduler.waiting)
         return self._make_outputs(touched, updates)
 
     def _take_intake(self) -> dict[str, RequestGroup]:
@@ -213,6 +224,10 @@ class LLMEngine:
             num_prompt_tokens_computed=s.num_prompt_tokens_computed,
             num_generation_tokens=s.num_generation_tokens,
             num_requests_finished=self._num_finished,
+            num_spec_drafts=s.num_spec_drafts,
+            num_spec_draft_tokens=s.num_spec_draft_tokens,
+            num_spec_accepted_tokens=s.num_spec_accepted_tokens,
+            spec_accepted_per_pos=tuple(s.spec_accepted_per_pos),
         )
 
     def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:

@@ -41,9 +41,11 @@ class SampleText:
         self._num_sent_tokens = 0
         self._flushed = False
 
-    def add(self, token_id: int | None, logprobs: Any) -> str | None:
+    def add(self, token_id: int | None, logprobs: Any, is_last: bool = True) -> str | None:
         """Take the step's token (None: the request ended without one). Returns the stop
-        string found in the new text, or None."""
+        string found in the new text, or None. ``is_last`` is False for all but the last
+        of several tokens one step gave (a speculative run): a finished request's
+        detokenizer is flushed after its last token only."""
         delta = ""
         if token_id is not None:
             self.token_ids.append(token_id)
@@ -51,7 +53,8 @@ class SampleText:
                 self.logprobs.append(logprobs)
             if self.detokenizer is not None:
                 delta = self.detokenizer.add(token_id)
-        if self.request.status.is_finished and self.detokenizer is not None and not self._flushed:
+        if (is_last and self.request.status.is_finished and self.detokenizer is not None
+                and not self._flushed):
             delta += self.detokenizer.flush()
             self._flushed = True
         return self._add_text(delta)
@@ -107,11 +110,14 @@ class OutputProcessor:
     def process(self, updates: Iterable[SampleUpdate]) -> list[tuple[Request, str]]:
         """Detokenize the step's tokens; returns the (request, stop string) pairs to end."""
         stopped = []
+        ended: set = set()  # a stop string ends a request: its later tokens this step are dropped
         for update in updates:
-            sample = self._samples.get(update.request.seq_id)
-            if sample is None:
+            seq_id = update.request.seq_id
+            sample = self._samples.get(seq_id)
+            if sample is None or seq_id in ended:
                 continue
-            stop_str = sample.add(update.token_id, update.logprobs)
+            stop_str = sample.add(update.token_id, update.logprobs, update.is_last)
             if stop_str is not None:
                 stopped.append((update.request, stop_str))
+                ended.add(seq_id)
         return stopped

@@ -126,6 +126,18 @@ class EngineStats:
     num_prompt_tokens_computed: int
     num_generation_tokens: int
     num_requests_finished: int = 0
+    # speculative decoding: verified chunks, drafted and accepted tokens, accepted by position
+    num_spec_drafts: int = 0
+    num_spec_draft_tokens: int = 0
+    num_spec_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens per verification step: 1 + the mean of drafts accepted (vLLM's figure)."""
+        if not self.num_spec_drafts:
+            return None
+        return 1 + self.num_spec_accepted_tokens / self.num_spec_drafts
 
 
 @dataclass
@@ -139,9 +151,27 @@ class RunnerOutput:
     token_ids: list[int]
     logprobs: list[Any] = field(default_factory=list)
     errors: list[str | None] = field(default_factory=list)
+    # speculative chunks (sampling/rejection.py): sampling index i -> every token the
+    # verification emitted (token_ids[i] first: the accepted drafts, then the correction or
+    # bonus token) and their logprobs (None entries when not asked)
+    runs: dict[int, "TokenRun"] = field(default_factory=dict)
 
     def error(self, i: int) -> str | None:
         return self.errors[i] if self.errors else None
 
     def logprob(self, i: int) -> Any:
         return self.logprobs[i] if self.logprobs else None
+
+
+@dataclass
+class TokenRun:
+    """What verifying ``num_drafted`` drafted tokens of one sequence gave: ``token_ids``
+    (1 + the number accepted; the last is the target's own token) and their logprobs."""
+
+    token_ids: list[int]
+    logprobs: list[Any]
+    num_drafted: int
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.token_ids) - 1

@@ -80,6 +80,13 @@ class Request:
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
+        # speculative decoding (engine/spec/): tokens drafted past the last one, verified at
+        # the next step; the draft model's distributions they were drawn from, (k, vocab),
+        # or None (a point mass: ngram, or greedy); and the acceptance record that decides
+        # whether to draft at all. Never part of all_token_ids.
+        self.spec_token_ids: list[int] = []
+        self.spec_draft_probs: Any = None
+        self.spec_acceptance: Any = None
 
     # ------------------------------------------------------------------ sizes
     @property

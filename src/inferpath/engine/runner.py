@@ -9,6 +9,8 @@ flat batch (design.md):
     seq_lens                             (num_seqs,)      context length after the step
     block_tables                         (num_seqs, max_blocks) padded with block 0
     logits_indices                       (num_samples,)   last row of each sampling chunk
+                                                          (every drafted position's row, and
+                                                          the one before, for a speculative one)
 
 runs ``model.forward``, the LM head on ``logits_indices`` only, and the sampler. With a
 ``DecodeThreadTuner`` (threads.py) a step that decodes one sequence runs at the tuner's
@@ -33,6 +35,7 @@ from inferpath.engine.prompt_logprobs import PromptLogprobsPlan
 from inferpath.engine.scheduler import SchedulerOutput
 from inferpath.model.batch_invariant import row_invariant_dispatch
 from inferpath.model.metadata import AttentionMetadata
+from inferpath.sampling.rejection import DraftRows, verify_drafts
 from inferpath.sampling.sampler import Sampler, SamplingRow
 from inferpath.threads import DecodeThreadTuner, set_thread_count
 
@@ -47,6 +50,8 @@ class BatchInputs:
     logits_indices: torch.Tensor  # (num_samples,)
     sampling_rows: list[SamplingRow]
     prompt_logprobs: PromptLogprobsPlan | None = None  # rows scoring prompt tokens, if asked
+    # per sampling chunk, what to verify (sampling/rejection.py); None: no chunk has drafts
+    drafts: list[DraftRows] | None = None
 
 
 class ModelRunner:
@@ -89,6 +94,8 @@ class ModelRunner:
             if not batch.sampling_rows:
                 return RunnerOutput([], [])
             logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
+        if batch.drafts is not None:  # speculative chunks: accept a prefix of each one's drafts
+            return verify_drafts(self.sampler, logits, batch.sampling_rows, batch.drafts)
         sampled = self.sampler(logits, batch.sampling_rows)  # logits: (num_samples, vocab)
         return RunnerOutput(sampled.token_ids, sampled.logprobs, sampled.errors)
 
@@ -104,12 +111,15 @@ class ModelRunner:
         tables: list[list[int]] = []
         logits_indices: list[int] = []
         rows: list[SamplingRow] = []
+        drafts: list[DraftRows] = []
         prompt_plan = PromptLogprobsPlan()
         for chunk in scheduled.chunks:
             request = chunk.request
             start, end = chunk.start, chunk.end
             table = self.block_manager.block_table(request.seq_id)
-            input_ids += request.all_token_ids[start:end]
+            num_drafts = len(chunk.draft_token_ids)
+            input_ids += request.all_token_ids[start:end - num_drafts]
+            input_ids += chunk.draft_token_ids
             positions += range(start, end)
             pos = start
             while pos < end:  # one range per block the chunk touches
@@ -123,10 +133,19 @@ class ModelRunner:
             seq_lens.append(end)
             tables.append(table)
             if chunk.samples:
-                logits_indices.append(query_start_loc[-1] - 1)
-                rows.append(SamplingRow(request.params, request.prompt_token_ids,
-                                        request.output_token_ids, request.generator,
-                                        self.eos_token_ids, request.grammar))
+                # a speculative chunk samples at its last real token and at every draft, each
+                # row seeing the drafts before it as output (penalties, min_tokens)
+                first_row = len(rows)
+                for j in range(num_drafts + 1):
+                    logits_indices.append(query_start_loc[-1] - 1 - num_drafts + j)
+                    output_ids = (request.output_token_ids if j == 0 else
+                                  request.output_token_ids + list(chunk.draft_token_ids[:j]))
+                    rows.append(SamplingRow(request.params, request.prompt_token_ids,
+                                            output_ids, request.generator,
+                                            self.eos_token_ids, request.grammar))
+                probs = request.spec_draft_probs
+                drafts.append(DraftRows(first_row, chunk.draft_token_ids,
+                                        None if probs is None or not num_drafts else probs[:num_drafts]))
         num_tokens = len(input_ids)
         num_seqs = len(query_lens)
         # one host-to-tensor conversion per index space
@@ -148,4 +167,5 @@ class ModelRunner:
             block_size=bs,
         )
         return BatchInputs(per_token[:num_tokens], per_token[num_tokens:2 * num_tokens], meta,
-                           per_seq[2 * num_seqs + 1:], rows, prompt_plan if prompt_plan.rows else None)
+                           per_seq[2 * num_seqs + 1:], rows, prompt_plan if prompt_plan.rows else None,
+                           drafts if any(d.draft_token_ids for d in drafts) else None)

@@ -111,21 +111,7 @@ class Sampler:
         raw_logits = logits
         vocab_size = logits.shape[1]
         errors: list[str | None] = [None] * len(rows)
-        logits = _ban_before_min_tokens(logits.float(), rows)
-        logits = apply_logit_bias(logits, rows)
-        logits = apply_grammars(logits, rows, self.constraint_timer)
-        penalised = [i for i, row in enumerate(rows) if row.params.has_penalties]
-        if penalised:
-            logits = logits.clone()
-            logits[penalised] = apply_penalties(
-                logits[penalised],
-                [rows[i].prompt_token_ids for i in penalised],
-                [rows[i].output_token_ids for i in penalised],
-                [rows[i].params.repetition_penalty for i in penalised],
-                [rows[i].params.frequency_penalty for i in penalised],
-                [rows[i].params.presence_penalty for i in penalised],
-            )
-        logits = _settle_rows(logits, errors, "after penalties and min_tokens bans")
+        logits = self._constrained(logits, rows, errors)
 
         sampled = [i for i, row in enumerate(rows) if not row.params.is_greedy]
         if len(sampled) == len(rows):
@@ -167,12 +153,52 @@ class Sampler:
                 logprobs[i] = None
         return SamplerOutput(token_ids=token_ids.tolist(), logprobs=logprobs, errors=errors)
 
+    def _constrained(self, logits: torch.Tensor, rows: Sequence[SamplingRow],
+                     errors: list[str | None]) -> torch.Tensor:
+        """min-tokens ban, logit_bias, grammar mask and penalties, then ``_settle_rows``:
+        (num_rows, vocab) float32 logits every row of which can be chosen from."""
+        logits = _ban_before_min_tokens(logits.float(), rows)
+        logits = apply_logit_bias(logits, rows)
+        logits = apply_grammars(logits, rows, self.constraint_timer)
+        penalised = [i for i, row in enumerate(rows) if row.params.has_penalties]
+        if penalised:
+            logits = logits.clone()
+            logits[penalised] = apply_penalties(
+                logits[penalised],
+                [rows[i].prompt_token_ids for i in penalised],
+                [rows[i].output_token_ids for i in penalised],
+                [rows[i].params.repetition_penalty for i in penalised],
+                [rows[i].params.frequency_penalty for i in penalised],
+                [rows[i].params.presence_penalty for i in penalised],
+            )
+        logits = _settle_rows(logits, errors, "after penalties and min_tokens bans")
+        return logits
+
+    def probabilities(self, logits: torch.Tensor, rows: Sequence[SamplingRow]
+                      ) -> tuple[torch.Tensor, list[str | None]]:
+        """The distributions the draw of non-greedy ``rows`` samples from: (num_rows, vocab)
+        float32 summing to 1 (uniform for a row with an error), and the errors.
+
+        The speculative verifier (sampling/rejection.py) reads them: the same pipeline as
+        ``__call__``, stopped before the draw.
+        """
+        errors: list[str | None] = [None] * len(rows)
+        logits = self._constrained(logits, rows, errors)
+        probs = self._probs(logits, rows, errors, range(len(rows)))
+        return probs, errors
+
     def _draw(self, logits: torch.Tensor, rows: Sequence[SamplingRow], errors: list[str | None],
               row_index: Sequence[int]) -> torch.Tensor:
         """Temperature, truncation and the draw for non-greedy rows: (num_rows,) ids.
 
         ``row_index[j]`` is row j's place in ``errors`` (the whole batch's).
         """
+        probs = self._probs(logits, rows, errors, row_index)
+        return draw_from_probs(probs, self._uniforms(rows, logits.device))
+
+    def _probs(self, logits: torch.Tensor, rows: Sequence[SamplingRow], errors: list[str | None],
+               row_index: Sequence[int]) -> torch.Tensor:
+        """Temperature and truncation for non-greedy rows, then softmax: (num_rows, vocab)."""
         params = [row.params for row in rows]
         # a temperature above float32's range divides like the largest float32 (uniform)
         temperatures = torch.tensor([min(p.temperature, _FLOAT32_MAX) for p in params],
@@ -188,8 +214,7 @@ class Sampler:
                                   "after top-k/top-p/min-p")
         for j, i in enumerate(row_index):
             errors[i] = row_errors[j]
-        probs = logits.softmax(dim=-1)  # (num_rows, vocab); 0 where masked
-        return draw_from_probs(probs, self._uniforms(rows, logits.device))
+        return logits.softmax(dim=-1)  # (num_rows, vocab); 0 where masked
 
     def _uniforms(self, rows: Sequence[SamplingRow], device: torch.device) -> torch.Tensor:
         """One U[0, 1) float64 per row, from the row's generator or the shared one.
