@@ -126,12 +126,13 @@ def test_a_bf16_gguf_runs_on_the_mapped_tensors_without_a_copy(bf16_gguf):
     """Every parameter of the model the engine builds from a BF16 file is the tensor the
     checkpoint reader returned (a view of the mapped file for matrices): the fused Q/K/V
     and gate/up calls read the separate weights in place, nothing is concatenated."""
-    from inferpath.engine.load import build_for_engine
-    from inferpath.weights import load_checkpoint
+    from inferpath.engine.load import build_for_engine, load_weights
 
-    checkpoint = load_checkpoint(bf16_gguf, dtype=torch.bfloat16)
+    config = EngineConfig(threads=1, dtype="bfloat16")
+    checkpoint, plan = load_weights(bf16_gguf, config)
+    assert plan.matrices == "as laid out" and plan.runs == ("bfloat16",)
     pointers = {name: t.data_ptr() for name, t in checkpoint.tensors.items()}
-    model = build_for_engine(checkpoint, torch.bfloat16, EngineConfig(threads=1))
+    model = build_for_engine(checkpoint, plan, config)
     attn = model.model.layers[0].self_attn
     if getattr(attn, "_float_qkv", None) is None:
         pytest.skip(build.kernel_status())
