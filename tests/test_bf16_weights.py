@@ -159,8 +159,8 @@ def test_a_bf16_hugging_face_checkpoint_against_transformers_float32(tmp_path, a
     with torch.no_grad():
         expected = reference(torch.tensor([tokens])).logits[0]  # (40, vocab)
     engine_config = EngineConfig(threads=1)
-    checkpoint, dtype = load_weights(tmp_path, engine_config)
-    model = build_for_engine(checkpoint, dtype, engine_config)
+    checkpoint, plan = load_weights(tmp_path, engine_config)
+    model = build_for_engine(checkpoint, plan, engine_config)
     assert model.lm_head.weight.dtype == torch.bfloat16 and model.model.norm.weight.dtype == torch.float32
     assert model.lm_head.weight is not model.model.embed_tokens.weight
     for rows_alone in (False, True):

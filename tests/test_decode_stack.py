@@ -126,12 +126,13 @@ def test_a_bf16_gguf_runs_on_the_mapped_tensors_without_a_copy(bf16_gguf):
     """Every parameter of the model the engine builds from a BF16 file is the tensor the
     checkpoint reader returned (a view of the mapped file for matrices): the fused Q/K/V
     and gate/up calls read the separate weights in place, nothing is concatenated."""
-    from inferpath.engine.load import build_for_engine
-    from inferpath.weights import load_checkpoint
+    from inferpath.engine.load import build_for_engine, load_weights
 
-    checkpoint = load_checkpoint(bf16_gguf, dtype=torch.bfloat16)
+    config = EngineConfig(threads=1, dtype="bfloat16")
+    checkpoint, plan = load_weights(bf16_gguf, config)
+    assert plan.matrices == "as laid out" and plan.runs == ("bfloat16",)
     pointers = {name: t.data_ptr() for name, t in checkpoint.tensors.items()}
-    model = build_for_engine(checkpoint, torch.bfloat16, EngineConfig(threads=1))
+    model = build_for_engine(checkpoint, plan, config)
     attn = model.model.layers[0].self_attn
     if getattr(attn, "_float_qkv", None) is None:
         pytest.skip(build.kernel_status())
@@ -142,28 +143,62 @@ def test_a_bf16_gguf_runs_on_the_mapped_tensors_without_a_copy(bf16_gguf):
 def test_a_bf16_batch_of_twelve_decodes_natively_where_the_gemv_serves_it():
     """Without AMX the bf16 GEMV serves up to 32 rows (ops.GEMV_MAX_ROWS_WITHOUT_AMX): twelve
     sequences decode natively, three groups of four rows per weight block, bitwise equal
-    to the module path."""
+    to the module path. On a CPU with AMX, its AMX flags are simulated away."""
     from inferpath.kernels import ops
 
-    if build.kernel_level(torch.bfloat16) != "avx512" or build.native_amx_gemm(torch.bfloat16) is not None:
-        pytest.skip("needs the avx512 bf16 GEMV without AMX (with AMX, 2-128 rows take the AMX GEMM)")
-    assert ops.GEMV_MAX_ROWS_WITHOUT_AMX[torch.bfloat16] >= 12
-    prompts = [f"Tell me about the number {n}." for n in range(12)]
+    with build.simulated_cpu_flags(remove=build.AMX_FLAGS):
+        if build.kernel_level(torch.bfloat16) != "avx512":
+            pytest.skip(f"needs the avx512 bf16 GEMV: {build.kernel_status()}")
+        assert ops.GEMV_MAX_ROWS_WITHOUT_AMX[torch.bfloat16] >= 12
+        prompts = [f"Tell me about the number {n}." for n in range(12)]
+        calls: list[bool] = []
+        native = generate("smollm2-135m-instruct", True, calls, dtype="bfloat16", prompts=prompts)
+        assert sum(calls) >= 20
+        assert native == generate("smollm2-135m-instruct", False, dtype="bfloat16", prompts=prompts)
+
+
+@pytest.fixture
+def amx_cpu(monkeypatch):
+    """This CPU as one with AMX (simulated where it has none: the AMX GEMM's slot holds its
+    portable reference), and a record of the kernel each bf16 matmul ran: (rows, "amx" or
+    "gemv")."""
+    from inferpath.kernels import ops
+
+    with build.simulated_cpu_flags(add=build.AMX_FLAGS):
+        if build.native_amx_gemm(torch.bfloat16) is None:
+            pytest.skip(f"no AMX GEMM or reference here: {build.kernel_status()}")
+        amx_fn, ran = build.native_amx_gemm(torch.bfloat16), []
+        original = ops.run_gemv
+
+        def recording(fn, x, weight, bias):
+            if x.dtype == torch.bfloat16:
+                ran.append((x.shape[0], "amx" if fn is amx_fn else "gemv"))
+            return original(fn, x, weight, bias)
+        monkeypatch.setattr(ops, "run_gemv", recording)
+        yield ran
+
+
+def test_bf16_decode_of_a_few_rows_is_native_on_an_amx_cpu(amx_cpu):
+    """An AMX CPU's bf16 decode of three rows takes the GEMV, so the native call, bitwise
+    equal to the module path; the prompts' rows took AMX."""
+    from inferpath.kernels import ops
+
     calls: list[bool] = []
-    native = generate("smollm2-135m-instruct", True, calls, dtype="bfloat16", prompts=prompts)
-    assert sum(calls) >= 20
-    assert native == generate("smollm2-135m-instruct", False, dtype="bfloat16", prompts=prompts)
+    native = generate("smollm2-135m-instruct", True, calls, dtype="bfloat16")
+    assert sum(calls) >= 20 and not calls[0]
+    assert any(kernel == "amx" and rows >= ops.AMX_MIN_ROWS for rows, kernel in amx_cpu)  # the prefill
+    assert all(kernel == "gemv" for rows, kernel in amx_cpu if rows < ops.AMX_MIN_ROWS)
+    assert native == generate("smollm2-135m-instruct", False, dtype="bfloat16")
 
 
-def test_a_batch_the_gemv_does_not_serve_takes_the_module_path(monkeypatch):
-    """bf16 at the generic level: past its GEMV's four rows the module path runs PyTorch's
-    matmul, so the native call (GEMV only) steps aside rather than differ."""
-    monkeypatch.setenv("INFERPATH_ISA", "generic")
-    if build.native_decode_layers(torch.bfloat16) is None:
-        pytest.skip(build.kernel_status())
-    engine = LLMEngine.from_model(resolve_model("smollm2-135m-instruct"), EngineConfig(threads=2, dtype="bfloat16"))
+def test_bf16_decode_of_five_rows_takes_amx_on_an_amx_cpu(amx_cpu):
+    """Five sequences: their decode steps run the AMX GEMM in the module path (the native
+    call runs the GEMV only, so it steps aside)."""
+    prompts = [f"Count to {n}." for n in range(3, 8)]
+    engine = LLMEngine.from_model(resolve_model("smollm2-135m-instruct"),
+                                  EngineConfig(threads=2, dtype="bfloat16", kv_cache_memory_bytes=64 * 2**20))
     stack = engine.runner.model.model
-    steps = []  # (rows, took the native call) of each step
+    steps = []  # (rows, took the native call)
     original = stack._decode_natively
 
     def recording(input_ids, *args):
@@ -171,13 +206,14 @@ def test_a_batch_the_gemv_does_not_serve_takes_the_module_path(monkeypatch):
         steps.append((input_ids.shape[0], hidden is not None))
         return hidden
     stack._decode_natively = recording
-    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-    for i in range(5):
-        engine.add_request(str(i), f"Count to {i + 3}.", params)
+    native = stack._native_plan()
+    assert [native.serves(rows) for rows in (1, 2, 4, 5, 128)] == [True, True, True, False, False]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
-    assert [rows for rows, _ in steps[1:]] == [5] * 5  # one prefill step, then five 5-row decodes
-    assert not any(native for _, native in steps)
+    assert [rows for rows, _ in steps[1:]] == [5, 5] and not any(native for _, native in steps)
+    assert sum(1 for rows, kernel in amx_cpu if rows == 5 and kernel == "amx") >= 2 * 30 * 4
 
 
 def test_a_model_without_native_kernels_for_its_dtype_is_refused_with_a_reason():

@@ -85,10 +85,10 @@ def test_cache_hit_and_miss_give_identical_weights_tokenizer_and_logits(fresh_ca
     config = EngineConfig(threads=1)
 
     def load():
-        checkpoint, dtype = load_weights(path, config)
+        checkpoint, plan = load_weights(path, config)
         tokenizer = load_tokenizer(path)
         ids = tokenizer.encode(PROMPT)
-        return checkpoint, ids, forward_logits(build_for_engine(checkpoint, dtype, config), ids)
+        return checkpoint, ids, forward_logits(build_for_engine(checkpoint, plan, config), ids)
 
     missed = load()
     assert seen == [path] and len(list(fresh_cache.glob("*.json"))) == 1  # walked once, for both readers

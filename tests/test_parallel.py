@@ -109,6 +109,9 @@ def test_engine_with_three_ranks_gives_the_same_tokens_on_smollm2():
                   dtype="float32")
     single = LLM("smollm2-135m-instruct", kv_cache_memory_bytes=32 * 1024**2, dtype="float32")
     assert sharded.engine.kv_cache.bytes_per_token * 3 == single.engine.kv_cache.bytes_per_token
+    plan = sharded.engine.weight_plan  # rank 0's; the workers load and cache by it too
+    assert plan.tensor_parallel_size == 3 and plan.matrices == "dequantized" and not plan.keep_quantized
+    assert sharded.engine.kv_cache.k_caches[0].dtype == plan.kv_dtype == torch.float32
     expected = [out.outputs[0].token_ids for out in single.generate(prompts, params)]
     assert [out.outputs[0].token_ids for out in sharded.generate(prompts, params)] == expected
     sharded.engine.runner.model.close()

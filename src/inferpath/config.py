@@ -251,7 +251,7 @@ class EngineConfig:
     """
 
     # "auto": a quantized GGUF runs quantized (float32 activations), float weights in bf16
-    # where the CPU has native bf16, else float32 (engine/load.py); a dtype: every weight in it
+    # where the CPU has native bf16, else float32 (engine/weight_plan.py); a dtype: every weight in it
     dtype: str = "auto"
     block_size: int = 16
     max_model_len: int | None = None  # None: the model's max_position_embeddings

@@ -70,22 +70,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _precision(dtype: str, model: str):
-    """``--dtype``: a dtype name, or auto: the GGUF file's formats (alias or path), else bf16."""
+    """``--dtype``: the weight plan inferpath would run the checkpoint (an alias, a .gguf
+    file or a Hugging Face directory) with under it (engine/weight_plan.py); for a model
+    with no checkpoint here (a preset), the dtype named, or bf16 for auto."""
     from pathlib import Path
 
+    from inferpath.config import EngineConfig
+    from inferpath.engine.weight_plan import plan_weights
     from inferpath.explain.cost import Precision
     from inferpath.explain.presets import REAL_MODEL_ALIASES
 
-    if dtype != "auto":
-        return Precision.parse(dtype)
     path = Path(model).expanduser()
     if model.lower() in REAL_MODEL_ALIASES and not path.exists():
         from inferpath.models import resolve_model
 
         path = Path(resolve_model(model))
-    if path.is_file() and path.suffix == ".gguf":
-        return Precision.of_gguf(path)
-    return Precision("bf16")
+    engine_dtypes = ("auto", "float32", "bfloat16", "float16")  # EngineConfig's; explain names int8, int4 too
+    if dtype in engine_dtypes and ((path.is_file() and path.suffix == ".gguf") or (path / "config.json").is_file()):
+        return Precision.of_plan(plan_weights(path, EngineConfig(dtype=dtype)))
+    return Precision("bf16") if dtype == "auto" else Precision.parse(dtype)
 
 
 def _explain(args: argparse.Namespace) -> int:

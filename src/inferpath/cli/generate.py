@@ -99,7 +99,7 @@ def _stream_answer(engine, request_id: str, prompt, params) -> str:
         threads += ", native decode" if not refusal else f", module decode ({refusal})"
     bandwidth = _read_bandwidth()
     print(summary_line(final, engine.kv_cache.bytes_per_token, engine.weight_format, bandwidth,
-                       threads=threads), file=sys.stderr, flush=True)
+                       threads=threads, plan=engine.weight_plan), file=sys.stderr, flush=True)
     _check_probe(final, engine.weight_format, bandwidth)
     return final.outputs[0].text
 
@@ -115,9 +115,11 @@ def _read_bandwidth() -> float | None:
 
 
 def summary_line(output, kv_bytes_per_token: int, weights=None, bandwidth: float | None = None,
-                 threads: str | None = None) -> str:
-    """prompt tokens | TTFT | decode tok/s | what ran (weight format, activations, kernel
-    level, threads: ``threads`` or PyTorch's count) | weight bytes a decode step reads, and
+                 threads: str | None = None, plan=None) -> str:
+    """prompt tokens | TTFT | decode tok/s | what ran (the weight ``plan``'s line where given,
+    engine/weight_plan.py: weight formats and how they run, activation and KV dtypes,
+    kernel level; else ``weights``' formats; threads: ``threads`` or PyTorch's count) |
+    weight bytes a decode step reads, and
     the decode speed as a fraction of the bandwidth floor (bytes per token / read
     bandwidth) | KV bytes held | finish."""
     completion = output.outputs[0]
@@ -135,7 +137,8 @@ def summary_line(output, kv_bytes_per_token: int, weights=None, bandwidth: float
         import torch
 
         threads = threads or f"{torch.get_num_threads()} threads"
-        ran = f"{weights.describe()}, {threads} | {weights.decode_bytes / 1e6:.1f} MB/token"
+        what = plan.describe() if plan is not None else weights.describe()
+        ran = f"{what}, {threads} | {weights.decode_bytes / 1e6:.1f} MB/token"
         if bandwidth and tok_s:
             ran += floor_text(tok_s * weights.decode_bytes, bandwidth)
         ran += " | "

@@ -18,18 +18,14 @@ from inferpath.config import EngineConfig, ModelConfig
 from inferpath.sampling.sampler import Sampler
 
 
-def build_kv_cache(model_config: ModelConfig, engine_config: EngineConfig,
-                   dtype: torch.dtype | None = None) -> KVCache:
+def build_kv_cache(model_config: ModelConfig, engine_config: EngineConfig, dtype: torch.dtype) -> KVCache:
     """The KV cache: ``num_kv_blocks`` blocks, or as many as ``kv_cache_memory_bytes`` holds,
-    in ``dtype`` (the model's compute dtype; by default ``engine_config.dtype``, float32
-    for "auto").
+    in ``dtype`` (the weight plan's ``kv_dtype``: engine/weight_plan.py).
 
     With tensor parallelism each rank caches num_kv_heads / N heads of every token.
     """
     from inferpath.parallel.tp import shard_config
 
-    if dtype is None:
-        dtype = torch.float32 if engine_config.dtype == "auto" else getattr(torch, engine_config.dtype)
     bs = engine_config.block_size
     cache_config = shard_config(model_config, engine_config.tensor_parallel_size)
     num_blocks = engine_config.num_kv_blocks or KVCache.num_blocks_for_budget(
@@ -57,15 +53,15 @@ def build_engine(model: str, engine_config: EngineConfig | None = None, progress
     engine_config = engine_config or EngineConfig()
     configure_threads(engine_config.threads)
     with collections_deferred():
-        # dtype "auto": quantized GGUF weights stay quantized, floats bf16 or fp32 (engine/load.py)
-        checkpoint, dtype = load_weights(resolve_model(model), engine_config, progress)
+        # the weight plan, decided once (engine/weight_plan.py); the load and the model follow it
+        checkpoint, plan = load_weights(resolve_model(model), engine_config, progress)
         tokenizer = load_tokenizer(checkpoint.tokenizer_path)
-        transformer = build_for_engine(checkpoint, dtype, engine_config)
+        transformer = build_for_engine(checkpoint, plan, engine_config)
         return LLMEngine(transformer, tokenizer, checkpoint.config, engine_config,
                          eos_token_ids=checkpoint.eos_token_ids,
                          model_name=served_model_name(model),
-                         kv_cache=build_kv_cache(checkpoint.config, engine_config, dtype),
-                         sampler=build_sampler(engine_config))
+                         kv_cache=build_kv_cache(checkpoint.config, engine_config, plan.kv_dtype),
+                         sampler=build_sampler(engine_config), weight_plan=plan)
 
 
 @contextlib.contextmanager

@@ -45,26 +45,30 @@ class LLMEngine:
     ``max_model_len`` is ``engine_config.max_model_len`` or else the model's
     ``max_position_embeddings``; the number of KV blocks is ``engine_config.num_kv_blocks``
     or else what ``kv_cache_memory_bytes`` holds. ``kv_cache`` and ``sampler`` come from
-    engine/builder.py (asked for here when not given). With ``speculative_config``
-    (engine/spec/) drafts are proposed after each step; a ``draft_model`` method drafts
-    with ``draft_model`` when given, else loads the model the config names.
+    engine/builder.py (asked for here when not given). ``weight_plan``: the builder's
+    (engine/weight_plan.py); None for a model built by hand, whose cache then takes the
+    model's dtype. With ``speculative_config`` (engine/spec/) drafts are proposed after
+    each step; a ``draft_model`` method drafts with ``draft_model`` when given, else loads
+    the model the config names.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, model_config: ModelConfig,
                  engine_config: EngineConfig, *, eos_token_ids=(), model_name: str = "",
                  kv_cache: KVCache | None = None, sampler: Sampler | None = None,
-                 draft_model: torch.nn.Module | None = None):
+                 draft_model: torch.nn.Module | None = None, weight_plan=None):
         self.tokenizer = tokenizer
         self.model_config = model_config
         self.engine_config = engine_config
         self.model_name = model_name or model_config.name
         self.max_model_len = _max_model_len(model_config, engine_config)
-        self.weight_format = weight_format(model)  # what runs: formats, kernel level, bytes per token
+        self.weight_plan = weight_plan  # engine/weight_plan.py: how the weights run, decided at load
+        self.weight_format = weight_format(model, weight_plan)  # measured: formats, bytes per token
         self.eos_token_ids = frozenset(eos_token_ids) | frozenset(tokenizer.eos_token_ids)
         if kv_cache is None or sampler is None:
             from inferpath.engine import builder
 
-            kv_cache = kv_cache or builder.build_kv_cache(model_config, engine_config, getattr(model, "dtype", None))
+            kv_dtype = weight_plan.kv_dtype if weight_plan else getattr(model, "dtype", torch.float32)
+            kv_cache = kv_cache or builder.build_kv_cache(model_config, engine_config, kv_dtype)
             sampler = sampler or builder.build_sampler(engine_config)
         self.kv_cache = kv_cache
         self.block_manager = BlockManager(kv_cache.num_blocks, kv_cache.block_size,

@@ -76,30 +76,24 @@ class Precision:
             raise ValueError(f"weight dtype {self.weights!r} is not one of {', '.join(DTYPE_BYTES)}")
 
     @classmethod
+    def of_plan(cls, plan) -> "Precision":
+        """The precision of a weight plan (engine/weight_plan.py): its activation dtype, and
+        for matrices kept in GGUF blocks or bf16 beside float32 activations (or quantized at
+        load) their bytes per weight as run, labelled with their formats."""
+        base = cls.parse(str(plan.activation_dtype).removeprefix("torch."))
+        if not plan.quantized and plan.bytes_per_weight == base.weight_bytes:
+            return base
+        return cls(base.weights, plan.bytes_per_weight, " + ".join(plan.runs))
+
+    @classmethod
     def of_gguf(cls, path) -> "Precision":
-        """What inferpath runs for a GGUF file by default on this CPU: its block-quantized
-        tensors read in place (their bytes per weight, averaged over the file's weights;
-        NOTE: per stage this spreads a mix evenly) and float32 activations. A file of BF16
-        matrices: bf16 where this CPU has bf16 arithmetic, else its matrices read as they
-        lie (2 bytes a weight) beside float32 activations. Any other file: plain fp32."""
-        import torch
+        """What inferpath runs for a GGUF file by default on this CPU: the precision of its
+        weight plan (``of_plan``) under a default ``EngineConfig``. NOTE: a mix of block
+        formats is averaged over the file's matrices, spread evenly over the stages."""
+        from inferpath.config import EngineConfig
+        from inferpath.engine.weight_plan import plan_weights
 
-        from inferpath.engine.load import auto_float_dtype
-        from inferpath.kernels import build
-        from inferpath.weights.gguf_index import read_gguf_index
-        from inferpath.weights.quantized import QUANTIZED_TYPES
-
-        tensors = [t for t in read_gguf_index(path).tensors if len(t.shape) >= 2]
-        nbytes = sum(t.nbytes for t in tensors)
-        params = sum(t.num_elements for t in tensors)
-        kinds = sorted({t.qtype.name for t in tensors if t.qtype in QUANTIZED_TYPES})
-        if not kinds:
-            if not tensors or any(t.qtype.name != "BF16" for t in tensors):
-                return cls("fp32")
-            if auto_float_dtype() == torch.bfloat16:
-                return cls("bf16")
-            return cls("fp32", nbytes / params, "bfloat16") if build.native_gemv_bf16_weights() else cls("fp32")
-        return cls("fp32", nbytes / params, " + ".join(kinds))
+        return cls.of_plan(plan_weights(path, EngineConfig()))
 
     @classmethod
     def parse(cls, name: str) -> "Precision":

@@ -78,9 +78,11 @@ def row_prediction(row: str, predicted: PassCost) -> dict:
 
 
 def precision_of(engine) -> Precision:
-    """The cost model's precision of what the engine runs: its compute dtype, and for
-    weights kept in GGUF blocks or in bf16 beside float32 activations (dtype auto) their
-    bytes per weight (engine.weight_format)."""
+    """The cost model's precision of what the engine runs: its weight plan's
+    (``Precision.of_plan``); for an engine over a model built by hand (no plan), its
+    compute dtype and the bytes per weight of its matrices (engine.weight_format)."""
+    if engine.weight_plan is not None:
+        return Precision.of_plan(engine.weight_plan)
     weights = engine.weight_format
     dtype = str(weights.dtype).removeprefix("torch.")
     base = Precision.parse(dtype)
@@ -136,6 +138,7 @@ def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> di
                    "num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads,
                    "vocab_size": config.vocab_size},
         "dtype": engine.engine_config.dtype, "precision": precision.description,
+        "weight_plan": engine.weight_plan.describe() if engine.weight_plan is not None else None,
         "hardware": hardware_json(hardware, precision),
         "probe_stale": probe_staleness(steps, engine.weight_format.decode_bytes, hardware),
         "fusions": dict(tracer.fusions),

@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -69,7 +70,8 @@ _LEVEL = {level.name: level for level in LEVELS}
 # Kernel families and the CPU flags each needs beyond its level's (avx512 bf16: vdpbf16ps).
 FAMILIES = ("float32", "bfloat16", "quantized")
 _FAMILY_FLAGS = {("avx512", "bfloat16"): frozenset({"avx512_bf16"})}
-AMX_FLAGS = {"amx_tile", "amx_bf16"}
+AMX_FLAGS = frozenset({"amx_tile", "amx_bf16"})  # the bf16 AMX GEMM's (csrc/avx512/amx.c)
+AMX_INT8_FLAGS = frozenset({"amx_tile", "amx_int8"})
 KERNEL_NAMES = {
     "float32": "gemv (float32 or bf16 weights), rms_norm, silu_mul, rope, paged decode attention, argmax, "
                "native decode",
@@ -101,6 +103,10 @@ _EXTRA_SIGNATURES = {
     "inferpath_quant_dequantize": [_N, _P, _I, _P, _I, _I, _N],
     # layers, count, shape, x, m, cos, sin, slots, block tables, seq lens, threads, rows alone
     "inferpath_decode_layers": [_P, _N, _P, _P, _I, _P, _P, _P, _P, _P, _N, _N],
+    # the AMX GEMM's layout in plain C (csrc/drivers/amx_reference.c): as inferpath_amx_gemm_bf16;
+    # x, k, rows, xp
+    "inferpath_amx_reference_gemm_bf16": [_P] * 4 + [_I] * 3 + [_N],
+    "inferpath_amx_pack_x": [_P, _I, _I, _P],
 }
 _AVX512_SIGNATURES = {
     "inferpath_amx_gemm_bf16": [_P] * 4 + [_I] * 3 + [_N], "inferpath_amx_init": [],
@@ -116,7 +122,8 @@ _loaded: dict = {}  # level name -> (library or None, reason); (pattern, family,
 
 
 @cache
-def _cpu_flags() -> frozenset[str]:
+def _probed_cpu_flags() -> frozenset[str]:
+    """The flags /proc/cpuinfo reports: what this CPU executes."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -125,6 +132,52 @@ def _cpu_flags() -> frozenset[str]:
         if line.startswith("flags"):
             return frozenset(line.split(":", 1)[1].split())
     return frozenset()
+
+
+_simulated_flags: frozenset[str] | None = None  # set by simulated_cpu_flags
+
+
+def _cpu_flags() -> frozenset[str]:
+    """The CPU flags the kernels' choices read: the probed ones, or those a test simulates."""
+    return _probed_cpu_flags() if _simulated_flags is None else _simulated_flags
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU flags the dispatch decides on (see ``simulated_cpu_flags``)."""
+    return _cpu_flags()
+
+
+@contextmanager
+def simulated_cpu_flags(add=(), remove=()):
+    """Decide as if this CPU reported ``add`` and lacked ``remove`` (tests: the AMX dispatch
+    on a CPU without AMX, the AVX-512-without-AMX one on a CPU with it). Only AMX flags may
+    be added, and an added AMX flag the CPU lacks gives the portable reference of the AMX
+    GEMM (``native_amx_gemm``): no instruction this CPU lacks ever runs. Choices made
+    inside (kernel lookups, a model's prepared kernels) belong to the simulation.
+
+    Raises ValueError for an added flag that is not an AMX one."""
+    global _simulated_flags
+    added, removed = frozenset(add), frozenset(remove)
+    if any(not flag.startswith("amx") for flag in added):
+        raise ValueError(f"simulated_cpu_flags adds only AMX flags (amx_tile, amx_bf16, amx_int8), not "
+                         f"{sorted(f for f in added if not f.startswith('amx'))}: a level's flags the CPU "
+                         f"lacks would run instructions it cannot execute; remove flags instead")
+    previous = _simulated_flags
+    _simulated_flags = (_cpu_flags() | added) - removed
+    _forget_decisions()
+    try:
+        yield _simulated_flags
+    finally:
+        _simulated_flags = previous
+        _forget_decisions()
+
+
+def _forget_decisions() -> None:
+    """Drop the choices made from the CPU flags (levels, resolved functions), keeping the
+    built libraries."""
+    with _lock:
+        for key in [key for key in _loaded if key not in _LEVEL]:
+            del _loaded[key]
 
 
 def cpu_level() -> str:
@@ -214,8 +267,10 @@ def _build(level: Level) -> tuple[ctypes.CDLL | None, str]:
     for symbol, argtypes in signatures.items():
         fn = getattr(lib, symbol)
         fn.argtypes, fn.restype = argtypes, ctypes.c_int
-    lib.amx_ready = (level.name == "avx512" and AMX_FLAGS <= _cpu_flags()
-                     and lib.inferpath_amx_init() == 0)  # tile state granted
+    # the tile state, asked of the kernel (arch_prctl) only where the CPU has AMX; refused
+    # (a kernel before Linux 5.16, a sandbox), the bf16 rows take the GEMV and oneDNN
+    lib.amx_ready = (level.name == "avx512" and AMX_FLAGS <= _probed_cpu_flags()
+                     and lib.inferpath_amx_init() == 0)
     return lib, ""
 
 
@@ -227,7 +282,16 @@ def resolve_level(family: str, level: str | None = None) -> tuple[str | None, st
     """(the level ``family`` runs at, why any higher one did not build) or (None, why none):
     the highest level at or below ``level`` (default ``active_level()``) that this CPU runs
     and that built."""
-    top = LEVEL_NAMES.index(level or active_level())
+    level = level or active_level()
+    key = ("resolved", family, level)
+    resolved = _loaded.get(key)  # the per-step path (``kernel_level``): one lookup
+    if resolved is None:
+        resolved = _loaded[key] = _resolve_level(family, level)
+    return resolved
+
+
+def _resolve_level(family: str, level: str) -> tuple[str | None, str]:
+    top = LEVEL_NAMES.index(level)
     reasons = []
     for name in reversed(LEVEL_NAMES[:top + 1]):
         if not can_run(name, family):
@@ -274,11 +338,37 @@ def native_gemv_group_bf16_weights(level: str | None = None):
 
 def native_amx_gemm(dtype: torch.dtype, level: str | None = None):
     """The AMX small-batch GEMM (bf16 only), or None where it cannot run: a level below
-    avx512, no AMX, or the kernel refused this process the tile state."""
-    if dtype != torch.bfloat16 or resolve_level("bfloat16", level)[0] != "avx512":
+    avx512, no AMX, or the kernel refused this process the tile state. Where AMX is only
+    simulated (``simulated_cpu_flags``): its portable reference, the same layout in C."""
+    if (dtype != torch.bfloat16 or not AMX_FLAGS <= _cpu_flags()
+            or resolve_level("bfloat16", level)[0] != "avx512"):
         return None
     lib = _library("avx512")[0]
-    return lib.inferpath_amx_gemm_bf16 if lib.amx_ready else None
+    if AMX_FLAGS <= _probed_cpu_flags():
+        return lib.inferpath_amx_gemm_bf16 if lib.amx_ready else None
+    return lib.inferpath_amx_reference_gemm_bf16
+
+
+def amx_status() -> str:
+    """Why the bf16 AMX GEMM runs or not, in words (for ``kernel_status``)."""
+    if not AMX_FLAGS <= _cpu_flags():
+        return f"no AMX GEMM: this CPU lacks {', '.join(sorted(AMX_FLAGS - _cpu_flags()))}"
+    if not AMX_FLAGS <= _probed_cpu_flags():
+        return "AMX GEMM simulated: its portable reference (csrc/drivers/amx_reference.c)"
+    if not _library("avx512")[0].amx_ready:
+        return "no AMX GEMM: the kernel refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)"
+    return "AMX GEMM"
+
+
+def native_amx_reference_gemm(level: str | None = None):
+    """The AMX GEMM's portable reference (same signature, layout and tile arithmetic,
+    plain C; every level builds it), or None."""
+    return _native("inferpath_amx_reference_gemm_bf16", "float32", level)
+
+
+def native_amx_pack_x(level: str | None = None):
+    """The AMX GEMM's packing of x^T into pair rows (csrc/drivers/amx_tiles.h), or None."""
+    return _native("inferpath_amx_pack_x", "float32", level)
 
 
 def native_rms_norm(dtype: torch.dtype, level: str | None = None):
@@ -374,7 +464,7 @@ def kernel_status() -> str:
         extra = ""
         if family == "bfloat16" and chosen == "avx512":
             amx = native_amx_gemm(torch.bfloat16, level) is not None
-            extra = " + AMX GEMM" if amx else " (no AMX GEMM: this CPU lacks amx_tile/amx_bf16)"
+            extra = f" + {amx_status()}" if amx else f" ({amx_status()})"
         failed = f"; {reason}" if reason else ""
         lines.append(f"{family} {KERNEL_NAMES[family]}{extra}: native {chosen} ({_library(chosen)[0]._name}{failed})")
     return "\n".join(lines)

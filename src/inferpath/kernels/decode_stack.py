@@ -8,8 +8,8 @@ token through ``inferpath_decode_layers`` (csrc/drivers/decode.c): the same kern
 the same order, on the same buffers' values, so the hidden states are equal to the bit to
 the module-by-module path (a test holds it). Two kinds of model take it: GGUF-quantized
 weights with float32 activations, and float32 or bfloat16 weights with activations of
-their dtype — for the row counts whose module path runs the GEMV (a bf16 batch on an AMX
-CPU, or past the GEMV's rows, takes oneDNN or AMX there, so the module path here) —
+their dtype — for the row counts whose module path runs the GEMV (1 to 4 bf16 rows on an
+AMX CPU; 5 to 128 take AMX there, and past the GEMV's rows oneDNN, so the module path here) —
 and bf16 weights with float32 activations (kernels/bf16_weights.py), the weights widened
 inside the GEMV. The call is granted, never assumed: the model's family must allow it and
 every field of its ModelConfig must hold a value the call implements (families.py, an

@@ -8,7 +8,7 @@ projections (fused.py). All are subclasses, so module names, ``state_dict`` keys
 forward hooks and ``isinstance`` checks stay as they were, and the model file knows
 nothing of them. They dispatch on dtype, device and rows:
 
-- a batched decode step's matmuls: for bf16 on CPUs with AMX, 2 to 128 rows, a
+- a batched decode step's matmuls: for bf16 on CPUs with AMX, 5 to 128 rows, a
   small-batch GEMM that streams the weights straight into AMX tiles (csrc/amx.c);
   otherwise a GEMV that reads each weight once at close to memory bandwidth (fp32 up to
   32 rows, bf16 up to 8); bf16 weights meeting float32 activations (kernels/bf16_weights.py)

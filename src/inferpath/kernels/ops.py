@@ -14,11 +14,19 @@ matrices (Q/K/V and gate/up fused, weights not in cache), in ms, kernel vs PyTor
   on the same vdpbf16ps), SmolLM2's 30 layers of matrices one by one, 1 thread: rows 8:
   10.7 vs 16.4, 16: 14.4 vs 19.4, 24: 20.0 vs 22.8, 32: 27.3 vs 27.0, 48: 38.1 vs 31.9;
   2 threads: 24: 10.7 vs 13.2, 32: 13.4 vs 15.8, 48: 20.3 vs 19.8.
+
+On an AMX CPU the GEMV keeps 1 to 4 bf16 rows (``AMX_MIN_ROWS``): it meets x four rows at a
+time, so up to four rows it reads each weight block once, as AMX does (GEMV 4 rows 13 ms,
+AMX 1 to 8 rows 14 to 16 ms above), and those rows decode in one native call
+(kernels/decode_stack.py), which runs the GEMV only. With AMX from two rows, a decode batch
+of two to four sequences never took the native call on an AMX CPU.
 """
 
 from __future__ import annotations
 
 import torch
+
+from typing import NamedTuple
 
 from inferpath.kernels import build
 from inferpath.model.batch_invariant import rows_must_be_invariant, rowwise_linear
@@ -29,7 +37,7 @@ GEMV_MAX_ROWS_WITHOUT_AMX = {torch.float32: 32, torch.bfloat16: 32}  # (avx512 l
 # blocking across weight rows: past a few rows MKL/oneDNN wins. NOTE: set from the shape
 # of the code, not measured on a quiet machine (this one was shared during the work).
 PORTABLE_GEMV_MAX_ROWS = {torch.float32: 8, torch.bfloat16: 4}
-AMX_MIN_ROWS = 2  # one row: the GEMV is as fast
+AMX_MIN_ROWS = 5  # up to four rows the GEMV reads the weights once too (module doc)
 AMX_MAX_ROWS = 128
 # The attention kernel's register arrays (csrc/attention.c MAX_HEAD_DIM, MAX_GROUP): larger
 # heads or query groups take PyTorch's SDPA.
@@ -55,18 +63,44 @@ def kernel_ready(dtype: torch.dtype, *tensors: torch.Tensor | None) -> bool:
                for t in tensors)
 
 
-def linear_kernels(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
-    """(gemv, amx, max GEMV rows) for an ``nn.Linear``'s weight and bias, the functions None
-    where they cannot serve them (dtype, device, layout; AMX needs in_features % 32 == 0)."""
+class LinearKernels(NamedTuple):
+    """The kernels a float matrix may run through (None where one cannot serve it) and the
+    most rows its GEMV takes; ``linear_kernels`` makes it, ``float_kernel_for`` picks."""
+
+    gemv: object
+    amx: object
+    gemv_max_rows: int
+
+
+def gemv_max_rows(dtype: torch.dtype, level: str | None, amx: bool) -> int:
+    """The most rows of ``dtype`` the GEMV of ``level`` takes, on a CPU whose AMX GEMM runs
+    (``amx``) or not (the cutoffs in the module doc)."""
+    if level != "avx512":
+        return PORTABLE_GEMV_MAX_ROWS[dtype]
+    return (GEMV_MAX_ROWS if amx else GEMV_MAX_ROWS_WITHOUT_AMX)[dtype]
+
+
+def linear_kernels(weight: torch.Tensor, bias: torch.Tensor | None) -> LinearKernels:
+    """The kernels for an ``nn.Linear``'s weight and bias, the functions None where they
+    cannot serve them (dtype, device, layout; AMX needs in_features % 32 == 0)."""
     dtype = weight.dtype
     if not kernel_ready(dtype, weight, bias) or dtype not in GEMV_MAX_ROWS:
-        return None, None, 0
-    amx = build.native_amx_gemm(dtype) if weight.shape[1] % 32 == 0 else None
-    if build.kernel_level(dtype) != "avx512":
-        max_rows = PORTABLE_GEMV_MAX_ROWS
-    else:
-        max_rows = GEMV_MAX_ROWS if build.AMX_FLAGS <= build._cpu_flags() else GEMV_MAX_ROWS_WITHOUT_AMX
-    return build.native_gemv(dtype), amx, max_rows[dtype]
+        return LinearKernels(None, None, 0)
+    amx = build.native_amx_gemm(dtype)
+    max_rows = gemv_max_rows(dtype, build.kernel_level(dtype), amx is not None)
+    return LinearKernels(build.native_gemv(dtype), amx if weight.shape[1] % 32 == 0 else None, max_rows)
+
+
+def float_kernel_for(rows: int, kernels: tuple) -> str:
+    """Which kernel ``small_batch_linear`` runs ``rows`` rows of x (of the weight's dtype,
+    2-D) through: "gemv", "amx" or "torch" (``F.linear``: oneDNN / MKL, or ``rowwise_linear``
+    where rows must be batch-invariant). ``kernels``: ``linear_kernels``' form."""
+    gemv_fn, amx_fn, max_rows = kernels
+    if rows_must_be_invariant():
+        return "gemv" if gemv_fn is not None else "torch"
+    if amx_fn is not None and AMX_MIN_ROWS <= rows <= AMX_MAX_ROWS:
+        return "amx"
+    return "gemv" if gemv_fn is not None and rows <= max_rows else "torch"
 
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernels: tuple):
@@ -78,31 +112,18 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     is), else ``rowwise_linear``; never AMX or oneDNN, whose blocking follows the row count.
     NOTE: the portable GEMV (generic, avx2 levels) vectorises its 4-row and 1-row loops
     separately; the compiler does not promise them the same summation order."""
-    gemv_fn, amx_fn, gemv_max_rows = kernels
-    rows = x.shape[0]
+    kernel = float_kernel_for(x.shape[0], kernels) if x.dtype == weight.dtype and x.dim() == 2 else "torch"
+    if kernel != "torch":
+        return run_gemv(kernels[0] if kernel == "gemv" else kernels[1], x.contiguous(), weight, bias)
     if rows_must_be_invariant():
-        if gemv_fn is not None and x.dtype == weight.dtype and x.dim() == 2:
-            return run_gemv(gemv_fn, x.contiguous(), weight, bias)
         return rowwise_linear(x, weight, bias)
-    if x.dtype == weight.dtype and x.dim() == 2:
-        if amx_fn is not None and AMX_MIN_ROWS <= rows <= AMX_MAX_ROWS:
-            return run_gemv(amx_fn, x.contiguous(), weight, bias)
-        if gemv_fn is not None and rows <= gemv_max_rows:
-            return run_gemv(gemv_fn, x.contiguous(), weight, bias)
     return torch.nn.functional.linear(x, weight, bias)
 
 
 def gemv_serves(rows: int, kernels: tuple) -> bool:
     """Whether ``small_batch_linear`` runs ``rows`` rows of x (of the weight's dtype, 2-D)
     through the GEMV; ``kernels`` comes from ``linear_kernels``."""
-    gemv_fn, amx_fn, gemv_max_rows = kernels
-    if gemv_fn is None:
-        return False
-    if rows_must_be_invariant():
-        return True
-    if amx_fn is not None and AMX_MIN_ROWS <= rows <= AMX_MAX_ROWS:
-        return False
-    return rows <= gemv_max_rows
+    return float_kernel_for(rows, kernels) == "gemv"
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -222,10 +243,14 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 QUANT_MATMUL_MAX_ROWS = {"generic": 32, "avx2": 96, "avx512": 1 << 62}
 
 
-def quant_rows_fused(rows: int) -> bool:
+def quant_rows_fused(rows: int, level: str | None = None) -> bool:
     """Whether ``rows`` rows of x take the fused quantized kernels (always when rows must
-    be batch-invariant: rows are independent there)."""
-    return rows <= QUANT_MATMUL_MAX_ROWS[build.active_level()] or rows_must_be_invariant()
+    be batch-invariant: rows are independent there), at ``level``: by default the one the
+    quantized kernels run at (``build.kernel_level("quantized")``, a model's
+    ``WeightPlan.kernel_level``), which is below ``active_level()`` where that level's
+    build failed."""
+    level = level or build.kernel_level("quantized") or "generic"
+    return rows <= QUANT_MATMUL_MAX_ROWS[level] or rows_must_be_invariant()
 
 
 DEQUANT_TILE_VALUES = 1 << 22  # 16 MB of float32 per dequantized weight tile

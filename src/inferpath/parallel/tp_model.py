@@ -29,25 +29,28 @@ from inferpath.parallel.tp import apply_tensor_parallel, check_shardable, shard_
 _FORWARD, _LOGITS, _STOP = "forward", "logits", "stop"
 
 
-def _build_shard(checkpoint, dtype: torch.dtype, rank: int, world_size: int, cpu_kernels: bool):
+def _build_shard(checkpoint, plan, rank: int, world_size: int, cpu_kernels: bool):
+    """A rank's shard of the model ``plan`` (engine/weight_plan.py, sharded: float weights in
+    ``plan.activation_dtype``) describes."""
     from inferpath.kernels import accelerate
     from inferpath.model import build_model
 
-    shard = apply_tensor_parallel(build_model(checkpoint, dtype), rank, world_size)
+    shard = apply_tensor_parallel(build_model(checkpoint, plan.activation_dtype), rank, world_size)
     if cpu_kernels:
         accelerate(shard)  # after sharding: the kernels see each rank's slice
     return shard
 
 
-def _worker_main(rank: int, world_size: int, port: int, path: str, dtype_name: str, num_threads: int,
+def _worker_main(rank: int, world_size: int, port: int, path: str, plan, num_threads: int,
                  cpu_kernels: bool) -> None:
-    """Rank r > 0: mirror rank 0's calls until it says stop."""
+    """Rank r > 0: load by rank 0's weight plan, then mirror rank 0's calls until it says
+    stop."""
     torch.set_num_threads(num_threads)
     init_local_group(rank, world_size, port)
-    from inferpath.weights import load_checkpoint
+    from inferpath.engine.load import load_by_plan
 
-    dtype = getattr(torch, dtype_name)
-    model = _build_shard(load_checkpoint(Path(path), dtype=dtype), dtype, rank, world_size, cpu_kernels)
+    dtype = plan.kv_dtype
+    model = _build_shard(load_by_plan(Path(path), plan), plan, rank, world_size, cpu_kernels)
     cache: KVCache | None = None
     with torch.inference_mode():
         while True:
@@ -73,10 +76,13 @@ class TensorParallelModel(nn.Module):
     ``compute_logits``. ``close()`` stops the workers (also at interpreter exit).
     """
 
-    def __init__(self, checkpoint, dtype: torch.dtype, world_size: int, cpu_kernels: bool = True) -> None:
-        """``checkpoint``: rank 0 builds its shard from it; the workers load ``checkpoint.path``."""
+    def __init__(self, checkpoint, plan, cpu_kernels: bool = True) -> None:
+        """``checkpoint``: rank 0 builds its shard from it; the workers load ``checkpoint.path``
+        by the same weight ``plan`` (engine/weight_plan.py), sharded over
+        ``plan.tensor_parallel_size`` ranks."""
         super().__init__()
         config = checkpoint.config
+        world_size = plan.tensor_parallel_size
         check_shardable(config, world_size)
         self.world_size = world_size
         port = free_port()
@@ -84,15 +90,14 @@ class TensorParallelModel(nn.Module):
         threads = max(1, torch.get_num_threads() // world_size)
         self._workers = [
             ctx.Process(target=_worker_main, daemon=True,
-                        args=(rank, world_size, port, str(checkpoint.path), str(dtype).removeprefix("torch."), threads,
-                              cpu_kernels))
+                        args=(rank, world_size, port, str(checkpoint.path), plan, threads, cpu_kernels))
             for rank in range(1, world_size)
         ]
         for worker in self._workers:
             worker.start()
         torch.set_num_threads(threads)
         init_local_group(0, world_size, port)
-        self.shard = _build_shard(checkpoint, dtype, 0, world_size, cpu_kernels)
+        self.shard = _build_shard(checkpoint, plan, 0, world_size, cpu_kernels)
         self.config = config
         self._closed = False
         atexit.register(self.close)  # before multiprocessing reaps the daemon workers

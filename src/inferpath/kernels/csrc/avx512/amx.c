@@ -10,6 +10,9 @@
  * up to two 16-column tiles of x^T; products accumulate in float32 tiles and are rounded
  * to bf16 once. Requires k % 32 == 0; rows of w past the last full 16 use the GEMV.
  *
+ * The packing and the tile layout are drivers/amx_tiles.h's; drivers/amx_reference.c runs
+ * the same layout through a plain-C tile multiply on every CPU.
+ *
  * Up to 64 rows of x are packed at a time: up to 32 meet two weight blocks per pass, 33
  * to 64 one block against four tiles of x^T.
  *
@@ -20,6 +23,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "../drivers/amx_tiles.h"
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -84,9 +88,9 @@ static void store_block(float out[4][16][16], const uint16_t *bias, uint16_t *y,
     }
 }
 
-/* x^T as packed by inferpath_amx_gemm_bf16: XP_COLS columns (rows of x) per pair of k. */
-#define XP_COLS 64
-#define XP_ROW (XP_COLS * 2)  /* uint16 values per pair row */
+/* x^T as packed by amx_pack_x_pairs (drivers/amx_tiles.h): XP_COLS columns (rows of x) per pair of k. */
+#define XP_COLS AMX_XP_COLS
+#define XP_ROW AMX_XP_ROW
 
 /* y rows [0, m) with m <= 32 against w rows [0, n16) (a multiple of 16). Two 16-row blocks
  * of w per iteration: four independent accumulator tiles keep AMX busy while the weight
@@ -182,12 +186,7 @@ int inferpath_amx_gemm_bf16(const uint16_t *x, const uint16_t *w, const uint16_t
     if (!xp) return -3;
     for (int64_t j0 = 0; j0 < m; j0 += XP_COLS) {
         int64_t rows = m - j0 < XP_COLS ? m - j0 : XP_COLS;
-        int64_t padded = (rows + 15) / 16 * 16;
-        for (int64_t p = 0; p < k / 2; p++) {
-            uint32_t *dst = (uint32_t *)xp + p * XP_COLS;  /* pairs as 32-bit words */
-            for (int64_t j = 0; j < rows; j++) dst[j] = ((const uint32_t *)(x + (j0 + j) * k))[p];
-            for (int64_t j = rows; j < padded; j++) dst[j] = 0;
-        }
+        amx_pack_x_pairs(x + j0 * k, k, rows, xp);
         if (n16 > 0 && rows > 32) amx_chunk4(xp, w, bias, y + j0 * n, rows, n16, n, k, num_threads);
         else if (n16 > 0) amx_chunk(xp, w, bias, y + j0 * n, rows, n16, n, k, num_threads);
         if (n16 < n) {  /* the n % 16 rows left: one GEMV call on those rows of w */
