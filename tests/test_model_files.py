@@ -272,10 +272,46 @@ MESSAGES = [{"role": "user", "content": "hi"}]
     ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "recursed"),
     ("{% for i in range(10**9) %}{% endfor %}", "passes"),
     ("{{ messages[0].content[5] }}{{ 1 / 0 }}", "failed on these messages"),
+    ("{{ lipsum(100000) }}", "lipsum"),
+    ("{{ lipsum(5, max=1000000) }}", "lipsum"),
+    ("{{ lipsum('x') }}", "lipsum with n='x'"),
+    ("{% for i in range(3) %}{{ range(99999)|join|length }}{% endfor %}", "items of range"),
+    ("{% for i in range(3) %}{{ cycler(*range(99999)).next() }}{% endfor %}", "items of range"),
+    ("{% for i in range(99999) %}{% set ns = namespace(a=range(99999)|list) %}{% endfor %}",
+     "items of range"),
 ])
 def test_hostile_chat_templates_fail_fast_with_a_clean_error(source, rule):
     with hang_guard(), pytest.raises(ChatTemplateError, match=rule):
         ChatRenderer(source, {}).render(MESSAGES)
+
+
+def test_template_globals_render_within_the_budget():
+    """lipsum, range, cycler, joiner, namespace and dict work as in Jinja when small."""
+    source = ("{% set c = cycler('odd', 'even') %}{% set j = joiner('|') %}"
+              "{% set ns = namespace(n=0) %}{% for i in range(4) %}{{ j() }}{{ c.next() }}"
+              "{% set ns.n = ns.n + i %}{% endfor %} {{ ns.n }} {{ dict(a=1)|tojson }} "
+              "{{ lipsum(2, False, 5, 10)|wordcount > 0 }}")
+    assert ChatRenderer(source, {}).render(MESSAGES) == 'odd|even|odd|even 6 {"a": 1} True'
+
+
+@pytest.mark.parametrize("messages,named", [
+    ("hi", "got a str"), (5, "got a int"), ({"role": "user"}, "got a dict"),
+    (["hi"], r"messages\[0\] must be a dict"), ([{"content": "hi"}], r"messages\[0\]\['role'\]"),
+    ([{"role": "user", "content": 5}], r"messages\[0\]\['content'\]"),
+    ([{"role": "user", "content": "a"}, None], r"messages\[1\]"),
+])
+def test_chat_messages_that_are_not_a_list_of_messages_are_value_errors(messages, named):
+    """The library's chat entry points (render, render_with_spans through encode_chat)
+    refuse a malformed conversation with a ValueError saying what was expected."""
+    import regex
+
+    renderer = ChatRenderer("{% for m in messages %}{{ m['content'] }}{% endfor %}", {})
+    with pytest.raises(ValueError, match=named):
+        renderer.render(messages)
+    with pytest.raises(ValueError, match=named):
+        renderer.render_with_spans(messages, True, regex.compile("<x>"))
+    with pytest.raises(ValueError, match="tools must be a list of dicts"):
+        renderer.render(MESSAGES, tools="f")
 
 
 def test_bounded_templates_still_render_long_chats():
@@ -292,6 +328,9 @@ _TEMPLATE_PIECES = st.sampled_from([
     "{% set x = 'y' * 99999 %}", "{{ x }}", "{{ range(5)|list }}", "{{ 'a'.ljust(50) }}",
     "{% macro f(n) %}{{ f(n) }}{% endmacro %}", "{{ f(1) }}", "{% include 'a' %}", "{{ 9 ** 9 }}",
     "text", "{{ raise_exception('no') }}", "{{ (messages * 1000)|length }}",
+    "{{ lipsum(1000) }}", "{{ lipsum(2, False, 5, 10) }}", "{% set c = cycler('a', 'b') %}",
+    "{{ c.next() }}", "{% set j = joiner(', ') %}", "{{ j() }}", "{{ range(99999)|join|length }}",
+    "{% set ns = namespace(n=0) %}", "{% set ns.n = ns.n + 1 %}", "{{ dict(a=1)|tojson }}",
 ])
 
 
