@@ -60,8 +60,10 @@ def loads_or_refuses(load, path: Path) -> None:
 
 # ---------------------------------------------------------------- GGUF
 
-def write_tiny_gguf(path: Path) -> Path:
-    """A complete tiny Llama GGUF: config keys, a byte-level BPE vocabulary, f32 tensors."""
+def write_tiny_gguf(path: Path, overrides: dict | None = None) -> Path:
+    """A complete tiny Llama GGUF: config keys, a byte-level BPE vocabulary, f32 tensors;
+    ``overrides``: key -> (value, GGUFValueType, item type of an array or None), written
+    over (or beside) the keys above."""
     h, heads, vocab = 32, 4, len(VOCAB)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(1)
@@ -78,6 +80,8 @@ def write_tiny_gguf(path: Path) -> Path:
     w.add_bos_token_id(7)
     w.add_eos_token_id(8)
     w.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    for key, (value, value_type, item_type) in (overrides or {}).items():
+        w.add_key_value(key, value, value_type, item_type)
     rng = np.random.default_rng(0)
     shapes = {"token_embd.weight": (vocab, h), "output_norm.weight": (h,),
               "blk.0.attn_norm.weight": (h,), "blk.0.ffn_norm.weight": (h,),
@@ -173,6 +177,49 @@ def test_fuzzed_gguf_loads_or_raises_model_file_error(tmp_path, tiny_gguf, data)
     path.write_bytes(mutated)
     loads_or_refuses(load_checkpoint, path)
     loads_or_refuses(load_tokenizer, path)
+
+
+from inferpath.weights.gguf_keys import (  # noqa: E402
+    ARCH_KEY_TYPES,
+    GENERAL_KEY_TYPES,
+    TOKENIZER_KEY_TYPES,
+)
+
+V = gguf.GGUFValueType
+#: a value of each GGUF type, and the key types (gguf_keys.py) it satisfies
+_VALUES_OF_EVERY_TYPE = {
+    "u32": ((3, V.UINT32, None), {"integer", "number", "integer or integers"}),
+    "i64": ((-1, V.INT64, None), {"integer", "number", "integer or integers"}),
+    "f32": ((1.5, V.FLOAT32, None), {"number"}),
+    "bool": ((True, V.BOOL, None), {"bool"}),
+    "string": (("gpt2", V.STRING, None), {"string"}),
+    "int array": (([1, 2], V.ARRAY, V.INT32), {"integers", "integer or integers"}),
+    "string array": ((["a b", "c"], V.ARRAY, V.STRING), {"strings"}),
+}
+_READ_KEYS = {**GENERAL_KEY_TYPES, **TOKENIZER_KEY_TYPES,
+              **{f"llama.{key}": kind for key, kind in ARCH_KEY_TYPES.items()}}
+
+
+@pytest.mark.parametrize("given", sorted(_VALUES_OF_EVERY_TYPE))
+@pytest.mark.parametrize("key", sorted(_READ_KEYS))
+def test_every_metadata_key_the_loaders_read_is_type_checked(tmp_path, key, given):
+    """Each key the config or tokenizer loader reads, given a value of each GGUF type: the
+    file loads or raises ModelFileError, and a value of the wrong type is refused by name
+    with the type expected (never a bare TypeError from deep inside a loader)."""
+    value, acceptable = _VALUES_OF_EVERY_TYPE[given]
+    path = write_tiny_gguf(tmp_path / "confused.gguf", {key: value})
+    kind = _READ_KEYS[key]
+    for load in (load_checkpoint, load_tokenizer):
+        with hang_guard():
+            try:
+                load(path)
+            except ModelFileError as exc:
+                assert path.name in str(exc), str(exc)
+                if kind not in acceptable:
+                    assert key in str(exc) and ("expected:" in str(exc) or "allowed:" in str(exc)), str(exc)
+                continue
+        assert kind in acceptable or (key == "general.architecture" and given == "string"), (
+            f"{load.__name__} accepted {key} = {value[0]!r}")
 
 
 # ---------------------------------------------------------------- tokenizer.json
