@@ -43,6 +43,17 @@ def test_chat_applies_the_template(llm):
     assert output.outputs[0].finish_reason == "stop" and output.outputs[0].text.strip()
 
 
+@pytest.mark.parametrize("messages,named", [
+    ("hi", "got str"), (5, "got int"), ([], "non-empty"), (["hi"], r"messages\[0\] must be a dict"),
+    ([{"role": "user", "content": 5}], r"messages\[0\]\['content'\]"),
+    ([[{"role": "user", "content": "a"}], [None]], r"messages\[0\] must be a dict"),
+])
+def test_chat_refuses_what_is_not_a_conversation(llm, messages, named):
+    with pytest.raises(ValueError, match=named):
+        llm.chat(messages)
+    assert llm.engine.stats().num_waiting == 0
+
+
 def test_stream_yields_the_same_text_piece_by_piece(llm, generated):
     pieces = list(llm.stream(PROMPTS[0], GREEDY))
     assert len(pieces) > 1

@@ -60,8 +60,10 @@ def loads_or_refuses(load, path: Path) -> None:
 
 # ---------------------------------------------------------------- GGUF
 
-def write_tiny_gguf(path: Path) -> Path:
-    """A complete tiny Llama GGUF: config keys, a byte-level BPE vocabulary, f32 tensors."""
+def write_tiny_gguf(path: Path, overrides: dict | None = None) -> Path:
+    """A complete tiny Llama GGUF: config keys, a byte-level BPE vocabulary, f32 tensors;
+    ``overrides``: key -> (value, GGUFValueType, item type of an array or None), written
+    over (or beside) the keys above."""
     h, heads, vocab = 32, 4, len(VOCAB)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(1)
@@ -78,6 +80,8 @@ def write_tiny_gguf(path: Path) -> Path:
     w.add_bos_token_id(7)
     w.add_eos_token_id(8)
     w.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    for key, (value, value_type, item_type) in (overrides or {}).items():
+        w.add_key_value(key, value, value_type, item_type)
     rng = np.random.default_rng(0)
     shapes = {"token_embd.weight": (vocab, h), "output_norm.weight": (h,),
               "blk.0.attn_norm.weight": (h,), "blk.0.ffn_norm.weight": (h,),
@@ -173,6 +177,49 @@ def test_fuzzed_gguf_loads_or_raises_model_file_error(tmp_path, tiny_gguf, data)
     path.write_bytes(mutated)
     loads_or_refuses(load_checkpoint, path)
     loads_or_refuses(load_tokenizer, path)
+
+
+from inferpath.weights.gguf_keys import (  # noqa: E402
+    ARCH_KEY_TYPES,
+    GENERAL_KEY_TYPES,
+    TOKENIZER_KEY_TYPES,
+)
+
+V = gguf.GGUFValueType
+#: a value of each GGUF type, and the key types (gguf_keys.py) it satisfies
+_VALUES_OF_EVERY_TYPE = {
+    "u32": ((3, V.UINT32, None), {"integer", "number", "integer or integers"}),
+    "i64": ((-1, V.INT64, None), {"integer", "number", "integer or integers"}),
+    "f32": ((1.5, V.FLOAT32, None), {"number"}),
+    "bool": ((True, V.BOOL, None), {"bool"}),
+    "string": (("gpt2", V.STRING, None), {"string"}),
+    "int array": (([1, 2], V.ARRAY, V.INT32), {"integers", "integer or integers"}),
+    "string array": ((["a b", "c"], V.ARRAY, V.STRING), {"strings"}),
+}
+_READ_KEYS = {**GENERAL_KEY_TYPES, **TOKENIZER_KEY_TYPES,
+              **{f"llama.{key}": kind for key, kind in ARCH_KEY_TYPES.items()}}
+
+
+@pytest.mark.parametrize("given", sorted(_VALUES_OF_EVERY_TYPE))
+@pytest.mark.parametrize("key", sorted(_READ_KEYS))
+def test_every_metadata_key_the_loaders_read_is_type_checked(tmp_path, key, given):
+    """Each key the config or tokenizer loader reads, given a value of each GGUF type: the
+    file loads or raises ModelFileError, and a value of the wrong type is refused by name
+    with the type expected (never a bare TypeError from deep inside a loader)."""
+    value, acceptable = _VALUES_OF_EVERY_TYPE[given]
+    path = write_tiny_gguf(tmp_path / "confused.gguf", {key: value})
+    kind = _READ_KEYS[key]
+    for load in (load_checkpoint, load_tokenizer):
+        with hang_guard():
+            try:
+                load(path)
+            except ModelFileError as exc:
+                assert path.name in str(exc), str(exc)
+                if kind not in acceptable:
+                    assert key in str(exc) and ("expected:" in str(exc) or "allowed:" in str(exc)), str(exc)
+                continue
+        assert kind in acceptable or (key == "general.architecture" and given == "string"), (
+            f"{load.__name__} accepted {key} = {value[0]!r}")
 
 
 # ---------------------------------------------------------------- tokenizer.json
@@ -272,10 +319,46 @@ MESSAGES = [{"role": "user", "content": "hi"}]
     ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "recursed"),
     ("{% for i in range(10**9) %}{% endfor %}", "passes"),
     ("{{ messages[0].content[5] }}{{ 1 / 0 }}", "failed on these messages"),
+    ("{{ lipsum(100000) }}", "lipsum"),
+    ("{{ lipsum(5, max=1000000) }}", "lipsum"),
+    ("{{ lipsum('x') }}", "lipsum with n='x'"),
+    ("{% for i in range(3) %}{{ range(99999)|join|length }}{% endfor %}", "items of range"),
+    ("{% for i in range(3) %}{{ cycler(*range(99999)).next() }}{% endfor %}", "items of range"),
+    ("{% for i in range(99999) %}{% set ns = namespace(a=range(99999)|list) %}{% endfor %}",
+     "items of range"),
 ])
 def test_hostile_chat_templates_fail_fast_with_a_clean_error(source, rule):
     with hang_guard(), pytest.raises(ChatTemplateError, match=rule):
         ChatRenderer(source, {}).render(MESSAGES)
+
+
+def test_template_globals_render_within_the_budget():
+    """lipsum, range, cycler, joiner, namespace and dict work as in Jinja when small."""
+    source = ("{% set c = cycler('odd', 'even') %}{% set j = joiner('|') %}"
+              "{% set ns = namespace(n=0) %}{% for i in range(4) %}{{ j() }}{{ c.next() }}"
+              "{% set ns.n = ns.n + i %}{% endfor %} {{ ns.n }} {{ dict(a=1)|tojson }} "
+              "{{ lipsum(2, False, 5, 10)|wordcount > 0 }}")
+    assert ChatRenderer(source, {}).render(MESSAGES) == 'odd|even|odd|even 6 {"a": 1} True'
+
+
+@pytest.mark.parametrize("messages,named", [
+    ("hi", "got a str"), (5, "got a int"), ({"role": "user"}, "got a dict"),
+    (["hi"], r"messages\[0\] must be a dict"), ([{"content": "hi"}], r"messages\[0\]\['role'\]"),
+    ([{"role": "user", "content": 5}], r"messages\[0\]\['content'\]"),
+    ([{"role": "user", "content": "a"}, None], r"messages\[1\]"),
+])
+def test_chat_messages_that_are_not_a_list_of_messages_are_value_errors(messages, named):
+    """The library's chat entry points (render, render_with_spans through encode_chat)
+    refuse a malformed conversation with a ValueError saying what was expected."""
+    import regex
+
+    renderer = ChatRenderer("{% for m in messages %}{{ m['content'] }}{% endfor %}", {})
+    with pytest.raises(ValueError, match=named):
+        renderer.render(messages)
+    with pytest.raises(ValueError, match=named):
+        renderer.render_with_spans(messages, True, regex.compile("<x>"))
+    with pytest.raises(ValueError, match="tools must be a list of dicts"):
+        renderer.render(MESSAGES, tools="f")
 
 
 def test_bounded_templates_still_render_long_chats():
@@ -292,6 +375,9 @@ _TEMPLATE_PIECES = st.sampled_from([
     "{% set x = 'y' * 99999 %}", "{{ x }}", "{{ range(5)|list }}", "{{ 'a'.ljust(50) }}",
     "{% macro f(n) %}{{ f(n) }}{% endmacro %}", "{{ f(1) }}", "{% include 'a' %}", "{{ 9 ** 9 }}",
     "text", "{{ raise_exception('no') }}", "{{ (messages * 1000)|length }}",
+    "{{ lipsum(1000) }}", "{{ lipsum(2, False, 5, 10) }}", "{% set c = cycler('a', 'b') %}",
+    "{{ c.next() }}", "{% set j = joiner(', ') %}", "{{ j() }}", "{{ range(99999)|join|length }}",
+    "{% set ns = namespace(n=0) %}", "{% set ns.n = ns.n + 1 %}", "{{ dict(a=1)|tojson }}",
 ])
 
 

@@ -15,12 +15,21 @@ import statistics
 import string
 import threading
 import time
+import types
+import typing
 
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_harness import read_metrics, start_server
+
+from inferpath.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 
 API_KEY = "clé-secrète"  # not ASCII: compared as UTF-8 bytes
 AUTH = {"Authorization": b"Bearer " + API_KEY.encode("utf-8")}
@@ -185,23 +194,95 @@ def test_health_answers_while_a_huge_prompt_is_tokenized(server):
     assert statistics.median(latencies) < 0.1, latencies
 
 
-_JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70)
-    | st.sampled_from([0.0, -0.0, 1e-300, 1e300, 0.5, -1.5, 1e-5, 2.0])
-    | st.sampled_from(["NaN", "Infinity", "-Infinity"]).map(lambda s: _RawNumber(s))
-    | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3),
-    max_leaves=6)
-_FIELDS = ["prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
-           "stop_token_ids", "logprobs", "seed", "repetition_penalty", "frequency_penalty",
-           "presence_penalty", "min_tokens", "echo", "ignore_eos", "stream", "messages",
-           "max_completion_tokens", "top_logprobs", "skip_special_tokens", "tools",
-           "tool_choice", "response_format", "logit_bias", "stream_options", "prompt_logprobs",
-           "add_generation_prompt", "add_special_tokens", "model", "user", "suffix"]
+_HUGE_INTEGER = "9" * 5000  # past Python's 4300-digit parse limit
 
 
 class _RawNumber(str):
-    """A JSON number token Python's json writes bare (NaN, Infinity)."""
+    """A JSON number token Python's json writes bare (NaN, Infinity, a 5,000-digit integer)."""
+
+
+_SCALARS = (
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.integers(-2, 200)
+    | st.sampled_from([0.0, -0.0, 1e-300, 1e300, 0.5, -1.5, 1e-5, 2.0, 1.0, 100.0])
+    | st.text(max_size=8) | st.sampled_from(["user", "text", "function", "json_object",
+                                             "json_schema", "auto", "none", "required"]))
+_RARE_NUMBERS = st.sampled_from(["NaN", "Infinity", "-Infinity", _HUGE_INTEGER,
+                                 "-" + _HUGE_INTEGER, "1e400"]).map(lambda s: _RawNumber(s))
+_JSON_VALUES = st.recursive(
+    st.one_of(_SCALARS, _SCALARS, _SCALARS, _RARE_NUMBERS),
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(st.text(max_size=4) | st.sampled_from(
+        ["role", "content", "type", "text", "name", "schema", "json_schema", "function",
+         "include_usage", "parameters", "json", "regex", "choice"]), children, max_size=3),
+    max_leaves=6)
+
+
+def _field_names(model) -> list[str]:
+    """Every field a request model accepts, as the client spells it (aliases)."""
+    return sorted({field.alias or name for name, field in model.model_fields.items()})
+
+
+_SIMPLE_TYPES = (int, float, bool, str, list, dict, type(None), typing.Literal)
+#: valid values of the fields whose type is a model of its own, to reach past validation
+_EXAMPLES = {
+    "model": ["smollm2-135m-instruct"],
+    "response_format": [{"type": "json_object"}, {"type": "text"}, {"type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
+            "a": {"type": "integer"}}, "required": ["a"]}}}],
+    "structured_outputs": [{"regex": "[ab]{1,3}"}, {"choice": ["yes", "no"]}],
+    "guided_json": [{"type": "array", "items": {"type": "number"}, "maxItems": 2}],
+    "stream_options": [{"include_usage": True}],
+    "tools": [[{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string"}}}}}]],
+    "tool_choice": [{"type": "function", "function": {"name": "f"}}],
+    "messages": [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]],
+}
+
+
+def _typed_values(annotation):
+    """Values of a field's own type (st.from_type: unbounded integers, NaN and infinite
+    floats...) when it is built of plain types; else the field's valid examples."""
+    if _typed_ok(annotation):
+        return st.from_type(annotation)
+    return st.nothing()
+
+
+def _typed_ok(annotation) -> bool:
+    if annotation is typing.Any:
+        return False
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation) or annotation
+    if origin is typing.Literal:
+        return True
+    return origin in _SIMPLE_TYPES and all(_typed_ok(a) for a in args) or (
+        origin in (typing.Union, types.UnionType) and all(_typed_ok(a) for a in args))
+
+
+def _field_values(model) -> dict[str, st.SearchStrategy]:
+    """Every field a request model accepts, as the client spells it (aliases), with what
+    to send in it: any JSON value, a value of its type, or a valid example."""
+    return {field.alias or name: st.one_of(_JSON_VALUES, _typed_values(field.annotation),
+                                           st.sampled_from(_EXAMPLES.get(name, [None])))
+            for name, field in model.model_fields.items()}
+
+
+#: route -> (a valid body, the fields of its request model)
+_ROUTES = {
+    "/v1/completions": ({"prompt": "Hi", "max_tokens": 2}, _field_values(CompletionRequest)),
+    "/v1/chat/completions": ({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+                             _field_values(ChatCompletionRequest)),
+    "/tokenize": ({"prompt": "Hi"}, _field_values(TokenizeRequest)),
+    "/detokenize": ({"tokens": [1, 2]}, _field_values(DetokenizeRequest)),
+}
+
+
+@st.composite
+def _request_bodies(draw):
+    path = draw(st.sampled_from(sorted(_ROUTES)))
+    base, fields = _ROUTES[path]
+    names = draw(st.lists(st.sampled_from([*fields, "not_a_field"]), max_size=4, unique=True))
+    changed = {name: draw(fields.get(name, _JSON_VALUES)) for name in names}
+    return path, {**base, **changed}
 
 
 def _dump(value) -> str:
@@ -214,12 +295,42 @@ def _dump(value) -> str:
     return json.dumps(value)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+def assert_names_a_sent_field(response, body: dict) -> None:
+    """A 400 to a well-formed JSON body names the field it refuses (``param``), a field the
+    body holds, and says its name in the message."""
+    error = error_of(response)
+    assert error["param"], (body, error)
+    root = error["param"].split(".")[0]
+    assert root in body, (body, error)
+    assert root in error["message"], (body, error)
+
+
+def test_a_5000_digit_integer_is_400_naming_the_field_and_the_limit(server):
+    for path, body in [("/v1/completions", {"prompt": "Hi", "max_tokens": _RawNumber(_HUGE_INTEGER)}),
+                       ("/v1/completions", {"prompt": [1, _RawNumber(_HUGE_INTEGER)]}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                 "seed": _RawNumber("-" + _HUGE_INTEGER)})]:
+        response = post(server, path, _dump(body))
+        assert response.status_code == 400, response.text
+        error = error_of(response)
+        field = next(k for k, v in body.items() if _HUGE_INTEGER in _dump(v))
+        assert error["param"].split(".")[0] == field, error
+        assert "5000 digits" in error["message"] and "at most 4300 digits" in error["message"]
+    not_utf8 = post(server, "/v1/completions", b'{"prompt": "\xff", "max_tokens": 1}')
+    assert not_utf8.status_code == 400 and "UTF-8" in error_of(not_utf8)["message"], not_utf8.text
+    deep = post(server, "/v1/completions", '{"prompt": "Hi", "stop": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert deep.status_code == 400 and "deeply" in error_of(deep)["message"], deep.text
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
-@given(st.sampled_from(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]),
-       st.dictionaries(st.sampled_from(_FIELDS), _JSON_VALUES, max_size=5))
-def test_no_request_body_gets_a_5xx(server, path, fields):
-    body = {"prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
-            "tokens": [1, 2], **fields}
+@given(_request_bodies())
+def test_no_request_body_gets_a_5xx_or_an_unnamed_400(server, request_body):
+    """Every field of completions, chat completions and (de)tokenize (read from the request
+    models, so a new field is fuzzed too) with values of every JSON type, huge integers
+    among them: never a 5xx, and every 400 names a field the body holds."""
+    path, body = request_body
     response = post(server, path, _dump(body), timeout=120)
     assert response.status_code < 500, (path, _dump(body), response.text)
+    if response.status_code == 400:
+        assert_names_a_sent_field(response, body)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from inferpath.config import EngineConfig
 from inferpath.engine.llm_engine import LLMEngine
@@ -51,7 +52,7 @@ class LLM:
              params: SamplingParams | None = None) -> list[RequestOutput]:
         """One conversation (a list of messages) or several; the chat template is applied
         and the assistant's turn is prompted."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        conversations = _conversations(messages)
         prompts = [self.tokenizer.encode_chat(conv) for conv in conversations]
         return self._run_all(prompts, params)
 
@@ -97,3 +98,22 @@ class LLM:
                 if output.finished:
                     finals[output.request_id] = output
         return [finals[request_id] for request_id in ids]
+
+
+def _conversations(messages: Any) -> list[list[Message]]:
+    """``messages`` as a list of conversations: one (a list of message dicts) or several (a
+    list of such lists); ValueError saying which shape was expected otherwise."""
+    from inferpath.tokenizer.chat import check_messages
+
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError("LLM.chat takes a conversation (a non-empty list of message dicts "
+                         "with 'role' and 'content') or a list of them, got "
+                         f"{type(messages).__name__} {messages!r:.60}")
+    if not isinstance(messages[0], (dict, list, tuple)):
+        raise ValueError(f"messages[0] must be a dict (a message) or a list (a conversation), "
+                         f"got {type(messages[0]).__name__} {messages[0]!r:.60}")
+    conversations = [messages] if isinstance(messages[0], dict) else list(messages)
+    for conversation in conversations:
+        check_messages(conversation)
+    return conversations
+

@@ -136,7 +136,8 @@ def build_app(async_engine: Any, api_key: str | None = None,
         vocab_size = context.tokenizer.vocab_size
         bad = [t for t in body.tokens if not 0 <= t < vocab_size]
         if bad:
-            raise APIError(400, f"token id {bad[0]} is out of range [0, {vocab_size})",
+            raise APIError(400, f"tokens holds token id {bad[0]}, out of the vocabulary's "
+                           f"range [0, {vocab_size})",
                            param="tokens")
         return {"prompt": context.tokenizer.decode(body.tokens)}
 

@@ -8,6 +8,8 @@ official ``openai`` client raises ``BadRequestError`` as it would against OpenAI
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
@@ -53,6 +55,60 @@ def error_response(status: int, message: str, param: str | None = None,
     return JSONResponse(error_body(status, message, param, code), status_code=status)
 
 
+#: Python refuses to parse integers longer than this (``sys.get_int_max_str_digits``: a
+#: quadratic conversion); every integer field of the API fits in 64 bits (19 digits).
+MAX_INTEGER_DIGITS = sys.get_int_max_str_digits() or 4300
+_BODY_PARSE_FAILED = "There was an error parsing the body"
+
+
+class _HugeInteger:
+    """An integer literal longer than ``MAX_INTEGER_DIGITS``, kept as its digit count."""
+
+    def __init__(self, num_digits: int) -> None:
+        self.num_digits = num_digits
+
+
+def _parse_int(literal: str) -> int | _HugeInteger:
+    num_digits = len(literal.lstrip("-"))
+    return _HugeInteger(num_digits) if num_digits > MAX_INTEGER_DIGITS else int(literal)
+
+
+def _find_huge_integer(value: Any, path: tuple[str, ...] = ()) -> tuple[str, _HugeInteger] | None:
+    """The dotted path (``messages.0.content``, as validation errors name fields) of the
+    first huge integer in ``value``, depth first."""
+    if isinstance(value, _HugeInteger):
+        return ".".join(path), value
+    children = (value.items() if isinstance(value, dict)
+                else enumerate(value) if isinstance(value, list) else ())
+    for key, child in children:
+        found = _find_huge_integer(child, (*path, str(key)))
+        if found is not None:
+            return found
+    return None
+
+
+def describe_unparseable_body(body: bytes) -> tuple[str, str | None]:
+    """Why a body FastAPI could not parse (it says only "error parsing the body") was
+    refused, and the field it concerns: an integer beyond Python's digit limit, bytes that
+    are not UTF-8, nesting deeper than the parser's recursion limit."""
+    try:
+        parsed = json.loads(body, parse_int=_parse_int)
+    except UnicodeDecodeError as exc:
+        return f"the body is not UTF-8: byte {exc.start} is {body[exc.start:exc.start + 1]!r}", None
+    except RecursionError:
+        return "the body nests arrays or objects too deeply to parse (at most a few hundred levels)", None
+    except ValueError as exc:
+        return f"malformed JSON body: {exc}", None
+    found = _find_huge_integer(parsed)
+    if found is None:
+        return "the body could not be parsed as JSON", None
+    path, huge = found
+    name = path or "the body"
+    return (f"{name} is an integer of {huge.num_digits} digits; a request's integers may "
+            f"have at most {MAX_INTEGER_DIGITS} digits, and every integer field of this API "
+            "fits in 64 bits (at most 19 digits)", path or None)
+
+
 def _validation_error_response(exc: RequestValidationError) -> JSONResponse:
     """The first validation error as a 400: the field's dotted path and what was wrong."""
     errors = exc.errors()
@@ -83,7 +139,10 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None]) -> Non
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
         on_error(exc.status)
-        return error_response(exc.status, exc.message, exc.param, exc.code)
+        message = exc.message
+        if exc.param and exc.param.split(".")[0] not in message:  # every 400 names its field
+            message = f"{exc.param}: {message}"
+        return error_response(exc.status, message, exc.param, exc.code)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -94,9 +153,13 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None]) -> Non
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         on_error(exc.status_code)
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        param = None
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}"
-        return error_response(exc.status_code, message)
+        elif exc.status_code == 400 and message == _BODY_PARSE_FAILED:
+            # NOTE: the route read the body into this same Request object (cached)
+            message, param = describe_unparseable_body(await request.body())
+        return error_response(exc.status_code, message, param)
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:

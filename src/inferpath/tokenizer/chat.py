@@ -30,6 +30,7 @@ from inferpath.tokenizer.template_limits import (
     MAX_RENDERED_CHARS,
     BoundedEnvironment,
     ChatTemplateError,
+    bounded_globals,
     bounded_iterable,
     checked_filter,
     start_render,
@@ -85,6 +86,7 @@ def compile_template(source: str) -> jinja2.Template:
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.globals["__bounded"] = bounded_iterable
+    env.globals.update(bounded_globals())
     if not isinstance(source, str):
         raise ChatTemplateError(f"chat template is a {type(source).__name__}, not a string")
     try:
@@ -95,6 +97,34 @@ def compile_template(source: str) -> jinja2.Template:
         ) from None
     except RecursionError:
         raise ChatTemplateError("chat template is nested too deeply to compile") from None
+
+
+def check_messages(messages: Any, tools: Any = None) -> None:
+    """ValueError naming what is wrong unless ``messages`` is a list of dicts, each with a
+    string ``role`` and a ``content`` that is a string, a list of parts or None, and
+    ``tools`` is None or a list of dicts (what every chat template expects)."""
+    def shown(value: Any) -> str:
+        text = repr(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    if not isinstance(messages, (list, tuple)):
+        raise ValueError(f"messages must be a list of dicts with 'role' and 'content', got a "
+                         f"{type(messages).__name__}: {shown(messages)}")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got a "
+                             f"{type(message).__name__}: {shown(message)}")
+        if not isinstance(message.get("role"), str):
+            raise ValueError(f"messages[{i}]['role'] must be a string such as 'user', got "
+                             f"{shown(message.get('role'))}")
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise ValueError(f"messages[{i}]['content'] must be a string, a list of parts or "
+                             f"None, got a {type(content).__name__}: {shown(content)}")
+    if tools is not None and (not isinstance(tools, (list, tuple))
+                              or not all(isinstance(t, dict) for t in tools)):
+        raise ValueError(f"tools must be a list of dicts (OpenAI's tool objects), got "
+                         f"{shown(tools)}")
 
 
 def _strings_in(value: Any) -> list[str]:
@@ -138,12 +168,7 @@ class ChatRenderer:
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
                tools: list[dict] | None = None) -> str:
-        if not isinstance(messages, (list, tuple)) or not all(
-            isinstance(m, dict) for m in messages
-        ):
-            raise ValueError(
-                f"messages must be a list of dicts with 'role' and 'content', got {messages!r}"
-            )
+        check_messages(messages, tools)
         start_render()
         chunks: list[str] = []
         num_chars = 0
@@ -181,6 +206,7 @@ class ChatRenderer:
     ) -> tuple[str, list[tuple[int, int]]]:
         """The rendered text and the sorted ``(start, end)`` spans of added-token strings that
         came from the messages (not from the template)."""
+        check_messages(messages, tools)
         strings = _strings_in(list(messages)) + _strings_in(tools or [])
         if added_re is None or not any(added_re.search(s) for s in strings):
             return self.render(messages, add_generation_prompt, tools), []

@@ -105,10 +105,12 @@ def load_gguf(path: str | Path) -> Tokenizer:
     """A Tokenizer from GGUF metadata (``tokenizer.ggml.model`` must be ``gpt2``), read
     through the file's index: checked, cached, and shared with the weights' loader."""
     from inferpath.weights.gguf_index import read_gguf_index
+    from inferpath.weights.gguf_keys import check_metadata_types
 
     path = Path(path)
     index = read_gguf_index(path)
     metadata = index.metadata
+    check_metadata_types(metadata, path)  # every key read below has the type it needs
     model = _require(metadata, "tokenizer.ggml.model", path)
     if model == "llama":
         return _load_gguf_sentencepiece(metadata, path)

@@ -6,7 +6,10 @@ building a gigabyte string. ``BoundedEnvironment`` adds: every ``for`` loop is w
 ``MAX_LOOP_ITERATIONS``; ``*``, ``+`` and ``%`` may build strings and lists of at most
 ``MAX_VALUE_LENGTH``, powers are small, calls and filters take no size beyond
 ``MAX_VALUE_LENGTH`` ("a".ljust(10**9)), format widths are checked before formatting;
-``include``, ``import`` and ``extends`` are refused (there are no other files). The
+``include``, ``import`` and ``extends`` are refused (there are no other files). Jinja's
+globals that make work from a number (``range``, ``lipsum``) charge it to the same budget
+as loops (``bounded_globals``); ``cycler``, ``joiner``, ``namespace`` and ``dict`` make
+one small object per call, and every call is already checked for huge sizes. The
 renderer caps its output at ``MAX_RENDERED_CHARS`` and calls ``start_render`` first.
 Every failure is a ``ChatTemplateError`` naming the rule and the limit.
 """
@@ -20,7 +23,7 @@ from typing import Any
 
 import jinja2
 import jinja2.nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 #: Loop iterations one render may run, over all its loops (a chat of 1,000 messages
 #: iterated a few times stays far below).
@@ -45,14 +48,47 @@ def start_render() -> None:
     _render_state.num_iterations = 0
 
 
+def charge_iterations(num_iterations: int, what: str = "loop iterations") -> None:
+    """Count ``num_iterations`` units of work against this render's budget."""
+    _render_state.num_iterations = getattr(_render_state, "num_iterations", 0) + num_iterations
+    if _render_state.num_iterations > MAX_LOOP_ITERATIONS:
+        raise ChatTemplateError(f"the chat template ran more than {MAX_LOOP_ITERATIONS} "
+                                f"loop iterations (counting {what}); it is refused as unbounded")
+
+
 def bounded_iterable(iterable):
     """Wraps the iterable of every ``for``: counts iterations against the render's budget."""
     for item in iterable:
-        _render_state.num_iterations += 1
-        if _render_state.num_iterations > MAX_LOOP_ITERATIONS:
-            raise ChatTemplateError(f"the chat template ran more than {MAX_LOOP_ITERATIONS} "
-                                    "loop iterations; it is refused as unbounded")
+        charge_iterations(1)
         yield item
+
+
+def _bounded_range(*args):
+    """The sandbox's ``range``, its length charged to the budget when it is made (a
+    ``range(n)|list`` or ``|join`` builds n items without a ``for``)."""
+    if not all(isinstance(a, int) for a in args):
+        raise ChatTemplateError(f"chat template calls range{args!r}; range takes integers")
+    made = safe_range(*args)  # the sandbox's own: at most MAX_RANGE items
+    charge_iterations(len(made), f"{len(made)} items of range{args!r}")
+    return made
+
+
+def _bounded_lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:
+    """Jinja's ``lipsum``, its words (n paragraphs of up to ``max`` words) charged to the
+    budget before any is made."""
+    from jinja2.utils import generate_lorem_ipsum
+
+    for name, value in (("n", n), ("min", min), ("max", max)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ChatTemplateError(f"chat template calls lipsum with {name}={value!r}; "
+                                    "it takes counts (integers >= 0)")
+    charge_iterations(n * (max if max > min else min), f"lipsum({n}) words")
+    return generate_lorem_ipsum(n, html, min, max)
+
+
+def bounded_globals() -> dict[str, Any]:
+    """The template globals that make work from a number, bounded (see the module doc)."""
+    return {"range": _bounded_range, "lipsum": _bounded_lipsum}
 
 
 class BoundedEnvironment(ImmutableSandboxedEnvironment):
