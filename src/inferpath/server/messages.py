@@ -71,7 +71,10 @@ async def _answer(request: Request, context: ServingContext, check_api_key: Call
         return await handler(body, request, context)
     except APIError as exc:
         context.metrics.record_error(exc.status)
-        return JSONResponse(anthropic_error_body(exc.status, exc.message), status_code=exc.status)
+        message = exc.message  # Anthropic's shape has no param field: the message names it
+        if exc.param and exc.param not in message:
+            message = f"{exc.param}: {message}"
+        return JSONResponse(anthropic_error_body(exc.status, message), status_code=exc.status)
 
 
 def _translate(body: MessagesRequest, context: ServingContext) -> tuple[list[dict[str, Any]], Any, list[str]]:
