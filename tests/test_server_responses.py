@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import httpx
 import jsonschema
 import openai
 import pydantic
@@ -242,3 +243,18 @@ def test_unimplemented_fields_are_400_naming_them(oai, extra, param):
         oai.post("/responses", body=body, cast_to=object)
     assert caught.value.body["param"] == param, caught.value.body
     assert oai.responses.create(model=MODEL, input="Hi", max_output_tokens=1).status  # still serving
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 4, "temperature": 0}),
+    ("/v1/messages", {"model": MODEL, "max_tokens": 4, "temperature": 0,
+                      "messages": [{"role": "user", "content": "Hi"}]}),
+], ids=["responses", "messages"])
+def test_responses_and_messages_are_traced_by_the_glass_box(server, path, body):
+    reply = httpx.post(server.url + path, json=body, headers={"X-Inferpath-Trace": "1"}, timeout=120)
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    trace = httpx.get(f"{server.url}/v1/trace/{answer['id']}", timeout=60)
+    assert trace.status_code == 200, trace.text
+    num_tokens = answer["usage"]["output_tokens"]
+    assert sum(1 for step in trace.json()["steps"] if step["token"]) == num_tokens

@@ -17,7 +17,8 @@ Fields:
 - anything else is a 400 naming it (unknown fields, block types, server tools).
 
 A user message's ``tool_result`` blocks become chat ``tool`` messages (in order, before
-the message's text); an assistant's ``tool_use`` blocks become its ``tool_calls``.
+the message's text; ``is_error`` as the prefix ``Error: ``, since chat templates have no
+error flag); an assistant's ``tool_use`` blocks become its ``tool_calls``.
 """
 
 from __future__ import annotations
@@ -172,6 +173,8 @@ class MessagesRequest(BaseModel):
                     content = block.get("content")
                     if not isinstance(content, str):
                         content = _text_blocks(content or [], f"{where}[{j}].content", notes)
+                    if block.get("is_error"):  # templates have no error flag: say it in words
+                        content = f"Error: {content}"
                     results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                                     "content": content})
                 elif kind in ("tool_use", "tool_result"):
