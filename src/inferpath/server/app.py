@@ -5,6 +5,9 @@ lifespan starts the engine's background loop and shuts it down. Routes:
 
 - ``GET /v1/models``, ``GET /v1/models/{id}``
 - ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE when ``stream``)
+- ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``,
+  ``GET /v1/responses/{id}/input_items`` (OpenAI's Responses API: responses.py)
+- ``POST /v1/messages``, ``POST /v1/messages/count_tokens`` (Anthropic: messages.py)
 - ``POST /tokenize``, ``POST /detokenize``
 - ``GET /health`` (status and the engine's occupancy), ``GET /metrics`` (Prometheus),
   ``GET /version``
@@ -14,7 +17,7 @@ CORS is off unless ``allowed_origins`` lists the origins a browser may call from
 (``["*"]`` for any).
 
 With an ``api_key``, the ``/v1`` routes and (de)tokenize need ``Authorization: Bearer
-KEY`` (compared as bytes, in constant time; a key that is not ASCII works when sent as
+KEY`` or ``x-api-key: KEY`` (Anthropic's header) (compared as bytes, in constant time; a key that is not ASCII works when sent as
 UTF-8). ``/health`` and ``/metrics`` stay open for probes and scrapers, and so do
 ``/docs`` and ``/openapi.json``, as in vLLM: they describe the API and hold no data.
 ``max_n`` caps ``n`` (choices per request; OpenAI's 128 by default).
@@ -36,6 +39,7 @@ from inferpath.server.chat import create_chat_completion, encode_messages
 from inferpath.server.completions import create_completion
 from inferpath.server.engine_client import DEFAULT_MAX_N, ServingContext, encode_prompt
 from inferpath.server.errors import APIError, install_error_handlers
+from inferpath.server.messages import install_messages_routes
 from inferpath.server.metrics import ServerMetrics
 from inferpath.server.protocol import (
     ChatCompletionRequest,
@@ -45,14 +49,24 @@ from inferpath.server.protocol import (
     TokenizeRequest,
     messages_as_dicts,
 )
+from inferpath.server.response_store import ResponseStore
+from inferpath.server.responses import (
+    create_response,
+    delete_response,
+    get_response,
+    list_input_items,
+)
+from inferpath.server.responses_protocol import ResponsesRequest
 from inferpath.server.trace_routes import install_trace_routes
 
 
 def build_app(async_engine: Any, api_key: str | None = None,
               served_model_name: str | list[str] | None = None, max_n: int = DEFAULT_MAX_N,
-              allowed_origins: list[str] | None = None) -> FastAPI:
+              allowed_origins: list[str] | None = None,
+              response_store: ResponseStore | None = None) -> FastAPI:
     """An app serving ``async_engine`` (an ``inferpath.engine.AsyncEngine``) as
-    ``served_model_name`` (default: the engine's model name)."""
+    ``served_model_name`` (default: the engine's model name); stored Responses live in
+    ``response_store`` (default: a ResponseStore with its default bounds)."""
     engine = async_engine.engine
     # several names (vLLM's --served-model-name A B): the first is reported, all accepted
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or ())
@@ -83,8 +97,9 @@ def build_app(async_engine: Any, api_key: str | None = None,
     app.state.context = context
     if allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins),
-                           allow_methods=["GET", "POST", "OPTIONS"],
-                           allow_headers=["Authorization", "Content-Type"])
+                           allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+                           allow_headers=["Authorization", "Content-Type", "x-api-key",
+                                          "anthropic-version"])
     install_error_handlers(app, metrics.record_error)
 
     expected_key = api_key.encode("utf-8") if api_key is not None else b""
@@ -95,9 +110,12 @@ def build_app(async_engine: Any, api_key: str | None = None,
         # the raw header bytes: Starlette decodes headers as latin-1, which is lossless
         header = request.headers.get("authorization", "").encode("latin-1")
         scheme, _, token = header.partition(b" ")
-        if not header:
-            raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'",
-                           code="invalid_api_key")
+        anthropic_key = request.headers.get("x-api-key")
+        if anthropic_key is not None and not header:  # Anthropic's clients send this one
+            scheme, token = b"bearer", anthropic_key.encode("latin-1")
+        elif not header:
+            raise APIError(401, "missing API key: send 'Authorization: Bearer <key>' (or "
+                           "'x-api-key: <key>')", code="invalid_api_key")
         if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), expected_key):
             raise APIError(401, "incorrect API key", code="invalid_api_key")
 
@@ -124,6 +142,26 @@ def build_app(async_engine: Any, api_key: str | None = None,
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await create_chat_completion(body, request, context)
 
+    store = response_store if response_store is not None else ResponseStore()
+    app.state.response_store = store
+
+    @api.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        return await create_response(body, request, context, store)
+
+    @api.get("/v1/responses/{response_id}")
+    async def retrieve_response(response_id: str) -> dict[str, Any]:
+        return get_response(store, response_id)
+
+    @api.delete("/v1/responses/{response_id}")
+    async def remove_response(response_id: str) -> dict[str, Any]:
+        return delete_response(store, response_id)
+
+    @api.get("/v1/responses/{response_id}/input_items")
+    async def response_input_items(response_id: str, limit: int = 20, order: str = "desc",
+                                   after: str | None = None) -> dict[str, Any]:
+        return list_input_items(store, response_id, limit, order, after)
+
     @api.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         context.check_model(body.model)
@@ -142,6 +180,7 @@ def build_app(async_engine: Any, api_key: str | None = None,
         return {"prompt": context.tokenizer.decode(body.tokens)}
 
     app.include_router(api)
+    install_messages_routes(app, context, check_api_key)  # Anthropic's errors, not OpenAI's
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

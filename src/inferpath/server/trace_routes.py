@@ -2,7 +2,8 @@
 
 - ``GET /`` and ``GET /glassbox/*``: the page (server/static/, shipped in the package, no
   build step).
-- A completion (``POST /v1/chat/completions`` or ``/v1/completions``) sent with the header
+- A completion (``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` or
+  ``/v1/messages``) sent with the header
   ``X-Inferpath-Trace: 1`` is traced: the engine's StepTracer is held (engine/trace.py)
   from before the request is submitted until its response has been sent, so every step
   it takes part in is recorded. The response itself is the plain OpenAI one; a client
@@ -31,7 +32,7 @@ from inferpath.server.errors import APIError
 
 STATIC_DIR = Path(__file__).with_name("static")
 TRACE_HEADER = b"x-inferpath-trace"
-_TRACED_PATHS = ("/v1/chat/completions", "/v1/completions")
+_TRACED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 
 
 class TraceOnHeader:
@@ -100,7 +101,10 @@ def install_trace_routes(app: FastAPI, async_engine: Any, api_key: str | None = 
                 preset = get_hardware(hardware_name)
             except ValueError as exc:
                 raise APIError(400, str(exc), param="hardware", code="unknown_hardware") from None
-        for request_id in (response_id, f"{response_id}-0"):
+        # resp_... and msg_... (Responses, Messages) are the engine's resp-... and msg-...
+        engine_id = response_id.replace("_", "-", 1) if response_id.startswith(("resp_", "msg_")) \
+            else response_id
+        for request_id in (engine_id, f"{engine_id}-0"):
             if tracer.steps_of(request_id):
                 spec = preset or await hardware()
                 trace = request_trace(tracer, request_id, engine, spec)
