@@ -151,7 +151,7 @@ FOR_EACH_FORMAT(ROWS_OF)
 static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
     switch (qtype) {
 #define FORMAT_CASE(NAME, TYPE, BLOCK, BYTES, OFFSET, IS_SIGNED, TWO_SCALES) \
-        case TYPE: *block = BLOCK; *bytes = BYTES; *fn = kquant_rows(TYPE) ? kquant_rows(TYPE) : NAME##_rows; return 1;
+        case TYPE: *block = BLOCK; *bytes = BYTES; *fn = eight_block_rows(TYPE) ? eight_block_rows(TYPE) : NAME##_rows; return 1;
         FOR_EACH_FORMAT(FORMAT_CASE)
         default: return 0;
     }
