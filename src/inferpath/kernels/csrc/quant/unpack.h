@@ -6,6 +6,8 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "activations.h"
+
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define VNNI 1
 #else
@@ -61,6 +63,37 @@ static inline __m256i q6_k_vec(const uint8_t *row, int64_t b) {
     __m256i h = _mm256_loadu_si256((const __m256i *)(sb + 128 + 32 * n));
     h = _mm256_and_si256(_mm256_srli_epi16(h, 2 * i), _mm256_set1_epi8(3));
     return _mm256_or_si256(l, _mm256_slli_epi16(h, 4));
+}
+
+/* Eight int32 sums of four w * x products each, x carried as (q << RESIDUAL_SHIFT) + r:
+ * lanes 0-3 are values 0-15. w is unsigned (at most 6 bits; 8 with VNNI, whose products
+ * are summed in int32), or signed (Q8_0 without VNNI: |w| against x carrying w's sign, so
+ * that pairs stay <= 2 * 127 * 127 < 32768 in maddubs' int16). */
+static inline __m256i int_dot(__m256i w, __m256i xq, __m256i xr, int is_signed) {
+#if VNNI
+    (void)is_signed;  /* VNNI's Q8_0 weights arrive offset to unsigned (xor 0x80 by the caller) */
+    __m256i sum = _mm256_slli_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, xq), RESIDUAL_SHIFT);
+    return _mm256_dpbusd_epi32(sum, w, xr);
+#else
+    __m256i pq, pr;
+    if (is_signed) {
+        __m256i a = _mm256_abs_epi8(w);
+        pq = _mm256_maddubs_epi16(a, _mm256_sign_epi8(xq, w));
+        pr = _mm256_maddubs_epi16(a, _mm256_sign_epi8(xr, w));
+    } else {
+        pq = _mm256_maddubs_epi16(w, xq);
+        pr = _mm256_maddubs_epi16(w, xr);
+    }
+    return _mm256_add_epi32(_mm256_madd_epi16(pq, _mm256_set1_epi16(1 << RESIDUAL_SHIFT)),
+                            _mm256_madd_epi16(pr, _mm256_set1_epi16(1)));
+#endif
+}
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
 }
 
 #endif
