@@ -76,6 +76,13 @@ CASES = {
         transformers.Glm4MoeConfig, head_dim=32, moe_intermediate_size=32, n_routed_experts=4,
         num_experts_per_tok=2, n_shared_experts=2, use_qk_norm=True, attention_bias=True, norm_topk_prob=False,
         first_k_dense_replace=0, tie_word_embeddings=True),
+    # sinks, sliding and full layers alternating (window 5 < the prompts), biases everywhere,
+    # top-2 of 4 experts with the clamped SwiGLU (a limit low enough to clamp), YaRN (its default)
+    "gpt-oss": lambda: _config(transformers.GptOssConfig, num_hidden_layers=3, head_dim=16, intermediate_size=32,
+                               num_local_experts=4, num_experts_per_tok=2, sliding_window=5, swiglu_limit=0.5),
+    "gpt-oss-tied-top3": lambda: _config(transformers.GptOssConfig, head_dim=16, intermediate_size=32,
+                                         num_local_experts=6, num_experts_per_tok=3, sliding_window=6,
+                                         tie_word_embeddings=True),
 }
 
 
@@ -88,7 +95,7 @@ def save_random_model(config: transformers.PreTrainedConfig, directory: Path) ->
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.add_(0.1 * torch.randn_like(p))
-            elif name.endswith((".bias", "e_score_correction_bias")):
+            elif name.endswith((".bias", "_bias", ".sinks")):
                 p.normal_(0.0, 0.1)
     model.save_pretrained(directory)
     return directory

@@ -103,6 +103,10 @@ FAMILIES: dict[str, Family] = {f.architecture: f for f in (
                                   "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace",
                                   "norm_topk_prob", "use_qk_norm", "num_nextn_predict_layers"}),
            routed_moe=True, extra_layers_ignored=True),
+    # gpt-oss (float and bf16 weights): attention sinks, sliding and full layers alternating,
+    # biases on Q/K/V/O and the router, top-k softmax routing, the clamped SwiGLU, YaRN
+    Family("gpt_oss", frozenset({"attention_bias", "layer_types", "sliding_window", "num_local_experts",
+                                 "num_experts_per_tok", "swiglu_alpha", "swiglu_limit"}), routed_moe=True),
 )}
 
 
@@ -145,7 +149,8 @@ NATIVE_DECODE_FIELDS: dict[str, Callable[[Any, Any], bool]] = {
     "num_experts": _equals(0),
     **dict.fromkeys(("num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
                      "shared_expert_intermediate_size", "dense_layers", "moe_router", "num_expert_groups",
-                     "num_topk_groups", "routed_scaling_factor"), _any),
+                     "num_topk_groups", "routed_scaling_factor", "swiglu_limit", "swiglu_alpha"), _any),
+    "attention_sinks": _equals(False),
     # the native RoPE turns whole heads
     "rotary_dim": lambda value, config: value in (0, config.head_dim),
     "qk_norm": _equals(""), "norm_weight_offset": _equals(0.0), "sandwich_norms": _equals(False),
