@@ -142,14 +142,25 @@ def batched_logits(model, prompts: list[list[int]], tokens: list[list[int]]) -> 
     return [torch.stack(r) for r in rows]
 
 
-def max_differences(case: str, directory: Path, cpu_kernels: bool) -> tuple[float, float]:
-    """(max relative, max absolute) logit difference of the case over every compared row."""
+def max_differences(case: str, directory: Path, cpu_kernels: bool, native_calls: list | None = None
+                    ) -> tuple[float, float]:
+    """(max relative, max absolute) logit difference of the case over every compared row;
+    ``native_calls`` collects, per step, whether the native decode call ran it."""
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 256, (n,), generator=gen).tolist() for n in (11, 7, 4)]
     ref = reference(directory, prompts, NUM_DECODE_STEPS)
     checkpoint = load_checkpoint(directory)
     engine_config = EngineConfig(dtype="float32", cpu_kernels=cpu_kernels, threads=1)
     model = build_for_engine(checkpoint, torch.float32, engine_config).eval()
+    if native_calls is not None:
+        stack = model.model
+        original = stack._decode_natively
+
+        def counting(*args):
+            hidden = original(*args)
+            native_calls.append(hidden is not None)
+            return hidden
+        stack._decode_natively = counting
     ours = batched_logits(model, prompts, [tokens for tokens, _ in ref])
     rel = max(rel_err(o, r) for o, (_, r) in zip(ours, ref))
     absolute = max((o - r).abs().max().item() for o, (_, r) in zip(ours, ref))
@@ -179,9 +190,27 @@ def test_family_directory_matches_transformers_batched(case, cpu_kernels, saved)
     assert rel < TOLERANCE
 
 
-@pytest.mark.parametrize("case", list(CASES))
+NATIVE = [case for case in CASES if case.startswith("ernie4_5")]  # a Llama layer once loaded
+
+
+@pytest.mark.parametrize("case", [case for case in CASES if case not in NATIVE])
 def test_new_families_are_refused_by_the_native_decode_step(case, saved):
-    """Their layers (QK-norm, experts, NoPE, multipliers, post-norms) are not what the
-    native step implements: the allow-list keeps them on the module path."""
+    """Their layers (QK-norm, experts, NoPE, multipliers, post-norms, sinks, partial
+    rotary) are not what the native step implements: the allow-list keeps them on the
+    module path."""
     config = ModelConfig.from_json_file(saved(case) / "config.json")
     assert native_decode_refusal(config) != ""
+
+
+@pytest.mark.parametrize("case", NATIVE)
+def test_a_family_on_the_native_list_decodes_natively_and_matches(case, saved):
+    """ERNIE 4.5 after its Q/K rows are reordered: the decode steps take the native call,
+    and the logits still match transformers."""
+    from inferpath.kernels import build
+
+    if build.native_decode_layers(torch.float32) is None:
+        pytest.skip(build.kernel_status())
+    torch.set_num_threads(1)
+    calls: list[bool] = []
+    rel, _ = max_differences(case, saved(case), True, calls)
+    assert sum(calls) >= NUM_DECODE_STEPS and rel < TOLERANCE

@@ -92,8 +92,9 @@ FAMILIES: dict[str, Family] = {f.architecture: f for f in (
                                  "residual_multiplier", "logits_scaling"})),
     # OLMo 2: norms after attention and after the MLP (none before), QK-norm over all heads
     Family("olmo2", frozenset({"attention_bias"})),
-    # ERNIE 4.5 (dense): use_bias on every projection, RoPE over adjacent pairs
-    Family("ernie4_5", frozenset({"use_bias"}), interleaved_rope=True),
+    # ERNIE 4.5 (dense): use_bias on every projection, RoPE over adjacent pairs; once its
+    # Q/K rows are reordered at load its layer is Llama's, which the native step runs
+    Family("ernie4_5", frozenset({"use_bias"}), interleaved_rope=True, native_decode=True),
     # GLM-4 MoE: partial rotary, sigmoid router with a correction bias over expert groups,
     # shared experts, dense first layers. Its checkpoints' multi-token-prediction layers
     # (num_nextn_predict_layers, past num_hidden_layers) serve speculative decoding only:
