@@ -76,6 +76,13 @@ CASES = {
         transformers.Glm4MoeConfig, head_dim=32, moe_intermediate_size=32, n_routed_experts=4,
         num_experts_per_tok=2, n_shared_experts=2, use_qk_norm=True, attention_bias=True, norm_topk_prob=False,
         first_k_dense_replace=0, tie_word_embeddings=True),
+    # sinks, sliding and full layers alternating (window 5 < the prompts), biases everywhere,
+    # top-2 of 4 experts with the clamped SwiGLU (a limit low enough to clamp), YaRN (its default)
+    "gpt-oss": lambda: _config(transformers.GptOssConfig, num_hidden_layers=3, head_dim=16, intermediate_size=32,
+                               num_local_experts=4, num_experts_per_tok=2, sliding_window=5, swiglu_limit=0.5),
+    "gpt-oss-tied-top3": lambda: _config(transformers.GptOssConfig, head_dim=16, intermediate_size=32,
+                                         num_local_experts=6, num_experts_per_tok=3, sliding_window=6,
+                                         tie_word_embeddings=True),
 }
 
 
@@ -88,7 +95,7 @@ def save_random_model(config: transformers.PreTrainedConfig, directory: Path) ->
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.add_(0.1 * torch.randn_like(p))
-            elif name.endswith((".bias", "e_score_correction_bias")):
+            elif name.endswith((".bias", "_bias", ".sinks")):
                 p.normal_(0.0, 0.1)
     model.save_pretrained(directory)
     return directory
@@ -135,14 +142,25 @@ def batched_logits(model, prompts: list[list[int]], tokens: list[list[int]]) -> 
     return [torch.stack(r) for r in rows]
 
 
-def max_differences(case: str, directory: Path, cpu_kernels: bool) -> tuple[float, float]:
-    """(max relative, max absolute) logit difference of the case over every compared row."""
+def max_differences(case: str, directory: Path, cpu_kernels: bool, native_calls: list | None = None
+                    ) -> tuple[float, float]:
+    """(max relative, max absolute) logit difference of the case over every compared row;
+    ``native_calls`` collects, per step, whether the native decode call ran it."""
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 256, (n,), generator=gen).tolist() for n in (11, 7, 4)]
     ref = reference(directory, prompts, NUM_DECODE_STEPS)
     checkpoint = load_checkpoint(directory)
     engine_config = EngineConfig(dtype="float32", cpu_kernels=cpu_kernels, threads=1)
     model = build_for_engine(checkpoint, torch.float32, engine_config).eval()
+    if native_calls is not None:
+        stack = model.model
+        original = stack._decode_natively
+
+        def counting(*args):
+            hidden = original(*args)
+            native_calls.append(hidden is not None)
+            return hidden
+        stack._decode_natively = counting
     ours = batched_logits(model, prompts, [tokens for tokens, _ in ref])
     rel = max(rel_err(o, r) for o, (_, r) in zip(ours, ref))
     absolute = max((o - r).abs().max().item() for o, (_, r) in zip(ours, ref))
@@ -172,9 +190,27 @@ def test_family_directory_matches_transformers_batched(case, cpu_kernels, saved)
     assert rel < TOLERANCE
 
 
-@pytest.mark.parametrize("case", list(CASES))
+NATIVE = [case for case in CASES if case.startswith("ernie4_5")]  # a Llama layer once loaded
+
+
+@pytest.mark.parametrize("case", [case for case in CASES if case not in NATIVE])
 def test_new_families_are_refused_by_the_native_decode_step(case, saved):
-    """Their layers (QK-norm, experts, NoPE, multipliers, post-norms) are not what the
-    native step implements: the allow-list keeps them on the module path."""
+    """Their layers (QK-norm, experts, NoPE, multipliers, post-norms, sinks, partial
+    rotary) are not what the native step implements: the allow-list keeps them on the
+    module path."""
     config = ModelConfig.from_json_file(saved(case) / "config.json")
     assert native_decode_refusal(config) != ""
+
+
+@pytest.mark.parametrize("case", NATIVE)
+def test_a_family_on_the_native_list_decodes_natively_and_matches(case, saved):
+    """ERNIE 4.5 after its Q/K rows are reordered: the decode steps take the native call,
+    and the logits still match transformers."""
+    from inferpath.kernels import build
+
+    if build.native_decode_layers(torch.float32) is None:
+        pytest.skip(build.kernel_status())
+    torch.set_num_threads(1)
+    calls: list[bool] = []
+    rel, _ = max_differences(case, saved(case), True, calls)
+    assert sum(calls) >= NUM_DECODE_STEPS and rel < TOLERANCE

@@ -103,6 +103,13 @@ class ModelConfig:
     num_expert_groups: int = 1
     num_topk_groups: int = 1
     routed_scaling_factor: float = 1.0
+    # gpt-oss: "topk_softmax" routing (a router with a bias; softmax over the top-k logits);
+    # experts stored fused with biases, gated by a clamped SwiGLU: gate clamped above and up
+    # both ways at swiglu_limit, (up + 1) * gate * sigmoid(swiglu_alpha * gate); a learned
+    # per-head sink logit in each attention softmax
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.0
+    attention_sinks: bool = False
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -130,8 +137,9 @@ class ModelConfig:
             raise ConfigError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
         if self.rotary_dim and (self.rotary_dim % 2 or self.rotary_dim > self.head_dim):
             raise ConfigError(f"rotary_dim ({self.rotary_dim}) must be even and at most head_dim ({self.head_dim})")
-        if self.moe_router not in ("softmax", "sigmoid_grouped"):
-            raise ConfigError(f"moe_router {self.moe_router!r} is not supported; supported: softmax, sigmoid_grouped")
+        if self.moe_router not in ("softmax", "sigmoid_grouped", "topk_softmax"):
+            raise ConfigError(f"moe_router {self.moe_router!r} is not supported; "
+                              "supported: softmax, sigmoid_grouped, topk_softmax")
         if self.num_experts and (self.num_experts % self.num_expert_groups
                                  or not 0 < self.num_topk_groups <= self.num_expert_groups):
             raise ConfigError(f"{self.num_experts} experts in {self.num_expert_groups} groups, the best "

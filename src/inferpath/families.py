@@ -92,8 +92,9 @@ FAMILIES: dict[str, Family] = {f.architecture: f for f in (
                                  "residual_multiplier", "logits_scaling"})),
     # OLMo 2: norms after attention and after the MLP (none before), QK-norm over all heads
     Family("olmo2", frozenset({"attention_bias"})),
-    # ERNIE 4.5 (dense): use_bias on every projection, RoPE over adjacent pairs
-    Family("ernie4_5", frozenset({"use_bias"}), interleaved_rope=True),
+    # ERNIE 4.5 (dense): use_bias on every projection, RoPE over adjacent pairs; once its
+    # Q/K rows are reordered at load its layer is Llama's, which the native step runs
+    Family("ernie4_5", frozenset({"use_bias"}), interleaved_rope=True, native_decode=True),
     # GLM-4 MoE: partial rotary, sigmoid router with a correction bias over expert groups,
     # shared experts, dense first layers. Its checkpoints' multi-token-prediction layers
     # (num_nextn_predict_layers, past num_hidden_layers) serve speculative decoding only:
@@ -103,6 +104,10 @@ FAMILIES: dict[str, Family] = {f.architecture: f for f in (
                                   "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace",
                                   "norm_topk_prob", "use_qk_norm", "num_nextn_predict_layers"}),
            routed_moe=True, extra_layers_ignored=True),
+    # gpt-oss (float and bf16 weights): attention sinks, sliding and full layers alternating,
+    # biases on Q/K/V/O and the router, top-k softmax routing, the clamped SwiGLU, YaRN
+    Family("gpt_oss", frozenset({"attention_bias", "layer_types", "sliding_window", "num_local_experts",
+                                 "num_experts_per_tok", "swiglu_alpha", "swiglu_limit"}), routed_moe=True),
 )}
 
 
@@ -145,7 +150,8 @@ NATIVE_DECODE_FIELDS: dict[str, Callable[[Any, Any], bool]] = {
     "num_experts": _equals(0),
     **dict.fromkeys(("num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
                      "shared_expert_intermediate_size", "dense_layers", "moe_router", "num_expert_groups",
-                     "num_topk_groups", "routed_scaling_factor"), _any),
+                     "num_topk_groups", "routed_scaling_factor", "swiglu_limit", "swiglu_alpha"), _any),
+    "attention_sinks": _equals(False),
     # the native RoPE turns whole heads
     "rotary_dim": lambda value, config: value in (0, config.head_dim),
     "qk_norm": _equals(""), "norm_weight_offset": _equals(0.0), "sandwich_norms": _equals(False),

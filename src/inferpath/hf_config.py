@@ -45,7 +45,7 @@ _MODEL_FIELDS = frozenset({
 })
 # families whose attention_bias puts a bias on o_proj too (Qwen2's family only on Q, K, V)
 _O_PROJ_BIASED = frozenset({"llama", "olmoe", "gemma2", "gemma3_text", "qwen3", "qwen3_moe", "smollm3", "granite",
-                            "olmo2"})
+                            "olmo2", "gpt_oss"})
 # RMSNorm on Q and K before RoPE: over all heads at once, or over each head
 _QK_NORMS = {"olmoe": "projection", "olmo2": "projection", "gemma3_text": "head", "qwen3": "head",
              "qwen3_moe": "head"}
@@ -142,7 +142,7 @@ def layer_types(cfg: dict[str, Any], architecture: str, num_layers: int) -> tupl
     ``use_sliding_window``, on layers ``>= max_window_layers`` unless ``layer_types`` says.
     """
     window = cfg.get("sliding_window")
-    if architecture == "gemma2":  # every other layer slides, the first one included
+    if architecture in ("gemma2", "gpt_oss"):  # every other layer slides, the first one included
         types = cfg.get("layer_types") or [
             "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
     elif architecture == "gemma3_text":
@@ -239,7 +239,7 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
     rope = gemma3_rope(cfg) if architecture == "gemma3_text" else dict(zip(("rope_theta", "rope_scaling"), rope_settings(cfg)))
     num_experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
     types = layer_types(cfg, architecture, num_layers)
-    llama_bias = bool(cfg.get("attention_bias", False))  # Llama and its kind: all four projections
+    llama_bias = bool(cfg.get("attention_bias", architecture == "gpt_oss"))  # Llama and its kind: all four projections
     ernie_bias = architecture == "ernie4_5" and bool(cfg.get("use_bias", False))  # every projection
     dense_layers: tuple[int, ...] = ()
     if architecture in ("qwen2_moe", "qwen3_moe"):
@@ -252,6 +252,7 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
     if glm:
         dense_layers = tuple(range(min(int(cfg.get("first_k_dense_replace", 1)), num_layers)))
     granite = architecture == "granite"
+    oss = architecture == "gpt_oss"
     return dict(
         architecture=architecture,
         vocab_size=int(cfg["vocab_size"]),
@@ -295,8 +296,11 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         residual_multiplier=float(cfg.get("residual_multiplier", 1.0)) if granite else 1.0,
         logits_scaling=float(cfg.get("logits_scaling", 1.0)) if granite else 1.0,
         rotary_dim=rotary_dim,
-        moe_router="sigmoid_grouped" if glm else "softmax",
+        moe_router="sigmoid_grouped" if glm else "topk_softmax" if oss else "softmax",
         num_expert_groups=int(cfg.get("n_group", 1)) if glm else 1,
         num_topk_groups=int(cfg.get("topk_group", 1)) if glm else 1,
         routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)) if glm else 1.0,
+        swiglu_limit=float(cfg.get("swiglu_limit", 7.0)) if oss else None,
+        swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)) if oss else 1.0,
+        attention_sinks=oss,
     )

@@ -14,6 +14,10 @@ token runs, scaled by ``sigmoid(shared_expert_gate(x))``.
 ``GroupedSigmoidMoE`` (GLM-4 MoE): the same layout, a sigmoid router whose choice (not
 weights) adds a per-expert correction bias and is restricted to the best expert groups,
 and ungated shared experts (``mlp.shared_experts``).
+
+``FusedBiasedMoE`` (gpt-oss): ``mlp.router`` (with a bias) picks the top-k logits and
+softmaxes them; ``mlp.experts`` holds every expert in four stacked tensors with biases,
+gate and up interleaved by column, gated by the clamped SwiGLU.
 """
 
 from __future__ import annotations
@@ -164,4 +168,57 @@ class GroupedSigmoidMoE(nn.Module):
         out = run_experts(x, self.experts, top_experts, weights.to(x.dtype))
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
+        return out
+
+
+class FusedExperts(nn.Module):
+    """gpt-oss's stacked experts, as its checkpoints store them (x @ W, not W x):
+    ``gate_up_proj`` (num_experts, hidden, 2 * inter) with gate in the even columns and up
+    in the odd ones, ``gate_up_proj_bias`` (num_experts, 2 * inter), ``down_proj``
+    (num_experts, inter, hidden), ``down_proj_bias`` (num_experts, hidden)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, limit: float,
+                 alpha: float) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, hidden_size, 2 * intermediate_size))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, intermediate_size, hidden_size))
+        self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden_size))
+        self.limit, self.alpha = limit, alpha
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert ``e`` on its tokens x: (num_routed, hidden) -> (num_routed, hidden)."""
+        gate_up = torch.addmm(self.gate_up_proj_bias[e], x, self.gate_up_proj[e])  # (num_routed, 2 * inter)
+        gate = gate_up[:, 0::2].clamp(max=self.limit)
+        up = gate_up[:, 1::2].clamp(min=-self.limit, max=self.limit)
+        gated = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))  # the clamped SwiGLU
+        return torch.addmm(self.down_proj_bias[e], gated, self.down_proj[e])
+
+
+class FusedBiasedMoE(nn.Module):
+    """gpt-oss's MoE block (module doc): top-k of the biased router's logits, softmaxed."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, limit: float,
+                 alpha: float) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.router = nn.Linear(hidden_size, num_experts, bias=True)
+        self.experts = FusedExperts(hidden_size, intermediate_size, num_experts, limit, alpha)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (num_tokens, hidden_size)
+        top_logits, top_experts = torch.topk(self.router(x), self.top_k, dim=-1)  # (num_tokens, top_k)
+        weights = F.softmax(top_logits, dim=-1)
+        flat = top_experts.reshape(-1)  # (num_tokens * top_k,), grouped by expert below
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.experts.gate_up_proj.shape[0]).tolist()
+        token_of, weight_of = order // self.top_k, weights.reshape(-1).index_select(0, order)
+        out = torch.zeros_like(x)
+        start = 0
+        for e, count in enumerate(counts):
+            if count:
+                tokens = token_of[start:start + count]
+                y = self.experts.expert(e, x.index_select(0, tokens)) * weight_of[start:start + count, None]
+                out.index_add_(0, tokens, y.to(x.dtype))
+            start += count
         return out

@@ -46,6 +46,8 @@ class SelfAttention(nn.Module):
         self.qk_norm = config.qk_norm
         q_width, k_width = (config.q_size, config.kv_size) if config.qk_norm == "projection" else (
             config.head_dim, config.head_dim)
+        # gpt-oss: a learned logit per head in every softmax's denominator
+        self.sinks = nn.Parameter(torch.empty(config.num_heads)) if config.attention_sinks else None
         self.q_norm = make_norm(q_width, config.rms_norm_eps, config.norm_weight_offset) if config.qk_norm else None
         self.k_norm = make_norm(k_width, config.rms_norm_eps, config.norm_weight_offset) if config.qk_norm else None
 
@@ -64,7 +66,10 @@ class SelfAttention(nn.Module):
         k_cache = kv_cache.k_caches[self.layer_idx]  # (num_blocks, block_size, num_kv_heads, head_dim)
         v_cache = kv_cache.v_caches[self.layer_idx]
         self.kv_write(k, v, k_cache, v_cache, plan[self.sliding_window].slot_mapping)
-        out = self.attn(q, k, v, k_cache, v_cache, plan[self.sliding_window])  # (num_tokens, num_heads, head_dim)
+        if self.sinks is None:
+            out = self.attn(q, k, v, k_cache, v_cache, plan[self.sliding_window])  # (num_tokens, num_heads, head_dim)
+        else:
+            out = self.attn(q, k, v, k_cache, v_cache, plan[self.sliding_window], self.sinks)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ from inferpath.config import ROUTED_MOE_ARCHITECTURES, ModelConfig
 from inferpath.model.attention import build_attention_plan
 from inferpath.model.layers import RMSNorm, gated_mlp, make_norm
 from inferpath.model.metadata import AttentionMetadata
-from inferpath.model.moe import GroupedSigmoidMoE, RoutedMoE, SparseMoE
+from inferpath.model.moe import FusedBiasedMoE, GroupedSigmoidMoE, RoutedMoE, SparseMoE
 from inferpath.model.rope import RopeTable
 from inferpath.model.self_attention import SelfAttention
 
@@ -68,6 +68,9 @@ class DecoderLayer(nn.Module):
                                          config.num_experts_per_tok, config.norm_topk_prob, config.num_expert_groups,
                                          config.num_topk_groups, config.routed_scaling_factor,
                                          config.shared_expert_intermediate_size)
+        elif config.is_moe_layer(layer_idx) and config.moe_router == "topk_softmax":  # gpt-oss
+            self.mlp = FusedBiasedMoE(config.hidden_size, config.expert_intermediate_size, config.num_experts,
+                                      config.num_experts_per_tok, config.swiglu_limit, config.swiglu_alpha)
         elif config.is_moe_layer(layer_idx):  # OLMoE, Qwen2-MoE, Qwen3-MoE: experts under ``mlp``
             self.mlp = RoutedMoE(config.hidden_size, config.expert_intermediate_size, config.num_experts,
                                  config.num_experts_per_tok, config.norm_topk_prob,
