@@ -50,6 +50,18 @@ FAMILIES = {
                              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
                                               "full_attention": {"rope_type": "default", "rope_theta": 1e6}},
                              **SPM), "spm"),
+    "gemma2": (lambda: _tiny(transformers.Gemma2Config, SPM_VOCAB_SIZE, head_dim=32, query_pre_attn_scalar=32,
+                             sliding_window=4, attn_logit_softcapping=0.5, final_logit_softcapping=3.0, **SPM),
+               "spm"),
+    "phi3": (lambda: _tiny(transformers.Phi3Config, SPM_VOCAB_SIZE, original_max_position_embeddings=256, **SPM),
+             "spm"),
+    "mixtral": (lambda: _tiny(transformers.MixtralConfig, SPM_VOCAB_SIZE, num_local_experts=4, num_experts_per_tok=2,
+                              **SPM), "spm"),
+    "olmoe": (lambda: _tiny(transformers.OlmoeConfig, LLAMA3_VOCAB_SIZE, intermediate_size=32, num_experts=4,
+                            num_experts_per_tok=2, pad_token_id=128_004, **BPE), "llama3"),
+    "qwen2moe": (lambda: _tiny(transformers.Qwen2MoeConfig, LLAMA3_VOCAB_SIZE, intermediate_size=96,
+                               moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=4,
+                               num_experts_per_tok=2, **BPE), "llama3"),
 }
 
 

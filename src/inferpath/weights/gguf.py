@@ -29,7 +29,7 @@ from inferpath.weights.errors import WeightsError
 from inferpath.weights.gguf_arch import GGUF_ARCHITECTURES, GGUFArchitecture, is_norm
 from inferpath.weights.gguf_index import GGUFIndex, read_gguf_index
 from inferpath.weights.gguf_keys import check_metadata_keys
-from inferpath.weights.names import IGNORED_GGUF_TENSORS, hf_name, stacked_expert_names
+from inferpath.weights.names import IGNORED_GGUF_TENSORS, hf_name, split_fused, stacked_expert_names
 from inferpath.weights.quantized import QUANTIZED_TYPES, QuantizedTensor
 from inferpath.weights.rope_freqs import rope_scaling_from_freqs
 
@@ -156,7 +156,7 @@ def config_from_gguf(index: GGUFIndex, path: Path) -> ModelConfig:
     if model_type in ("mistral", "mixtral") and window is not None:
         hf["sliding_window"] = int(window)
     if entry.config_fields is not None:
-        hf.update(entry.config_fields(meta, hf, path))
+        hf.update(entry.config_fields(meta, hf, tensor_shapes, path))
     if model_type == "mixtral":
         hf.update(num_local_experts=num_experts, num_experts_per_tok=int(meta("expert_used_count", 0) or 0))
     try:
@@ -245,12 +245,19 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
             values = unpermute_rows(values, heads_of[kind])
         if entry.norm_shift and is_norm(t.name):  # stored as w + shift (Gemma's 1 + w norms)
             values = values.astype(np.float32) - np.float32(entry.norm_shift)
-        if (names := stacked_expert_names(t.name, shape[0])) is not None:
+        if (names := stacked_expert_names(t.name, shape[0], entry.routed_experts)) is not None:
             for name, expert in zip(names, values):  # values: (num_experts, rows, cols)
                 tensors[name] = _to_torch(expert, dtype)
             continue
         tensors[_hf_name_or_raise(t.name, entry, config, path)] = _to_torch(values, dtype)
-    return config, tensors, eos_token_ids(index)
+    return config, split_fused(tensors, config, _take_rows), eos_token_ids(index)
+
+
+def _take_rows(tensor: torch.Tensor | QuantizedTensor, start: int, end: int) -> torch.Tensor | QuantizedTensor:
+    """Rows start..end-1 of a float matrix or of a block-format one (whole rows of blocks)."""
+    if isinstance(tensor, QuantizedTensor):
+        return QuantizedTensor(tensor.data[start:end], tensor.qtype, (end - start, tensor.shape[1]))
+    return tensor[start:end]
 
 
 def _float_matrix(rows: np.ndarray, qtype: GGMLQuantizationType, dtype: torch.dtype) -> torch.Tensor:

@@ -22,7 +22,8 @@ from typing import Any
 from inferpath.weights.errors import WeightsError
 
 Meta = Callable[..., Any]  # meta(key, default=None): the value of "{arch}.{key}"
-ConfigFields = Callable[[Meta, dict[str, Any], Path], dict[str, Any]]
+# (meta, the common config.json fields, the file's tensor names -> shapes, path) -> own fields
+ConfigFields = Callable[[Meta, dict[str, Any], Mapping[str, tuple[int, ...]], Path], dict[str, Any]]
 
 # Gemma 2 and 3 (GGUF names -> Hugging Face per-layer names): four norms per layer and a
 # per-head RMSNorm on Q and K (Gemma 3); llama.cpp's "ffn_norm" is the pre-FFN norm here,
@@ -34,6 +35,20 @@ _GEMMA_RENAMES = {
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
 }
+# MoE families with experts under "mlp" in Llama names (OLMoE, Qwen2-MoE); the stacked
+# ffn_*_exps tensors are named by names.stacked_expert_names
+_ROUTED_RENAMES = {
+    "ffn_gate_inp": "mlp.gate",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+}
+# Phi-3: Q, K, V in one matrix and gate, up in another, as in its Hugging Face checkpoint
+# (names.FUSED_PROJECTIONS splits them); llama.cpp's "ffn_up" is the fused gate_up_proj
+_PHI3_RENAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 
 
 @dataclass(frozen=True)
@@ -51,6 +66,8 @@ class GGUFArchitecture:
     norm_shift: float = 0.0
     keys: frozenset[str] = frozenset()
     config_fields: ConfigFields | None = None
+    # stacked experts under mlp.experts.E.{gate,up,down}_proj, not Mixtral's block_sparse_moe
+    routed_experts: bool = False
 
 
 def sliding_layers(meta: Meta, num_layers: int, default_pattern: int, path: Path) -> list[bool]:
@@ -80,7 +97,7 @@ def _layer_types(sliding: list[bool]) -> list[str]:
     return ["sliding_attention" if s else "full_attention" for s in sliding]
 
 
-def _gemma3(meta: Meta, hf: dict[str, Any], path: Path) -> dict[str, Any]:
+def _gemma3(meta: Meta, hf: dict[str, Any], tensors: Mapping[str, tuple[int, ...]], path: Path) -> dict[str, Any]:
     """Gemma 3: sliding layers (period 6 by default) only when a window is given; their
     RoPE base ``rope.freq_base_swa`` or 10000, unscaled; no attention soft cap."""
     num_layers = hf["num_hidden_layers"]
@@ -98,7 +115,7 @@ def _gemma3(meta: Meta, hf: dict[str, Any], path: Path) -> dict[str, Any]:
     return fields
 
 
-def _gemma2(meta: Meta, hf: dict[str, Any], path: Path) -> dict[str, Any]:
+def _gemma2(meta: Meta, hf: dict[str, Any], tensors: Mapping[str, tuple[int, ...]], path: Path) -> dict[str, Any]:
     """Gemma 2: every other layer slides (the first included), window 4096 and soft caps
     50 (attention) / 30 (logits) unless the file says; one RoPE base for all layers."""
     num_layers = hf["num_hidden_layers"]
@@ -119,6 +136,40 @@ def _gemma2(meta: Meta, hf: dict[str, Any], path: Path) -> dict[str, Any]:
     }
 
 
+def _phi3(meta: Meta, hf: dict[str, Any], tensors: Mapping[str, tuple[int, ...]], path: Path) -> dict[str, Any]:
+    """Phi-3: a window of 0 means none (Phi-4). NOTE: llama.cpp 0.3.36 ignores a positive
+    window (it warns and attends fully); we keep it, as transformers and the model's own
+    config.json do, so the file runs the model it was converted from."""
+    window = int(meta("attention.sliding_window", 0) or 0)
+    return {"sliding_window": window or None}
+
+
+def _moe_layers(tensors: Mapping[str, tuple[int, ...]], num_layers: int) -> list[int]:
+    """The layers with a router (``blk.N.ffn_gate_inp``): the others are dense MLPs."""
+    return [i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" in tensors]
+
+
+def _olmoe(meta: Meta, hf: dict[str, Any], tensors: Mapping[str, tuple[int, ...]], path: Path) -> dict[str, Any]:
+    """OLMoE: softmax routing, top-k weights not renormalised (llama.cpp's olmoe graph has
+    no key for it); biases on all four attention projections or none."""
+    return {"num_experts": int(meta("expert_count")), "num_experts_per_tok": int(meta("expert_used_count")),
+            "norm_topk_prob": False, "attention_bias": "blk.0.attn_q.bias" in tensors, "clip_qkv": None}
+
+
+def _qwen2moe(meta: Meta, hf: dict[str, Any], tensors: Mapping[str, tuple[int, ...]], path: Path) -> dict[str, Any]:
+    """Qwen2-MoE: experts of ``expert_feed_forward_length``, a shared expert of
+    ``expert_shared_feed_forward_length`` behind a sigmoid gate, top-k not renormalised;
+    layers without a router are dense MLPs of ``feed_forward_length``."""
+    num_layers = hf["num_hidden_layers"]
+    moe = set(_moe_layers(tensors, num_layers))
+    return {"intermediate_size": int(meta("feed_forward_length")),
+            "moe_intermediate_size": int(meta("expert_feed_forward_length")),
+            "shared_expert_intermediate_size": int(meta("expert_shared_feed_forward_length", 0) or 0),
+            "num_experts": int(meta("expert_count")), "num_experts_per_tok": int(meta("expert_used_count")),
+            "norm_topk_prob": False, "qkv_bias": "blk.0.attn_q.bias" in tensors,
+            "mlp_only_layers": [i for i in range(num_layers) if i not in moe]}
+
+
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     # llama.cpp stores Mixtral as "llama" with an expert count, and Mistral 7B as "llama" too
     "llama": GGUFArchitecture("llama", permuted_qk=True),
@@ -131,6 +182,10 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
         "gemma2", renames=_GEMMA_RENAMES, norm_shift=1.0, config_fields=_gemma2,
         keys=frozenset({"final_logit_softcapping", "attn_logit_softcapping", "rope.freq_base_swa",
                         "attention.sliding_window_pattern"})),
+    "phi3": GGUFArchitecture("phi3", renames=_PHI3_RENAMES, config_fields=_phi3),
+    "olmoe": GGUFArchitecture("olmoe", renames=_ROUTED_RENAMES, config_fields=_olmoe, routed_experts=True),
+    "qwen2moe": GGUFArchitecture("qwen2_moe", renames=_ROUTED_RENAMES, config_fields=_qwen2moe,
+                                 routed_experts=True, keys=frozenset({"expert_shared_feed_forward_length"})),
 }
 
 

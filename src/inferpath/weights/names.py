@@ -66,12 +66,17 @@ def hf_name(gguf_name: str, renames: Mapping[str, str] | None = None) -> str | N
     return None
 
 
-def stacked_expert_names(gguf_name: str, num_experts: int) -> list[str] | None:
-    """HF names of the experts in a stacked ``blk.N.ffn_*_exps.weight``, or None."""
+def stacked_expert_names(gguf_name: str, num_experts: int, routed: bool = False) -> list[str] | None:
+    """HF names of the experts in a stacked ``blk.N.ffn_*_exps.weight``, or None: Mixtral's
+    ``block_sparse_moe.experts.E.w1`` ..., or with ``routed`` (OLMoE, Qwen2-MoE)
+    ``mlp.experts.E.gate_proj`` ..."""
     m = _STACKED_EXPERT_RE.match(gguf_name)
     if m is None:
         return None
     layer, ffn = m.groups()
+    if routed:
+        proj = ffn.removeprefix("ffn_")
+        return [f"model.layers.{layer}.mlp.experts.{e}.{proj}_proj.weight" for e in range(num_experts)]
     w = MOE_EXPERT_NAMES[ffn]
     return [f"model.layers.{layer}.block_sparse_moe.experts.{e}.{w}.weight" for e in range(num_experts)]
 
@@ -153,9 +158,9 @@ def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def split_fused(tensors: dict, config: ModelConfig) -> dict:
+def split_fused(tensors: dict, config: ModelConfig, take_rows=lambda tensor, start, end: tensor[start:end]) -> dict:
     """Checkpoint tensors -> the model's names: each fused projection cut into its parts
-    (row views, no copy); other tensors unchanged."""
+    (row views by ``take_rows``, no copy); other tensors unchanged."""
     fused = FUSED_PROJECTIONS.get(config.architecture)
     if not fused:
         return tensors
@@ -169,7 +174,7 @@ def split_fused(tensors: dict, config: ModelConfig) -> dict:
         prefix, start = name[: -len(suffix)], 0
         for part in fused[suffix]:
             rows = shapes[prefix + part][0]
-            out[prefix + part] = tensor[start:start + rows]
+            out[prefix + part] = take_rows(tensor, start, start + rows)
             start += rows
     return out
 
