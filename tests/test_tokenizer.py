@@ -144,6 +144,28 @@ def test_llama3_tiktoken_equals_tokenizer_json(llama3, llama3_json, corpus):
     )
 
 
+def test_tiktoken_merge_table_is_derived_once_and_cached(llama3, corpus, tmp_path, monkeypatch):
+    """The id table derived from the ranks is stored and read back (the same table), and
+    the native merge loop runs on it; the string path (no table) gives the same ids."""
+    import numpy as np
+
+    from inferpath.tokenizer.bpe import BytePairEncoder
+
+    monkeypatch.setenv("INFERPATH_CACHE", str(tmp_path))
+    derived = load_tokenizer(llama3 / "tokenizer.model")
+    (entry,) = (tmp_path / "tokenizer-tables").glob("tiktoken-*.npy")
+    cached = load_tokenizer(llama3 / "tokenizer.model")
+    assert np.array_equal(derived.encoder.id_table, cached.encoder.id_table)
+    assert cached.encoder._native is not None
+    entry.write_bytes(entry.read_bytes()[:-8])  # a damaged entry is derived again
+    assert np.array_equal(load_tokenizer(llama3 / "tokenizer.model").encoder.id_table,
+                          derived.encoder.id_table)
+    string_path = BytePairEncoder(cached.encoder.vocab, None, ignore_merges=True)
+    assert string_path.id_table is None
+    pieces = cached.pre_tokenizer.split(corpus)
+    assert string_path.encode_pieces(pieces) == cached.encoder.encode_pieces(pieces)
+
+
 def test_smollm2_gguf_equals_tokenizers(smollm2_path, smollm2, corpus):
     reference = smollm2_reference(smollm2_path)
     _assert_same_as_reference(smollm2, reference, corpus)

@@ -159,28 +159,33 @@ class BytePairEncoder:
         piece_ids = list(map(get, pieces))
         if None in piece_ids:
             if self._native is not None:
-                self._encode_missing_natively([p for p, ids in zip(pieces, piece_ids) if ids is None])
+                # each distinct miss once (a long text repeats its words)
+                self._encode_missing_natively(list(dict.fromkeys(
+                    p for p, ids in zip(pieces, piece_ids) if ids is None)))
             for i, ids in enumerate(piece_ids):
                 if ids is None:
                     piece_ids[i] = get(pieces[i]) or self.encode_piece(pieces[i])
         return list(chain.from_iterable(piece_ids))
 
     def _encode_missing_natively(self, missing: list[str]) -> None:
-        """Merge the short cache misses in one native call and cache them; long words,
-        whole-token words under ``ignore_merges`` and unmappable bytes are left to
-        ``encode_piece``."""
+        """Merge the short cache misses in one native call and cache them, and the
+        whole-token words under ``ignore_merges`` as their one id; long words and
+        unmappable bytes are left to ``encode_piece``."""
         words: dict[str, bytes] = {}
+        whole: dict[str, list[int]] = {}  # under ignore_merges: pre-tokens that are tokens
+        vocab = self.vocab
         for piece in missing:
             data = piece.encode("utf-8")
-            if len(data) <= NATIVE_MAX_WORD and not (self.ignore_merges and bytes_to_piece(data) in self.vocab):
+            if self.ignore_merges and (token_id := vocab.get(bytes_to_piece(data))) is not None:
+                whole[piece] = [token_id]
+            elif len(data) <= NATIVE_MAX_WORD:
                 words[piece] = data
-        if not words:
-            return
-        merged = self._native.merge_words(list(words.values()))
+        merged = self._native.merge_words(list(words.values())) if words else []
         if merged is None:
-            return
-        if len(self.cache) + len(words) > self.max_cache_size:
+            words, merged = {}, []
+        if len(self.cache) + len(words) + len(whole) > self.max_cache_size:
             self.cache.clear()
+        self.cache.update(whole)
         self.cache.update(zip(words, merged))
 
     def encode_piece(self, piece: str) -> list[int]:

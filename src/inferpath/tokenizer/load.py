@@ -243,22 +243,24 @@ def _id_table_version() -> str:
 
 def load_tiktoken(path: str | Path) -> Tokenizer:
     """A Tokenizer from a tiktoken rank file; a 128,000-rank file gets Llama-3's special tokens."""
+    from inferpath.tokenizer.tiktoken_table import cached_id_table
+
     path = Path(path)
     vocab: dict[str, int] = {}
-    with open(path, "rb") as file:
-        for line_number, line in enumerate(file, start=1):
-            if not line.strip():
-                continue
-            try:
-                token_b64, rank = line.split()
-                vocab[bytes_to_piece(base64.b64decode(token_b64, validate=True))] = int(
-                    rank
-                )
-            except (ValueError, binascii.Error):
-                raise ModelFileError(
-                    f"{path}: line {line_number} is not '<base64 token> <rank>' ({line[:60]!r}); "
-                    "supported tokenizer files: .gguf, tokenizer.json, tiktoken rank files"
-                ) from None
+    file_bytes = path.read_bytes()
+    for line_number, line in enumerate(file_bytes.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            token_b64, rank = line.split()
+            vocab[bytes_to_piece(base64.b64decode(token_b64, validate=True))] = int(
+                rank
+            )
+        except (ValueError, binascii.Error):
+            raise ModelFileError(
+                f"{path}: line {line_number} is not '<base64 token> <rank>' ({line[:60]!r}); "
+                "supported tokenizer files: .gguf, tokenizer.json, tiktoken rank files"
+            ) from None
     if sorted(vocab.values()) != list(range(len(vocab))):
         raise ModelFileError(
             f"{path}: tiktoken ranks must be 0..{len(vocab) - 1} without gaps or repeats"
@@ -277,7 +279,8 @@ def load_tiktoken(path: str | Path) -> Tokenizer:
     eos_id = by_content.get("<|end_of_text|>")
     return Tokenizer(
         pieces=pieces,
-        encoder=BytePairEncoder(vocab, merge_ranks=None, ignore_merges=True),
+        encoder=BytePairEncoder(vocab, merge_ranks=None, ignore_merges=True,
+                                id_table=cached_id_table(path, file_bytes, vocab)),
         pre_tokenizer=PreTokenizer((LLAMA3_PATTERN,)),
         added_tokens=added,
         bos_token_id=by_content.get("<|begin_of_text|>"),
