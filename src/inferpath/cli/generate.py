@@ -98,9 +98,13 @@ def _stream_answer(engine, request_id: str, prompt, params) -> str:
         refusal = stack.native_decode_refusal()
         threads += ", native decode" if not refusal else f", module decode ({refusal})"
     bandwidth = _read_bandwidth()
+    stats = engine.stats()
+    speculative = (stats.mean_acceptance_length, stats.num_spec_drafts) if engine.speculator else None
     print(summary_line(final, engine.kv_cache.bytes_per_token, engine.weight_format, bandwidth,
-                       threads=threads, plan=engine.weight_plan), file=sys.stderr, flush=True)
-    _check_probe(final, engine.weight_format, bandwidth)
+                       threads=threads, plan=engine.weight_plan, speculative=speculative),
+          file=sys.stderr, flush=True)
+    if not speculative:  # with drafts a step reads the weights once for several tokens
+        _check_probe(final, engine.weight_format, bandwidth)
     return final.outputs[0].text
 
 
@@ -115,13 +119,18 @@ def _read_bandwidth() -> float | None:
 
 
 def summary_line(output, kv_bytes_per_token: int, weights=None, bandwidth: float | None = None,
-                 threads: str | None = None, plan=None) -> str:
+                 threads: str | None = None, plan=None,
+                 speculative: tuple[float | None, int] | None = None) -> str:
     """prompt tokens | TTFT | decode tok/s | what ran (the weight ``plan``'s line where given,
     engine/weight_plan.py: weight formats and how they run, activation and KV dtypes,
     kernel level; else ``weights``' formats; threads: ``threads`` or PyTorch's count) |
     weight bytes a decode step reads, and
     the decode speed as a fraction of the bandwidth floor (bytes per token / read
-    bandwidth) | KV bytes held | finish."""
+    bandwidth) | speculative decoding: the mean acceptance length (tokens per verification
+    step) and the number of verifications, given as ``speculative`` | KV bytes held | finish.
+
+    NOTE: with speculation a step reads the weights once for several tokens, so tokens/s
+    x bytes per token is no read rate: the floor comparison is left out."""
     completion = output.outputs[0]
     metrics = output.metrics
     num_prompt, num_out = len(output.prompt_token_ids), len(completion.token_ids)
@@ -139,9 +148,13 @@ def summary_line(output, kv_bytes_per_token: int, weights=None, bandwidth: float
         threads = threads or f"{torch.get_num_threads()} threads"
         what = plan.describe() if plan is not None else weights.describe()
         ran = f"{what}, {threads} | {weights.decode_bytes / 1e6:.1f} MB/token"
-        if bandwidth and tok_s:
+        if bandwidth and tok_s and not speculative:
             ran += floor_text(tok_s * weights.decode_bytes, bandwidth)
         ran += " | "
+    if speculative:
+        length, num_drafts = speculative
+        ran += (f"speculative: acceptance length {length:.2f} over {num_drafts} verifications | "
+                if length else "speculative: no drafts verified | ")
     return (f"[prompt {num_prompt} tokens | TTFT {ttft_text} | decode {rate} ({num_out} tokens) | {ran}"
             f"KV {kv_bytes / 1e6:.2f} MB ({num_tokens} tokens x {kv_bytes_per_token:,} B) | "
             f"finish {completion.finish_reason}]")

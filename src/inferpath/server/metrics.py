@@ -6,7 +6,8 @@ Two sources:
   reason, TTFT / TPOT / end-to-end latency histograms, error responses by status;
 - the engine's cumulative ``stats()``, read at scrape time by ``EngineStatsCollector``:
   running and waiting requests, KV blocks used, prefix-cache hit rate, preemptions,
-  prompt tokens computed vs served from the prefix cache, generation tokens.
+  prompt tokens computed vs served from the prefix cache, generation tokens, and
+  speculative decoding's drafts, drafted and accepted tokens (by position).
 
 Names, units and labels follow vLLM's (``vllm:`` -> ``inferpath:``), so a dashboard built
 for vLLM works after swapping the prefix: every metric carries ``model_name``, finished
@@ -66,6 +67,19 @@ class EngineStatsCollector(Collector):
         yield counter("prompt_tokens_cached", "Prompt tokens served from the prefix cache "
                       "instead of being computed.", hits)
         yield counter("generation_tokens", "Tokens generated.", stats.num_generation_tokens)
+        # speculative decoding, as vLLM names it (spec_decode_*); 0 while it is off
+        yield counter("spec_decode_num_drafts", "Speculative verification steps of a sequence "
+                      "(chunks of drafted tokens verified).", stats.num_spec_drafts)
+        yield counter("spec_decode_num_draft_tokens", "Drafted tokens verified.",
+                      stats.num_spec_draft_tokens)
+        yield counter("spec_decode_num_accepted_tokens", "Drafted tokens accepted.",
+                      stats.num_spec_accepted_tokens)
+        per_pos = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                      "Drafted tokens accepted, by position in the draft.",
+                                      labels=["model_name", "position"])
+        for position, count in enumerate(stats.spec_accepted_per_pos):
+            per_pos.add_metric([self._model_name, str(position)], count)
+        yield per_pos
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         family = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])

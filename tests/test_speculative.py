@@ -1,0 +1,195 @@
+"""Speculative decoding on the real SmolLM2-135M-Instruct GGUF: greedy with drafts is
+greedy without, token for token.
+
+The reference is a second path of our own: the same prompts decoded without drafts. The
+drafters are ``ngram`` (prompt lookup) and ``draft_model`` with SmolLM2's first 10 layers
+as the draft (a weaker model of the same vocabulary: some drafts are accepted, some
+not, so both halves of the verifier run). Each run is checked to have really mixed
+speculating and plain rows in one step, accepted and rejected drafts, and, where asked,
+chunked prefill, a prefix-cache hit and a preemption.
+"""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from inferpath.config import ConfigError, EngineConfig
+from inferpath.engine.llm_engine import LLMEngine
+from inferpath.model import Transformer, build_model
+from inferpath.models import resolve_model
+from inferpath.sampling.params import SamplingParams
+from inferpath.tokenizer import load_tokenizer
+from inferpath.weights import load_checkpoint
+
+REPEAT = "The quick brown fox jumps over the lazy dog. "
+PROMPTS = [
+    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
+    REPEAT * 3 + "The quick",
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
+    "Repeat after me: red green blue. red green blue. red",
+    "a b c d e f g a b c d e f g a b c",
+    "The capital of France is",
+    "Hi",
+    "Water boils at a temperature of",
+    "Monday, Tuesday, Wednesday, Thursday,",
+    "for i in range(10):\n    print(i)\nfor i in range(10):\n",
+    "Once upon a time",
+    "The sun rises in the east and sets in the west. The sun rises in the",
+    "x = 1\ny = 2\nz = 3\nx = 1\ny =",
+    "List three colours:",
+    "one two three four one two three four one two",
+    "The answer to the question is",
+    "January February March April January February",
+    "import os\nimport sys\nimport os\nimport",
+    "What is two plus two?",
+    "cat dog cat dog cat dog cat",
+]
+GREEDY = SamplingParams(max_tokens=10, temperature=0)
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+DRAFT = {"method": "draft_model", "model": "smollm2-first-10-layers", "num_speculative_tokens": 3}
+
+
+@pytest.fixture(scope="module")
+def parts():
+    torch.manual_seed(0)
+    checkpoint = load_checkpoint(resolve_model("smollm2-135m-instruct"))
+    shallow = Transformer(replace(checkpoint.config, num_layers=10))
+    shallow.load_weights({name: t for name, t in checkpoint.tensors.items()
+                          if not name.startswith("model.layers.") or int(name.split(".")[2]) < 10})
+    return build_model(checkpoint), load_tokenizer(checkpoint.tokenizer_path), checkpoint, shallow.eval()
+
+
+def make_engine(parts, spec=None, **config) -> LLMEngine:
+    model, tokenizer, checkpoint, shallow = parts
+    config = {"num_kv_blocks": 128, "max_num_seqs": 8, **config}
+    return LLMEngine(model, tokenizer, checkpoint.config, EngineConfig(speculative_config=spec, **config),
+                     eos_token_ids=checkpoint.eos_token_ids, draft_model=shallow)
+
+
+def run(engine, prompts, params=GREEDY):
+    """Finished outputs in prompt order; also counts steps that mixed drafted and plain rows."""
+    steps = {"mixed": 0, "drafted": 0}
+    schedule = engine.scheduler.schedule
+
+    def watching():
+        out = schedule()
+        num_drafted = sum(bool(c.draft_token_ids) for c in out.chunks)
+        steps["drafted"] += num_drafted > 0
+        steps["mixed"] += 0 < num_drafted < len(out.chunks)
+        return out
+
+    engine.scheduler.schedule = watching
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt, params)
+    finals = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                finals[output.request_id] = output
+    return [finals[f"r{i}"] for i in range(len(prompts))], steps
+
+
+def tokens(outputs):
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def plain(parts):
+    outputs, _ = run(make_engine(parts), PROMPTS)
+    return tokens(outputs)
+
+
+def check_accepted_and_rejected(engine):
+    stats = engine.stats()
+    assert stats.num_spec_drafts > 0
+    assert 0 < stats.num_spec_accepted_tokens < stats.num_spec_draft_tokens
+    assert stats.num_kv_blocks_used == 0
+
+
+@pytest.mark.parametrize("spec", [NGRAM, DRAFT], ids=["ngram", "draft_model"])
+def test_greedy_with_drafts_equals_greedy_without_in_batches_of_8(parts, plain, spec):
+    engine = make_engine(parts, spec)
+    outputs, steps = run(engine, PROMPTS)
+    assert tokens(outputs) == plain
+    assert steps["mixed"] > 0  # speculating and plain rows in one step
+    check_accepted_and_rejected(engine)
+    assert engine.stats().mean_acceptance_length > 1
+
+
+def test_greedy_with_ngram_alone_equals_greedy_without(parts, plain):
+    engine = make_engine(parts, NGRAM)
+    for prompt, expected in zip(PROMPTS, plain):
+        outputs, _ = run(engine, [prompt])
+        assert tokens(outputs) == [expected]
+    check_accepted_and_rejected(engine)
+
+
+@pytest.mark.parametrize("spec", [NGRAM, DRAFT], ids=["ngram", "draft_model"])
+def test_drafts_compose_with_chunked_prefill_prefix_hits_and_preemption(parts, plain, spec):
+    # 14 blocks of 16 slots for 8 sequences of up to ~40 tokens: preemptions are certain;
+    # a budget of 24 tokens chunks the prompts; the second pass hits the prefix cache
+    engine = make_engine(parts, spec, num_kv_blocks=14, max_num_batched_tokens=24)
+    prompts = PROMPTS[:8]
+    outputs, _ = run(engine, prompts)
+    again, _ = run(engine, prompts)
+    assert tokens(outputs) == tokens(again) == plain[:8]
+    stats = engine.stats()
+    assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
+    assert stats.num_spec_accepted_tokens > 0 and stats.num_kv_blocks_used == 0
+
+
+def test_max_tokens_and_logprobs_inside_drafted_runs(parts):
+    params = SamplingParams(max_tokens=7, temperature=0, logprobs=2, ignore_eos=True)
+    prompts = PROMPTS[:5]
+    plain_out, _ = run(make_engine(parts), prompts, params)
+    engine = make_engine(parts, NGRAM)
+    spec_out, _ = run(engine, prompts, params)
+    assert engine.stats().num_spec_accepted_tokens > 0
+    for a, b in zip(plain_out, spec_out):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert len(b.outputs[0].token_ids) == 7 and b.outputs[0].finish_reason == "length"
+        for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            assert x.token_id == y.token_id and x.rank == y.rank
+            assert x.logprob == pytest.approx(y.logprob, abs=2e-3)
+            assert [t for t, _ in x.top] == [t for t, _ in y.top]
+
+
+def test_stop_strings_inside_a_drafted_run_end_the_output_at_the_same_place(parts):
+    prompt = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"
+    params = SamplingParams(max_tokens=16, temperature=0, stop=["16"])
+    (plain_out,), _ = run(make_engine(parts), [prompt], params)
+    engine = make_engine(parts, NGRAM)
+    (spec_out,), _ = run(engine, [prompt], params)
+    assert plain_out.outputs[0].finish_reason == "stop" and plain_out.outputs[0].stop_reason == "16"
+    assert spec_out.outputs[0].text == plain_out.outputs[0].text
+    assert spec_out.outputs[0].token_ids == plain_out.outputs[0].token_ids
+    assert spec_out.outputs[0].stop_reason == "16"
+    assert engine.stats().num_spec_accepted_tokens > 0
+
+
+def test_speculative_config_is_checked_by_name():
+    with pytest.raises(ConfigError, match="'draft_tensor_parallel_size'"):
+        EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                         "draft_tensor_parallel_size": 1})
+    with pytest.raises(ConfigError, match="'eagle'"):
+        EngineConfig(speculative_config='{"method": "eagle", "num_speculative_tokens": 2}')
+    with pytest.raises(ConfigError, match="num_speculative_tokens"):
+        EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 0})
+    with pytest.raises(ConfigError, match="needs \"model\""):
+        EngineConfig(speculative_config={"method": "draft_model", "num_speculative_tokens": 2})
+    config = EngineConfig(speculative_config='{"method": "ngram", "num_speculative_tokens": 3}')
+    assert config.speculative_config.prompt_lookup_max == 4
+
+
+def test_the_flag_is_generated_from_the_engine_config():
+    import argparse
+
+    from inferpath.cli.engine_flags import add_engine_flags, engine_config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_flags(parser)
+    args = parser.parse_args(["--speculative-config",
+                              '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'])
+    spec = engine_config_from_args(args).speculative_config
+    assert (spec.method, spec.num_speculative_tokens, spec.prompt_lookup_max) == ("ngram", 4, 4)
