@@ -178,7 +178,8 @@ def test_real_model_quantized_agrees_with_its_dequantized_self(alias, fused_head
     assert len(tokens) == 520
     checkpoint = load_checkpoint(path, keep_quantized=True)
     kinds = {t.type_name for t in checkpoint.quantized_tensors.values()}
-    assert kinds == ({"Q4_1", "Q8_0"} if alias.startswith("smollm2") else {"Q5_0", "Q8_0", "Q4_K", "Q6_K"})
+    assert kinds == {"smollm2-135m-instruct": {"Q4_1", "Q8_0"}, "qwen2.5-coder-0.5b-instruct": {"Q5_0", "Q8_0", "Q4_K", "Q6_K"},
+                     "qwen2.5-coder-1.5b-instruct": {"Q4_K", "Q6_K"}}[alias]  # (test_quantized_1_5b.py)
     quantized = build_quantized_model(checkpoint)
     accelerate(quantized)
     assert isinstance(quantized.lm_head, QuantLinear)

@@ -46,6 +46,18 @@ def test_tuner_judges_by_the_median_not_one_outlier():
     assert tuner.chosen == 2
 
 
+def test_tuner_keeps_the_configured_count_where_one_thread_is_barely_faster():
+    """A median within MARGIN is noise: the choice stays put, trial after trial."""
+    tuner = DecodeThreadTuner(2)
+    trial = (DecodeThreadTuner.TRIAL_STEPS + 1) * 2
+    for _ in range(3):
+        run_steps(tuner, {2: 0.020, 1: 0.020 * (1 - DecodeThreadTuner.MARGIN / 2)}, trial)
+        assert tuner.chosen == 2
+        run_steps(tuner, {2: 0.020, 1: 0.019}, DecodeThreadTuner.EXPLOIT_STEPS)
+    run_steps(tuner, {2: 0.020, 1: 0.020 * (1 - 2 * DecodeThreadTuner.MARGIN)}, trial)
+    assert tuner.chosen == 1
+
+
 def test_tuner_needs_two_threads_to_choose_from():
     with pytest.raises(ValueError, match="at least 2 threads"):
         DecodeThreadTuner(1)

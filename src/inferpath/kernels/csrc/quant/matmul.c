@@ -21,7 +21,7 @@
  * kernel here unpacks a weight block once for a tile of up to 8 rows of x (one row: the
  * decode step); on AVX2 wide.c's kernel takes whole tiles of 6+ rows a 32-bit lane per row,
  * with AVX-512 VNNI gemm.c's packed panels take GEMM_MIN_ROWS rows or more. Weight
- * rows are split over OpenMP threads in chunks. ``inferpath_quant_dequantize`` turns rows
+ * rows are split over the decode pool's threads in chunks (below). ``inferpath_quant_dequantize`` turns rows
  * into float32 (embedding lookups, and large batches where a float GEMM over a dequantized
  * tile is faster).
  */
@@ -36,6 +36,7 @@
 #include "activations.h"
 #include "wide.h"
 #include "prepared.h"
+#include "../drivers/pool.h"
 
 #if defined(__AVX2__)
 /* ---------------------------------------------------------------- AVX2 / AVX-512 VNNI */
@@ -161,14 +162,14 @@ static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
  * (k values each, format qtypes[i]), bias i (ns[i],) or NULL; x (m, k); y (m, sum ns) with
  * the weights' outputs side by side (a fused Q/K/V or gate/up projection, read in place
  * from three or two tensors of the file). x is quantized once (quant_prepare), then the
- * output columns are computed in ranges (quant_columns): by one OpenMP region here, by
- * the decode pool in decode.c. rows_alone: every row through the row kernel, whatever m
+ * output columns are computed in ranges (quant_columns), split over the decode pool
+ * (here as in decode.c). rows_alone: every row through the row kernel, whatever m
  * (a row's result then never depends on the rows beside it: batch invariance); else tiles
  * of WIDE_MIN_ROWS rows or more take the wide kernel (AVX2), or m >= GEMM_MIN_ROWS takes
  * gemm.c's panels (AVX-512 VNNI). Returns 0, -1 for a bad format or
  * shape, -2 out of memory. */
 /* Less work than this runs on the calling thread alone: waking the other threads (a futex
- * each under OMP_WAIT_POLICY=PASSIVE, tens of microseconds) costs more than it saves; a
+ * each once they sleep, tens of microseconds) costs more than it saves; a
  * decode step's small projections (SmolLM2's Q/K/V and O: 0.3-0.6 M multiply-adds, ~30 us
  * on one core) stay on one thread, the MLP and the LM head split. */
 #define PARALLEL_MIN_MACS (1 << 20)
@@ -234,15 +235,34 @@ void quant_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
     }
 }
 
+/* Output columns split over decode.c's pool (drivers/pool.c): chunks claimed one at a time
+ * from either end, so a thread whose core is taken leaves its share to the other (OpenMP's
+ * static split waited for it: an LM head of 191 MB is 10-20 ms at 2 threads), and a
+ * decode step's head runs on the same warm workers as its layers. */
+typedef struct {
+    const quant_matmul *q;
+    float *y;
+    int64_t n, columns;
+} columns_job;
+
+static void columns_task(void *ctx, int64_t chunk) {
+    const columns_job *job = (const columns_job *)ctx;
+    int64_t c0 = chunk * job->columns, c1 = c0 + job->columns < job->n ? c0 + job->columns : job->n;
+    quant_columns(job->q, job->y, c0, c1);
+}
+
 int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *const *ws, const int64_t *row_bytes,
                                  const int64_t *ns, const float *const *biases, const float *x, float *y,
                                  int64_t m, int64_t k, int num_threads, int rows_alone) {
     quant_matmul q;
     int status = quant_prepare(&q, count, qtypes, ws, row_bytes, ns, biases, x, m, k, num_threads, rows_alone);
     if (status) return status;
-    const int64_t chunk = q.use_gemm ? GEMM_PANEL : 16, n = q.n;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
-    for (int64_t c0 = 0; c0 < n; c0 += chunk) quant_columns(&q, y, c0, c0 + chunk < n ? c0 + chunk : n);
+    const int64_t n = q.n;
+    const int threads = m * n * k >= PARALLEL_MIN_MACS ? num_threads : 1;
+    /* GEMM panels: a chunk of one panel; else about 8 chunks a thread, of 16 columns or more */
+    int64_t columns = q.use_gemm ? GEMM_PANEL : (n / (8 * (int64_t)threads) + 15) / 16 * 16;
+    columns_job job = {&q, y, n, columns < 16 ? 16 : columns};
+    pool_run(threads, columns_task, &job, (n + job.columns - 1) / job.columns);
     quant_release(&q);
     return 0;
 }

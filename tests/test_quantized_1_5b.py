@@ -1,0 +1,77 @@
+"""The benchmark-sized K-quant file: Qwen2.5-Coder-1.5B-Instruct Q4_K_M (Q4_K + Q6_K, 1.12 GB).
+
+It is pulled on demand only (``inferpath models pull qwen2.5-coder-1.5b-instruct``), never
+by ``scripts/test.sh``: each test here skips, saying so, when it is not in the cache.
+
+- Teacher-forced over 520 tokens of text, every row through the fused int8 kernels (the
+  520 rows together, or each alone: what a decode step runs; the Q6_K LM head included),
+  against the same file dequantized to float32: top-1 agreement >= 99%, perplexity within
+  1% (test_quantized.py's check, at this size).
+- Resident memory of the quantized model, loaded and run by the engine in a fresh
+  process: what it adds <= 1.1x the file (the blocks are read in place from the mapped
+  file; nothing is repacked or dequantized beside them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from inferpath import models
+from inferpath.kernels import build
+
+ALIAS = "qwen2.5-coder-1.5b-instruct"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def path():
+    found = models.local_path(ALIAS)
+    if found is None:
+        pytest.skip(f"{ALIAS} is not pulled (1.12 GB, on demand only: `inferpath models pull {ALIAS}`)")
+    if build.native_quant_matmul() is None:
+        pytest.skip(f"no native kernel here: {build.kernel_status()}")
+    return found
+
+
+@pytest.mark.parametrize("rows_alone", [False, True], ids=["rows-together", "rows-alone"])
+def test_the_1_5b_file_agrees_with_its_dequantized_self(path, rows_alone):
+    from test_quantized import test_real_model_quantized_agrees_with_its_dequantized_self as agrees
+
+    agrees(ALIAS, fused_head=True, rows_alone=rows_alone)
+
+
+RSS_SCRIPT = """
+import json, sys
+from pathlib import Path
+def rss_mb():
+    line = next(l for l in Path('/proc/self/status').read_text().splitlines() if l.startswith('VmRSS:'))
+    return int(line.split()[1]) / 1024
+import inferpath, torch
+from inferpath.config import EngineConfig
+from inferpath.engine.llm_engine import LLMEngine
+from inferpath.sampling.params import SamplingParams
+before = rss_mb()
+engine = LLMEngine.from_model(sys.argv[1], EngineConfig(threads=2, max_num_seqs=1, kv_cache_memory_bytes=8 << 20))
+engine.add_request('r', 'def fibonacci(n):', SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+while engine.has_unfinished_requests():
+    engine.step()
+print(json.dumps({'added_mb': rss_mb() - before, 'format': engine.weight_format.describe()}))
+"""
+
+
+def test_the_1_5b_model_is_resident_within_1_1x_its_file(path):
+    """Decode steps touch every weight but the embedding table's unread rows; the KV cache
+    (8 MiB) and the activations are the rest."""
+    done = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(path)], capture_output=True, text=True,
+                          timeout=600, env={**os.environ})
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    file_mb = path.stat().st_size / 2**20
+    assert "Q4_K" in got["format"] and "Q6_K" in got["format"], got["format"]
+    assert got["added_mb"] <= 1.1 * file_mb, (got, file_mb)
