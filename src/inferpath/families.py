@@ -84,9 +84,10 @@ FAMILIES: dict[str, Family] = {f.architecture: f for f in (
                                    "num_experts", "num_local_experts", "num_experts_per_tok", "norm_topk_prob",
                                    "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers"}),
            routed_moe=True),
-    # SmolLM3: RoPE skipped on the layers no_rope_layers marks 0
+    # SmolLM3: RoPE skipped on the layers no_rope_layers marks 0. NOTE: max_window_layers, a
+    # Qwen2 field some SmolLM3 configs repeat, is read by no part of transformers' SmolLM3
     Family("smollm3", frozenset({"attention_bias", "mlp_bias", "use_sliding_window", "sliding_window",
-                                 "no_rope_layers", "no_rope_layer_interval", "layer_types"})),
+                                 "no_rope_layers", "no_rope_layer_interval", "layer_types", "max_window_layers"})),
     # Granite: embedding, attention, residual and logit multipliers
     Family("granite", frozenset({"attention_bias", "mlp_bias", "embedding_multiplier", "attention_multiplier",
                                  "residual_multiplier", "logits_scaling"})),

@@ -275,8 +275,8 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         num_experts=num_experts,
         num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0) if num_experts else 0,
         moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
-        # transformers' default for OLMoE, Qwen2-MoE and Qwen3-MoE; Mixtral always renormalises
-        norm_topk_prob=bool(cfg.get("norm_topk_prob", glm)) if architecture != "mixtral" else True,
+        # transformers' default: off for OLMoE, Qwen2-MoE, Qwen3-MoE, on for GLM-4; Mixtral always renormalises
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", glm)) if num_experts and architecture != "mixtral" else True,
         shared_expert_intermediate_size=(int(cfg.get("moe_intermediate_size", 0)) * int(cfg.get("n_shared_experts", 1))
                                          if glm else int(cfg.get("shared_expert_intermediate_size") or 0)),
         dense_layers=dense_layers,
