@@ -59,6 +59,22 @@ REFUSED_CONFIGS = {
     "layer types without a window": (tiny_dict(transformers.Qwen2Config, use_sliding_window=False,
                                                layer_types=["sliding_attention", "full_attention"]),
                                      "sliding_window"),
+    # issue 20's families: what their transformers models do not have, or disagree on
+    "qwen3 mlp bias": (tiny_dict(transformers.Qwen3Config, mlp_bias=True), "mlp_bias"),
+    "qwen3-moe shared expert": (tiny_dict(transformers.Qwen3MoeConfig, shared_expert_intermediate_size=32),
+                                "shared_expert_intermediate_size"),
+    "smollm3 sliding layers without use_sliding_window": (
+        tiny_dict(transformers.SmolLM3Config, sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
+        "use_sliding_window"),
+    "smollm3 no_rope_layers of the wrong length": (tiny_dict(transformers.SmolLM3Config, no_rope_layers=[1, 0, 1]),
+                                                   "no_rope_layers"),
+    "olmo2 clip_qkv": (tiny_dict(transformers.Olmo2Config, clip_qkv=8.0), "clip_qkv"),
+    "granite moe fields": (tiny_dict(transformers.GraniteConfig, num_local_experts=4), "num_local_experts"),
+    "ernie partial rotary": (tiny_dict(transformers.Ernie4_5Config, partial_rotary_factor=0.5),
+                             "partial_rotary_factor"),
+    "glm4-moe yarn key": (tiny_dict(transformers.Glm4MoeConfig, rope_parameters={
+        "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5, "mrope_section": [1, 1]}),
+        "mrope_section"),
 }
 
 
@@ -186,10 +202,34 @@ def test_phi3_directory_with_fused_projections_loads_and_matches(tmp_path: Path)
     assert rel_err(logits[0], hf(torch.tensor([prompt])).logits[0, -1]) < 1e-4
 
 
+def test_layers_past_the_last_are_ignored_only_where_the_family_says(tmp_path: Path):
+    """GLM-4 MoE checkpoints carry multi-token-prediction layers past num_hidden_layers,
+    which transformers does not load: not read here either. The same tensor in a Qwen3
+    directory is a tensor the model does not use: refused."""
+    from safetensors.torch import load_file, save_file
+
+    glm = transformers.Glm4MoeConfig(**{k: v for k, v in tiny_dict().items() if k in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads")}, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2)
+    qwen3 = transformers.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2)
+    for config, ignored in ((glm, True), (qwen3, False)):
+        directory = save_dir(tmp_path / config.model_type, config)
+        tensors = load_file(directory / "model.safetensors")
+        tensors["model.layers.2.eh_proj.weight"] = torch.zeros(32, 64)  # layer 2 of 2: past the last
+        save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+        if ignored:
+            assert "model.layers.2.eh_proj.weight" not in load_checkpoint(directory).tensors
+        else:
+            with pytest.raises(WeightsError, match=r"model\.layers\.2\.eh_proj\.weight"):
+                load_checkpoint(directory)
+
+
 def test_tensor_parallelism_refuses_what_it_cannot_shard():
     from inferpath.parallel.tp import check_shardable
 
     for cfg, name in ((tiny_dict(attention_bias=True), "o_proj_bias"), (tiny_dict(mlp_bias=True), "mlp_bias"),
-                      (tiny_dict(transformers.OlmoeConfig), "qk_norm")):
+                      (tiny_dict(transformers.OlmoeConfig), "qk_norm"),
+                      (tiny_dict(transformers.GraniteConfig), "granite")):
         with pytest.raises(ValueError, match=name):
             check_shardable(ModelConfig.from_hf_config(cfg), 2)

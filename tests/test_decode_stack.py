@@ -204,3 +204,89 @@ def test_two_engines_decoding_at_once_in_two_threads():
     for thread in threads:
         thread.join()
     assert results[0] == alone and results[1] == alone
+
+
+# ---------------------------------------------------------------- the allow-list (families.py)
+
+def _tiny_llama_config(config_cls=None, **overrides):
+    from inferpath.config import ModelConfig
+
+    fields = dict(architecture="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2,
+                  num_heads=2, num_kv_heads=1, head_dim=32, max_position_embeddings=64)
+    return (config_cls or ModelConfig)(**(fields | overrides))
+
+
+def test_every_model_config_field_is_on_the_native_decode_list():
+    """The list decides each field of ModelConfig: a field added later is refused until
+    someone writes down what the native step does with it (and a stale entry shows here)."""
+    from dataclasses import fields
+
+    from inferpath.config import ModelConfig
+    from inferpath.families import NATIVE_DECODE_FIELDS
+
+    assert set(NATIVE_DECODE_FIELDS) == {f.name for f in fields(ModelConfig)}
+
+
+def test_an_unknown_feature_flag_on_a_supported_family_keeps_native_decode_off():
+    """A Llama config with one field the list does not know: off, naming the field, both in
+    the check and in the decode stack of a model built from it; the same config without the
+    field takes the native call."""
+    from dataclasses import dataclass
+
+    from inferpath.config import ModelConfig
+    from inferpath.families import native_decode_refusal
+    from inferpath.kernels import accelerate
+    from inferpath.model import Transformer
+
+    @dataclass(frozen=True)
+    class FutureConfig(ModelConfig):
+        attention_sinks: bool = True  # a feature the native step was never written for
+
+    plain, future = _tiny_llama_config(), _tiny_llama_config(FutureConfig)
+    assert native_decode_refusal(plain) == ""
+    assert "attention_sinks" in native_decode_refusal(future)
+    for config, refused in ((plain, False), (future, True)):
+        model = Transformer(config)
+        model.init_random_weights()
+        accelerate(model)
+        reason = model.model.native_decode_refusal()
+        if not refused and reason:
+            pytest.skip(f"no native decode here: {reason}")
+        assert ("attention_sinks" in reason) == refused, reason
+
+
+@pytest.mark.parametrize("overrides,field", [
+    (dict(qk_norm="head"), "qk_norm"), (dict(no_rope_layers=(1,)), "no_rope_layers"),
+    (dict(residual_multiplier=0.5), "residual_multiplier"), (dict(post_norms=True), "post_norms"),
+    (dict(embedding_multiplier=2.0), "embedding_multiplier"), (dict(hidden_act="gelu"), "hidden_act"),
+    (dict(num_experts=4, num_experts_per_tok=2), "num_experts"), (dict(attn_logit_softcapping=5.0), "attn_logit"),
+    (dict(architecture="gemma2"), "gemma2"), (dict(architecture="qwen3"), "qwen3"),
+    (dict(sliding_window=8, layer_types=("sliding_attention", "full_attention")), "layer_types"),
+])
+def test_features_and_families_the_native_step_does_not_implement_are_refused(overrides, field):
+    from inferpath.families import native_decode_refusal
+
+    assert field in native_decode_refusal(_tiny_llama_config(**overrides))
+
+
+def test_the_decode_stack_reads_no_private_attribute_of_another_module():
+    """decode_stack.py touches the modules it runs through their public accessors only: no
+    ``x._name`` on anything but ``self``, no ``_name`` imported. The one exception is
+    PyTorch's hook registries, which have no public reader (``watched``)."""
+    import ast
+    import inspect
+
+    from inferpath.kernels import decode_stack
+
+    torch_hook_registries = {"_forward_hooks", "_forward_pre_hooks", "_global_forward_hooks",
+                             "_global_forward_pre_hooks"}
+    tree = ast.parse(inspect.getsource(decode_stack))
+    private = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            if not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                private.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.ImportFrom):
+            private += [f"line {node.lineno}: import {a.name}" for a in node.names if a.name.startswith("_")]
+    private = [p for p in private if p.rsplit(" ", 1)[-1].lstrip(".") not in torch_hook_registries]
+    assert private == []

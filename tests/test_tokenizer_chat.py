@@ -213,3 +213,39 @@ def test_template_errors_are_value_errors(tmp_path, smollm2_pair):
     messages = [{"role": "user", "content": "<b>é</b>"}, {"role": "assistant", "content": "ok"}]
     (expected,), _ = render_jinja_template([messages], chat_template=template)
     assert ChatRenderer(template, {}).render(messages, add_generation_prompt=False) == expected
+
+
+QWEN3_CHAT = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "What is 2 + 2?"},
+    {"role": "assistant", "content": "4", "reasoning_content": "Two and two make four."},
+    {"role": "user", "content": "And 3 + 3?"},
+]
+
+
+@pytest.mark.parametrize("template_kwargs", [None, {"enable_thinking": False}, {"enable_thinking": True}])
+def test_qwen3_template_with_enable_thinking_equals_transformers(template_kwargs):
+    """Qwen3's own template (llama.cpp's copy of Qwen3-0.6B's): a multi-turn chat with an
+    earlier answer's reasoning, with and without thinking, rendered as transformers renders
+    it with the same keyword arguments."""
+    from inferpath.tokenizer.chat import ChatRenderer
+    from tokenizer_fixtures import llama_cpp_template
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    template = llama_cpp_template("Qwen-Qwen3-0.6B.jinja")
+    renderer = ChatRenderer(template, {})
+    ours = renderer.render(QWEN3_CHAT, template_kwargs=template_kwargs)
+    (expected,), _ = render_jinja_template([QWEN3_CHAT], chat_template=template, add_generation_prompt=True,
+                                           **(template_kwargs or {}))
+    assert ours == expected
+    assert ours.endswith("<think>\n\n</think>\n\n") == (template_kwargs == {"enable_thinking": False})
+
+
+def test_template_kwargs_that_would_replace_the_renderer_s_own_are_refused():
+    from inferpath.tokenizer.chat import ChatRenderer
+
+    renderer = ChatRenderer("{{ enable_thinking }}", {"bos_token": "<s>"})
+    assert renderer.render([], template_kwargs={"enable_thinking": True}) == "True"
+    for bad in ({"messages": []}, {"bos_token": "x"}, {"tools": None}, {"not a name": 1}, {"_x": 1}):
+        with pytest.raises(ValueError, match="chat template kwarg"):
+            renderer.render([], template_kwargs=bad)

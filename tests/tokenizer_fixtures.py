@@ -222,3 +222,22 @@ def first_difference(ours: list[int], reference: list[int]) -> str:
         min(len(ours), len(reference)),
     )
     return f"first difference at {index}: ours {ours[index - 2 : index + 4]} vs reference {reference[index - 2 : index + 4]}"
+
+
+def llama_cpp_template(name: str) -> str:
+    """A chat template from llama.cpp's ``models/templates`` (``Qwen-Qwen3-0.6B.jinja``...),
+    read from the ``llama-cpp-python==0.3.36`` sdist (downloaded once into testdata)."""
+    target = testdata_dir() / "llama-cpp-templates" / name
+    if not target.is_file():
+        sdist = testdata_dir() / "llama_cpp_python-0.3.36.tar.gz"
+        if not sdist.is_file():
+            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
+                            ":all:", LLAMA_CPP_SDIST, "-d", str(testdata_dir())], check=True)
+        member = f"llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates/{name}"
+        with tarfile.open(sdist) as archive, archive.extractfile(member) as source:
+            data = source.read()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.with_suffix(".partial")
+        staging.write_bytes(data)
+        staging.rename(target)
+    return target.read_text(encoding="utf-8")

@@ -14,11 +14,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from inferpath.families import FAMILIES
 from inferpath.hf_config import UnsupportedFieldError, model_config_kwargs
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "mixtral", "phi3", "olmoe", "qwen2_moe", "gemma2", "gemma3_text")
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 # MoE architectures whose experts sit under ``mlp`` with Llama names (model/moe.py RoutedMoE)
-ROUTED_MOE_ARCHITECTURES = ("olmoe", "qwen2_moe")
+ROUTED_MOE_ARCHITECTURES = tuple(name for name, f in FAMILIES.items() if f.routed_moe)
 
 
 class ConfigError(ValueError):
@@ -61,8 +62,8 @@ class ModelConfig:
     # layers whose FFN is a dense MLP of intermediate_size although num_experts > 0
     # (Qwen2-MoE's mlp_only_layers / decoder_sparse_step)
     dense_layers: tuple[int, ...] = ()
-    # RMSNorm on Q and K before RoPE: "" none, "projection" over all heads at once (OLMoE),
-    # "head" over each head (Gemma 3)
+    # RMSNorm on Q and K before RoPE: "" none, "projection" over all heads at once (OLMoE,
+    # OLMo 2), "head" over each head (Gemma 3, Qwen3)
     qk_norm: str = ""
     # Gemma 2 and 3: RMSNorm weights stored as w - 1 (the norm multiplies by 1 + w), a norm after
     # attention and around the FFN ("sandwich"), embeddings times sqrt(hidden_size),
@@ -81,6 +82,33 @@ class ModelConfig:
     # per layer "full_attention" or "sliding_attention"; None: every layer slides iff
     # sliding_window is set
     layer_types: tuple[str, ...] | None = None
+    # layers whose Q and K get no RoPE at all (SmolLM3's no_rope_layers: every 4th)
+    no_rope_layers: tuple[int, ...] = ()
+    # OLMo 2: no norm before attention or the MLP; each one's output is normed before the
+    # residual add (post_attention_layernorm, post_feedforward_layernorm)
+    post_norms: bool = False
+    # Granite: the factor on q . k itself (replaces head_dim ** -0.5), each block's output
+    # times residual_multiplier before its residual add, logits divided by logits_scaling
+    attention_multiplier: float | None = None
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
+    # GLM-4: RoPE turns only the first rotary_dim of each head's dimensions (0 = all of them)
+    rotary_dim: int = 0
+    # the experts' router: "softmax" (top-k of a softmax), or "sigmoid_grouped" (GLM-4 MoE:
+    # sigmoid scores, a per-expert correction bias that only chooses, the best
+    # num_expert_groups groups' experts, weights times routed_scaling_factor); GLM-4's
+    # shared experts are shared_expert_intermediate_size wide with no gate
+    moe_router: str = "softmax"
+    num_expert_groups: int = 1
+    num_topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
+    # gpt-oss: "topk_softmax" routing (a router with a bias; softmax over the top-k logits);
+    # experts stored fused with biases, gated by a clamped SwiGLU: gate clamped above and up
+    # both ways at swiglu_limit, (up + 1) * gate * sigmoid(swiglu_alpha * gate); a learned
+    # per-head sink logit in each attention softmax
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.0
+    attention_sinks: bool = False
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -106,6 +134,19 @@ class ModelConfig:
             raise ConfigError(f"hidden_act {self.hidden_act!r} with experts is not supported (SiLU only)")
         if self.layer_types is not None and len(self.layer_types) != self.num_layers:
             raise ConfigError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+        if self.rotary_dim and (self.rotary_dim % 2 or self.rotary_dim > self.head_dim):
+            raise ConfigError(f"rotary_dim ({self.rotary_dim}) must be even and at most head_dim ({self.head_dim})")
+        if self.moe_router not in ("softmax", "sigmoid_grouped", "topk_softmax"):
+            raise ConfigError(f"moe_router {self.moe_router!r} is not supported; "
+                              "supported: softmax, sigmoid_grouped, topk_softmax")
+        if self.num_experts and (self.num_experts % self.num_expert_groups
+                                 or not 0 < self.num_topk_groups <= self.num_expert_groups):
+            raise ConfigError(f"{self.num_experts} experts in {self.num_expert_groups} groups, the best "
+                              f"{self.num_topk_groups} chosen: groups must divide the experts and be chosen 1..all")
+        if self.sandwich_norms and self.post_norms:
+            raise ConfigError("sandwich_norms and post_norms exclude each other (Gemma's norms or OLMo 2's)")
+        if any(not 0 <= i < self.num_layers for i in self.no_rope_layers):
+            raise ConfigError(f"no_rope_layers {list(self.no_rope_layers)} must be layer indices below {self.num_layers}")
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ConfigError(
                 f"num_experts_per_tok ({self.num_experts_per_tok}) must be in "
@@ -114,7 +155,10 @@ class ModelConfig:
 
     @property
     def attention_scale(self) -> float:
-        """The factor on q . k: query_pre_attn_scalar ** -0.5 where set, else head_dim ** -0.5."""
+        """The factor on q . k: attention_multiplier where set (Granite), else
+        query_pre_attn_scalar ** -0.5 where set (Gemma), else head_dim ** -0.5."""
+        if self.attention_multiplier is not None:
+            return self.attention_multiplier
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     def local_rope_config(self) -> "ModelConfig":

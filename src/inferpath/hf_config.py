@@ -1,9 +1,9 @@
 """Reading a Hugging Face ``config.json`` into ModelConfig, refusing what we do not implement.
 
 Every field of the dict is accounted for: either the model reads it (``_MODEL_FIELDS`` and
-the per-architecture fields), or it is known not to change the logits (training-only
-settings, generation defaults, bookkeeping: ``HARMLESS_FIELDS``), or it is an error naming
-it. A field that changes the math and is silently dropped gives a model that loads and
+the family's own fields, families.py), or it is known not to change the logits
+(training-only settings, generation defaults, bookkeeping: ``HARMLESS_FIELDS``), or it is an
+error naming it. A field that changes the math and is silently dropped gives a model that loads and
 answers wrong, which is the one failure an inference engine must never have.
 
 The same holds one level down for ``rope_scaling`` / ``rope_parameters``: each RoPE type
@@ -13,6 +13,8 @@ lists the keys it reads, and any other key is refused.
 from __future__ import annotations
 
 from typing import Any
+
+from inferpath.families import FAMILIES
 
 # Settings that do not change a forward pass's logits: bookkeeping, training-only
 # (dropout, router aux loss and jitter, initialisation), generation defaults (the engine's
@@ -41,27 +43,12 @@ _MODEL_FIELDS = frozenset({
     "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling",
     "rope_parameters", "max_position_embeddings", "tie_word_embeddings", "hidden_act",
 })
-ARCHITECTURE_FIELDS = {
-    "llama": frozenset({"attention_bias", "mlp_bias"}),
-    "mistral": frozenset({"sliding_window"}),
-    "qwen2": frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"}),
-    "mixtral": frozenset({"sliding_window", "num_local_experts", "num_experts_per_tok"}),
-    # Phi-3: fused qkv_proj / gate_up_proj in the checkpoint (split on load, names.py)
-    "phi3": frozenset({"sliding_window", "original_max_position_embeddings"}),
-    "olmoe": frozenset({"attention_bias", "num_experts", "num_experts_per_tok", "norm_topk_prob", "clip_qkv"}),
-    # Gemma 2 and Gemma 3 text (bidirectional attention is refused)
-    "gemma2": frozenset({"attention_bias", "hidden_activation", "query_pre_attn_scalar", "layer_types",
-                         "sliding_window", "attn_logit_softcapping", "final_logit_softcapping",
-                         "use_bidirectional_attention"}),
-    "gemma3_text": frozenset({"attention_bias", "hidden_activation", "query_pre_attn_scalar", "layer_types",
-                              "sliding_window", "_sliding_window_pattern", "sliding_window_pattern",
-                              "attn_logit_softcapping", "final_logit_softcapping", "rope_local_base_freq",
-                              "use_bidirectional_attention"}),
-    "qwen2_moe": frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
-                            "num_experts", "num_experts_per_tok", "norm_topk_prob", "moe_intermediate_size",
-                            "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers",
-                            "qkv_bias"}),
-}
+# families whose attention_bias puts a bias on o_proj too (Qwen2's family only on Q, K, V)
+_O_PROJ_BIASED = frozenset({"llama", "olmoe", "gemma2", "gemma3_text", "qwen3", "qwen3_moe", "smollm3", "granite",
+                            "olmo2", "gpt_oss"})
+# RMSNorm on Q and K before RoPE: over all heads at once, or over each head
+_QK_NORMS = {"olmoe": "projection", "olmo2": "projection", "gemma3_text": "head", "qwen3": "head",
+             "qwen3_moe": "head"}
 SUPPORTED_ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh")
 # RoPE type -> the keys of its parameters that the model reads (rope.py)
 ROPE_KEYS = {
@@ -84,7 +71,8 @@ class UnsupportedFieldError(ValueError):
 
 def check_fields(cfg: dict[str, Any], architecture: str) -> None:
     """Raise UnsupportedFieldError naming the first field neither read nor known harmless."""
-    known = HARMLESS_FIELDS | _MODEL_FIELDS | ARCHITECTURE_FIELDS.get(architecture, frozenset())
+    entry = FAMILIES.get(architecture)
+    known = HARMLESS_FIELDS | _MODEL_FIELDS | (entry.config_fields if entry else frozenset())
     unknown = sorted(k for k in cfg if k not in known)
     if unknown:
         raise UnsupportedFieldError(
@@ -154,7 +142,7 @@ def layer_types(cfg: dict[str, Any], architecture: str, num_layers: int) -> tupl
     ``use_sliding_window``, on layers ``>= max_window_layers`` unless ``layer_types`` says.
     """
     window = cfg.get("sliding_window")
-    if architecture == "gemma2":  # every other layer slides, the first one included
+    if architecture in ("gemma2", "gpt_oss"):  # every other layer slides, the first one included
         types = cfg.get("layer_types") or [
             "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
     elif architecture == "gemma3_text":
@@ -162,13 +150,26 @@ def layer_types(cfg: dict[str, Any], architecture: str, num_layers: int) -> tupl
         if types is None:
             pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
             types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
-    elif architecture in ("qwen2", "qwen2_moe"):
+    elif architecture in ("qwen2", "qwen2_moe", "qwen3"):
         if not cfg.get("use_sliding_window", False):
             window = None
         types = cfg.get("layer_types")
         if types is None and window is not None:
             first = int(cfg.get("max_window_layers", num_layers))
             types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    elif architecture == "qwen3_moe":  # every layer slides with use_sliding_window
+        window = window if cfg.get("use_sliding_window", False) else None
+        types = None if window is None else ["sliding_attention"] * num_layers
+    elif architecture == "smollm3":  # sliding only with use_sliding_window, on the NoPE layers by default
+        types = cfg.get("layer_types")
+        if not cfg.get("use_sliding_window", False):
+            if types is not None and "sliding_attention" in types:
+                raise UnsupportedFieldError(f"layer_types {list(types)!r} has sliding layers but use_sliding_window "
+                                            "is false (transformers' SmolLM3 then disagrees with itself)")
+            window = None
+        elif types is None and window is not None:
+            rope = smollm3_rope_layers(cfg, num_layers)
+            types = ["full_attention" if rope[i] else "sliding_attention" for i in range(num_layers)]
     else:
         types = None if window is None else ["sliding_attention"] * num_layers
     if types is None or window is None and "sliding_attention" not in types:
@@ -180,6 +181,32 @@ def layer_types(cfg: dict[str, Any], architecture: str, num_layers: int) -> tupl
     if "sliding_attention" in types and not window:
         raise UnsupportedFieldError("layer_types has sliding layers but sliding_window is not set")
     return types if "sliding_attention" in types else None
+
+
+def smollm3_rope_layers(cfg: dict[str, Any], num_layers: int) -> list[int]:
+    """SmolLM3's per-layer 1 (RoPE) / 0 (none): ``no_rope_layers``, else every
+    ``no_rope_layer_interval``-th layer without."""
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        interval = int(cfg.get("no_rope_layer_interval", 4))
+        flags = [int((i + 1) % interval != 0) for i in range(num_layers)]
+    if len(flags) != num_layers or not set(flags) <= {0, 1}:
+        raise UnsupportedFieldError(f"no_rope_layers {list(flags)!r} must be a 0 or 1 for each of the "
+                                    f"{num_layers} layers")
+    return [int(f) for f in flags]
+
+
+def glm4_partial_rotary(cfg: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """GLM-4's partial_rotary_factor (in rope_parameters, or beside it in older configs;
+    transformers' default 0.5) as the rotated width, and the config without it."""
+    params = dict(cfg.get("rope_parameters") or {})
+    factor = float(params.pop("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.5)))
+    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
+    rotary_dim = int(head_dim * factor)
+    rest = {k: v for k, v in cfg.items() if k != "partial_rotary_factor"}
+    if "rope_parameters" in cfg:
+        rest["rope_parameters"] = params
+    return rest, rotary_dim
 
 
 def gemma3_rope(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -205,15 +232,27 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
     num_heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
     num_layers = int(cfg["num_hidden_layers"])
+    glm = architecture == "glm4_moe"
+    rotary_dim = 0
+    if glm:  # partial rotary: read here, so that rope_settings refuses it for every other family
+        cfg, rotary_dim = glm4_partial_rotary(cfg)
     rope = gemma3_rope(cfg) if architecture == "gemma3_text" else dict(zip(("rope_theta", "rope_scaling"), rope_settings(cfg)))
-    num_experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+    num_experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
     types = layer_types(cfg, architecture, num_layers)
-    llama_bias = bool(cfg.get("attention_bias", False))  # Llama and OLMoE: all four projections
+    llama_bias = bool(cfg.get("attention_bias", architecture == "gpt_oss"))  # Llama and its kind: all four projections
+    ernie_bias = architecture == "ernie4_5" and bool(cfg.get("use_bias", False))  # every projection
     dense_layers: tuple[int, ...] = ()
-    if architecture == "qwen2_moe":
+    if architecture in ("qwen2_moe", "qwen3_moe"):
         step = int(cfg.get("decoder_sparse_step", 1) or 1)
         only = set(cfg.get("mlp_only_layers") or ())
         dense_layers = tuple(i for i in range(num_layers) if i in only or (i + 1) % step)
+    no_rope: tuple[int, ...] = ()
+    if architecture == "smollm3":
+        no_rope = tuple(i for i, flag in enumerate(smollm3_rope_layers(cfg, num_layers)) if not flag)
+    if glm:
+        dense_layers = tuple(range(min(int(cfg.get("first_k_dense_replace", 1)), num_layers)))
+    granite = architecture == "granite"
+    oss = architecture == "gpt_oss"
     return dict(
         architecture=architecture,
         vocab_size=int(cfg["vocab_size"]),
@@ -228,24 +267,40 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         # Qwen2 always has a Q/K/V bias and no o_proj bias; Llama's attention_bias is all four
-        attention_bias=(architecture == "qwen2" or llama_bias
+        attention_bias=(architecture == "qwen2" or llama_bias or ernie_bias
                         or (architecture == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))),
-        o_proj_bias=architecture in ("llama", "olmoe", "gemma2", "gemma3_text") and llama_bias,
-        mlp_bias=bool(cfg.get("mlp_bias", False)),
+        o_proj_bias=(architecture in _O_PROJ_BIASED and llama_bias) or ernie_bias,
+        mlp_bias=bool(cfg.get("mlp_bias", False)) or ernie_bias,
         hidden_act=str(cfg.get("hidden_act", "silu")),
         num_experts=num_experts,
         num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0) if num_experts else 0,
         moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
-        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)) if architecture != "mixtral" else True,
-        shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+        # transformers' default for OLMoE, Qwen2-MoE and Qwen3-MoE; Mixtral always renormalises
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", glm)) if architecture != "mixtral" else True,
+        shared_expert_intermediate_size=(int(cfg.get("moe_intermediate_size", 0)) * int(cfg.get("n_shared_experts", 1))
+                                         if glm else int(cfg.get("shared_expert_intermediate_size") or 0)),
         dense_layers=dense_layers,
-        qk_norm={"olmoe": "projection", "gemma3_text": "head"}.get(architecture, ""),
+        qk_norm="head" if glm and cfg.get("use_qk_norm") else _QK_NORMS.get(architecture, ""),
         norm_weight_offset=1.0 if gemma else 0.0,
         sandwich_norms=gemma,
-        embedding_multiplier=float(cfg["hidden_size"]) ** 0.5 if gemma else 1.0,
+        embedding_multiplier=(float(cfg["hidden_size"]) ** 0.5 if gemma
+                              else float(cfg.get("embedding_multiplier", 1.0)) if granite else 1.0),
         query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]) if gemma else None,
         final_logit_softcapping=float(cfg["final_logit_softcapping"]) if cfg.get("final_logit_softcapping") else None,
         attn_logit_softcapping=float(cfg["attn_logit_softcapping"]) if cfg.get("attn_logit_softcapping") else None,
         sliding_window=int(cfg["sliding_window"]) if types else None,
         layer_types=types,
+        no_rope_layers=no_rope,
+        post_norms=architecture == "olmo2",
+        attention_multiplier=float(cfg.get("attention_multiplier", 1.0)) if granite else None,
+        residual_multiplier=float(cfg.get("residual_multiplier", 1.0)) if granite else 1.0,
+        logits_scaling=float(cfg.get("logits_scaling", 1.0)) if granite else 1.0,
+        rotary_dim=rotary_dim,
+        moe_router="sigmoid_grouped" if glm else "topk_softmax" if oss else "softmax",
+        num_expert_groups=int(cfg.get("n_group", 1)) if glm else 1,
+        num_topk_groups=int(cfg.get("topk_group", 1)) if glm else 1,
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)) if glm else 1.0,
+        swiglu_limit=float(cfg.get("swiglu_limit", 7.0)) if oss else None,
+        swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)) if oss else 1.0,
+        attention_sinks=oss,
     )

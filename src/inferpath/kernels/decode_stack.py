@@ -11,10 +11,13 @@ weights with float32 activations, and float32 or bfloat16 weights with activatio
 their dtype — for the row counts whose module path runs the GEMV (a bf16 batch on an AMX
 CPU, or past the GEMV's rows, takes oneDNN or AMX there, so the module path here) —
 and bf16 weights with float32 activations (kernels/bf16_weights.py), the weights widened
-inside the GEMV. Everything else — prefill, mixed batches, a model outside the plain
-Llama layer (QK-norm, sandwich norms, soft-capping, MoE, non-SiLU gates), a traced step
-(its clock wraps module forwards), a hooked module (tensor parallelism's all-reduce) —
-takes the module path.
+inside the GEMV. The call is granted, never assumed: the model's family must allow it and
+every field of its ModelConfig must hold a value the call implements (families.py, an
+allow-list: QK-norm, sandwich or post norms, soft-capping, MoE, non-SiLU gates, NoPE
+layers, multipliers, or a feature added later stay off it), and every layer must hold the
+native modules the call reads (exact types, through their public accessors). Everything
+else — prefill, mixed batches, a traced step (its clock wraps module forwards), a hooked
+module (tensor parallelism's all-reduce) — takes the module path.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from itertools import repeat
 import torch
 from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
+from inferpath.families import native_decode_refusal
 from inferpath.kernels import build, ops
 from inferpath.kernels.fused import CPUSelfAttention, CPUSwiGLUMLP, float_group, quant_group
 from inferpath.kernels.groups import GGUF_FLOAT_TYPES, FloatGroup, QuantGroup
@@ -64,7 +68,12 @@ class _Plan:
     def __init__(self, stack: DecoderStack) -> None:
         self.dtype = stack.norm.weight.dtype  # of the activations, norms and KV cache
         layers = list(stack.layers)
-        self.quantized = getattr(layers[0].self_attn, "_quant_qkv", None) is not None
+        self.quantized = False
+        self.reason = native_decode_refusal(stack.config)
+        if self.reason:
+            return
+        attn = layers[0].self_attn
+        self.quantized = isinstance(attn, CPUSelfAttention) and attn.qkv_group(quantized=True) is not None
         self.reason = self._check(stack, self.dtype, self.quantized)
         if self.reason:
             return
@@ -76,10 +85,9 @@ class _Plan:
         self.layers = (_Layer * len(layers))()
         for i, layer in enumerate(layers):
             attn, mlp = layer.self_attn, layer.mlp
-            if self.quantized:
-                groups = [attn._quant_qkv, quant_group(attn.o_proj), mlp._quant_gate_up, quant_group(mlp.down_proj)]
-            else:
-                groups = [attn._float_qkv, float_group(attn.o_proj), mlp._float_gate_up, float_group(mlp.down_proj)]
+            single = quant_group if self.quantized else float_group
+            groups = [attn.qkv_group(self.quantized), single(attn.o_proj), mlp.gate_up_group(self.quantized),
+                      single(mlp.down_proj)]
             self.groups += groups
             self.layers[i].input_norm = layer.input_layernorm.weight.data_ptr()
             self.layers[i].post_norm = layer.post_attention_layernorm.weight.data_ptr()
@@ -104,7 +112,9 @@ class _Plan:
 
     @staticmethod
     def _check(stack: DecoderStack, dtype: torch.dtype, quantized: bool) -> str:
-        """Why this model's layers cannot take the native call ('' if they can)."""
+        """Why this model's modules cannot take the native call ('' if they can): each layer
+        must hold exactly the native modules the call reads. Its features are checked
+        before, against the allow-list (families.py)."""
         from inferpath.kernels.modules import (  # modules imports this one
             CPULinear,
             CPUPagedAttention,
@@ -117,27 +127,27 @@ class _Plan:
             return "no native decode kernel here"
         if not quantized and (dtype not in GGUF_FLOAT_TYPES or build.native_decode_layers(dtype) is None):
             return f"no native decode kernel for {str(dtype).removeprefix('torch.')} here"
-        if stack.embedding_multiplier != 1.0:
-            return "scaled embeddings"
         layers = list(stack.layers)
         first = layers[0].self_attn
         activations = torch.float32 if quantized else dtype
         projection = QuantLinear if quantized else CPULinear
         for layer in layers:
             attn, mlp = layer.self_attn, getattr(layer, "mlp", None)
-            norms = (layer.input_layernorm, layer.post_attention_layernorm)
-            if layer.is_moe or layer.sandwich_norms or type(mlp) is not CPUSwiGLUMLP:
+            norms = (getattr(layer, "input_layernorm", None), layer.post_attention_layernorm)
+            if type(mlp) is not CPUSwiGLUMLP:
                 return "not a plain SwiGLU layer"
-            if any(type(n) is not CPURMSNorm or n.weight.dtype != activations or n._kernel is None for n in norms):
+            if any(type(n) is not CPURMSNorm or n.weight.dtype != activations or not n.has_native_kernel
+                   for n in norms):
                 return f"not a native {str(activations).removeprefix('torch.')} RMSNorm"
-            qkv = attn._quant_qkv if quantized else getattr(attn, "_float_qkv", None)
+            if type(attn) is not CPUSelfAttention:
+                return "attention is not the fused native module"
+            qkv = attn.qkv_group(quantized)
             if not quantized and qkv is not None and not qkv.runs(activations):
                 qkv = None
-            if (type(attn) is not CPUSelfAttention or attn.qk_norm or qkv is None
-                    or type(attn.o_proj) is not projection or type(attn.rotary_emb) is not CPURotaryEmbedding
-                    or type(attn.attn) is not CPUPagedAttention):
+            if (qkv is None or type(attn.o_proj) is not projection
+                    or type(attn.rotary_emb) is not CPURotaryEmbedding or type(attn.attn) is not CPUPagedAttention):
                 return "attention is not quantized or native-GEMV Q/K/V with native RoPE and paged attention"
-            gate_up = mlp._quant_gate_up if quantized else mlp._float_gate_up
+            gate_up = mlp.gate_up_group(quantized)
             if (gate_up is None or (not quantized and not gate_up.runs(activations))
                     or type(mlp.down_proj) is not projection or type(mlp.act_fn) is not CPUSiluAndMul):
                 return "the MLP is not quantized or native-GEMV gate/up/down with a SiLU gate"

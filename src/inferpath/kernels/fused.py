@@ -87,6 +87,11 @@ class CPUSelfAttention(SelfAttention):
         self._sizes = [p.out_features for p in projections]
         return self
 
+    def qkv_group(self, quantized: bool) -> QuantGroup | FloatGroup | None:
+        """The group Q/K/V run through: over GGUF blocks (``quantized``) or float weights;
+        None where there is none."""
+        return self._quant_qkv if quantized else self._float_qkv
+
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         group = _group_serves(x, self._quant_qkv, self._float_qkv)
         if not group or _hooked(self.q_proj, self.k_proj, self.v_proj):
@@ -111,6 +116,10 @@ class CPUSwiGLUMLP(SwiGLUMLP):
         if self._quant_gate_up is not None and self._silu[torch.float32] is None:
             self._quant_gate_up = None
         return self
+
+    def gate_up_group(self, quantized: bool) -> QuantGroup | FloatGroup | None:
+        """The group gate and up run through (as ``CPUSelfAttention.qkv_group``)."""
+        return self._quant_gate_up if quantized else self._float_gate_up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, hidden_size) -> (num_tokens, hidden_size)

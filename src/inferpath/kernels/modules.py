@@ -71,6 +71,11 @@ class CPURMSNorm(RMSNorm):
         self._kernel = build.native_rms_norm(dtype) if ops.kernel_ready(dtype, self.weight) else None
         return self
 
+    @property
+    def has_native_kernel(self) -> bool:
+        """Whether rows of the weight's dtype run the native kernel."""
+        return self._kernel is not None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, hidden_size)
         if (self._kernel is not None and x.dim() == 2 and x.dtype == self.weight.dtype

@@ -184,14 +184,15 @@ class PagedAttention(nn.Module):
     """softmax(q k^T / sqrt(head_dim)) v over the cache, causal, grouped-query.
 
     Reads K/V of earlier tokens through the block tables (this step's K/V must already be
-    written). Returns (num_tokens, num_heads, head_dim).
+    written). ``sinks`` (num_heads,), gpt-oss: one learned logit per head joins each softmax's
+    denominator and weighs no value. Returns (num_tokens, num_heads, head_dim).
     """
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
+                v_cache: torch.Tensor, plan: AttentionPlan, sinks: torch.Tensor | None = None) -> torch.Tensor:
         # q: (num_tokens, num_heads, head_dim); k, v: (num_tokens, num_kv_heads, head_dim)
-        if plan.softcap:  # neither SDPA nor the native kernel squashes scores
-            return softcapped_attention(q, k, v, k_cache, v_cache, plan)
+        if plan.softcap or sinks is not None:  # neither SDPA nor the native kernels squash scores or sink
+            return softcapped_attention(q, k, v, k_cache, v_cache, plan, sinks)
         decode = plan.decode
         if decode is not None and decode.token_rows is None:
             return self._decode(q, k_cache, v_cache, decode, plan.scale)
@@ -267,10 +268,10 @@ class PagedAttention(nn.Module):
 
 
 def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                         v_cache: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
-    """``PagedAttention`` with Gemma 2's soft-capped scores, written out: each decode row and
-    each prefill chunk attends over exactly its own sequence's keys (so it is batch-invariant
-    too). Returns (num_tokens, num_heads, head_dim)."""
+                         v_cache: torch.Tensor, plan: AttentionPlan, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """``PagedAttention`` with Gemma 2's soft-capped scores and/or gpt-oss's sinks, written
+    out: each decode row and each prefill chunk attends over exactly its own sequence's keys
+    (so it is batch-invariant too). Returns (num_tokens, num_heads, head_dim)."""
     num_kv_heads, head_dim = k_cache.shape[-2:]
     block_size = k_cache.shape[1]
 
@@ -287,7 +288,8 @@ def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
             blocks = decode.block_ids[first:first + -(-length // block_size)]
             mask = causal_mask(1, length, decode.sliding_window or None, q.device)
             out[row] = capped_scores_attention(q[row:row + 1], gather(k_cache, blocks, length),
-                                               gather(v_cache, blocks, length), mask, plan.scale, plan.softcap)[0]
+                                               gather(v_cache, blocks, length), mask, plan.scale, plan.softcap,
+                                               sinks)[0]
     for chunk in plan.prefills:
         rows = slice(chunk.token_start, chunk.token_start + chunk.query_len)
         if chunk.block_ids is None:
@@ -295,13 +297,15 @@ def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
         else:
             keys, values = gather(k_cache, chunk.block_ids, chunk.seq_len), gather(v_cache, chunk.block_ids, chunk.seq_len)
         mask = chunk.mask if chunk.mask is not None else causal_mask(chunk.query_len, chunk.seq_len, None, q.device)
-        out[rows] = capped_scores_attention(q[rows], keys, values, mask, plan.scale, plan.softcap)
+        out[rows] = capped_scores_attention(q[rows], keys, values, mask, plan.scale, plan.softcap, sinks)
     return out
 
 
 def capped_scores_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                            scale: float, softcap: float) -> torch.Tensor:
-    """softmax(mask(softcap * tanh(q k^T * scale / softcap))) v for one sequence, grouped-query.
+                            scale: float, softcap: float | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(mask(softcap * tanh(q k^T * scale / softcap))) v for one sequence, grouped-query;
+    no tanh without ``softcap``; with ``sinks`` (num_heads,) each head's sink logit joins the
+    softmax as one more key whose value is zero.
 
     q: (query_len, num_heads, head_dim); k, v: (seq_len, num_kv_heads, head_dim); mask:
     (query_len, seq_len) bool, True = attend. Scores in q's dtype and softmax in float32, in
@@ -311,9 +315,14 @@ def capped_scores_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
     k = k.repeat_interleave(group, dim=1)  # (seq_len, num_heads, head_dim)
     v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q, k) * scale  # (num_heads, query_len, seq_len)
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))
-    probs = scores.float().softmax(dim=-1).to(q.dtype)
+    if sinks is not None:  # (num_heads, query_len, seq_len + 1): the sink's column, then dropped
+        sink = sinks.to(scores.dtype).view(-1, 1, 1).expand(-1, scores.shape[1], 1)
+        probs = torch.cat((scores, sink), dim=-1).float().softmax(dim=-1)[..., :-1].to(q.dtype)
+    else:
+        probs = scores.float().softmax(dim=-1).to(q.dtype)
     return torch.einsum("hqk,khd->qhd", probs, v)
 
 

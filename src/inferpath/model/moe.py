@@ -10,6 +10,14 @@ the chosen k.
 Llama-named SwiGLU MLPs; the weights are the softmax over all experts at the top k,
 renormalised only with ``norm_topk_prob``. Qwen2-MoE adds a shared expert that every
 token runs, scaled by ``sigmoid(shared_expert_gate(x))``.
+
+``GroupedSigmoidMoE`` (GLM-4 MoE): the same layout, a sigmoid router whose choice (not
+weights) adds a per-expert correction bias and is restricted to the best expert groups,
+and ungated shared experts (``mlp.shared_experts``).
+
+``FusedBiasedMoE`` (gpt-oss): ``mlp.router`` (with a bias) picks the top-k logits and
+softmaxes them; ``mlp.experts`` holds every expert in four stacked tensors with biases,
+gate and up interleaved by column, gated by the clamped SwiGLU.
 """
 
 from __future__ import annotations
@@ -108,4 +116,109 @@ class RoutedMoE(nn.Module):
         if self.shared_expert is not None:
             # every token also runs the shared expert, gated by a sigmoid of one score
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+
+class GroupedRouter(nn.Module):
+    """GLM-4 MoE's router (``mlp.gate``): ``weight`` (num_experts, hidden) and the
+    ``e_score_correction_bias`` (num_experts,) that steers the choice only."""
+
+    def __init__(self, hidden_size: int, num_experts: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+        self.e_score_correction_bias = nn.Parameter(torch.empty(num_experts))
+
+
+class GroupedSigmoidMoE(nn.Module):
+    """Experts chosen by sigmoid scores within the best groups, plus shared experts.
+
+    Per token: scores = sigmoid(router logits) (float32); a group's rank is the sum of its
+    two best biased scores; only the best ``num_topk_groups`` groups' experts may be chosen;
+    the top k by biased score are chosen, weighted by their *unbiased* scores (renormalised
+    with ``norm_topk_prob``) times ``routed_scaling_factor``. transformers' Glm4MoeTopkRouter
+    is the reference.
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
+                 norm_topk_prob: bool, num_groups: int, num_topk_groups: int, routed_scaling_factor: float,
+                 shared_intermediate_size: int) -> None:
+        super().__init__()
+        self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
+        self.num_groups, self.num_topk_groups = num_groups, num_topk_groups
+        self.routed_scaling_factor = routed_scaling_factor
+        self.gate = GroupedRouter(hidden_size, num_experts)
+        self.experts = nn.ModuleList(SwiGLUMLP(hidden_size, intermediate_size) for _ in range(num_experts))
+        self.shared_experts = SwiGLUMLP(hidden_size, shared_intermediate_size) if shared_intermediate_size else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (num_tokens, hidden_size)
+        scores = F.linear(x.float(), self.gate.weight.float()).sigmoid()  # (num_tokens, num_experts)
+        biased = scores + self.gate.e_score_correction_bias.float()
+        num_tokens, num_experts = biased.shape
+        grouped = biased.view(num_tokens, self.num_groups, num_experts // self.num_groups)
+        group_rank = grouped.topk(min(2, grouped.shape[-1]), dim=-1)[0].sum(dim=-1)  # (num_tokens, num_groups)
+        best_groups = group_rank.topk(self.num_topk_groups, dim=-1)[1]
+        allowed = torch.zeros_like(group_rank, dtype=torch.bool).scatter_(1, best_groups, True)
+        allowed = allowed.unsqueeze(-1).expand_as(grouped).reshape(num_tokens, num_experts)
+        top_experts = biased.masked_fill(~allowed, float("-inf")).topk(self.top_k, dim=-1)[1]  # (num_tokens, top_k)
+        weights = scores.gather(1, top_experts)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        weights = weights * self.routed_scaling_factor
+        out = run_experts(x, self.experts, top_experts, weights.to(x.dtype))
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
+
+
+class FusedExperts(nn.Module):
+    """gpt-oss's stacked experts, as its checkpoints store them (x @ W, not W x):
+    ``gate_up_proj`` (num_experts, hidden, 2 * inter) with gate in the even columns and up
+    in the odd ones, ``gate_up_proj_bias`` (num_experts, 2 * inter), ``down_proj``
+    (num_experts, inter, hidden), ``down_proj_bias`` (num_experts, hidden)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, limit: float,
+                 alpha: float) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, hidden_size, 2 * intermediate_size))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, intermediate_size, hidden_size))
+        self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden_size))
+        self.limit, self.alpha = limit, alpha
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert ``e`` on its tokens x: (num_routed, hidden) -> (num_routed, hidden)."""
+        gate_up = torch.addmm(self.gate_up_proj_bias[e], x, self.gate_up_proj[e])  # (num_routed, 2 * inter)
+        gate = gate_up[:, 0::2].clamp(max=self.limit)
+        up = gate_up[:, 1::2].clamp(min=-self.limit, max=self.limit)
+        gated = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))  # the clamped SwiGLU
+        return torch.addmm(self.down_proj_bias[e], gated, self.down_proj[e])
+
+
+class FusedBiasedMoE(nn.Module):
+    """gpt-oss's MoE block (module doc): top-k of the biased router's logits, softmaxed."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, limit: float,
+                 alpha: float) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.router = nn.Linear(hidden_size, num_experts, bias=True)
+        self.experts = FusedExperts(hidden_size, intermediate_size, num_experts, limit, alpha)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (num_tokens, hidden_size)
+        top_logits, top_experts = torch.topk(self.router(x), self.top_k, dim=-1)  # (num_tokens, top_k)
+        weights = F.softmax(top_logits, dim=-1)
+        flat = top_experts.reshape(-1)  # (num_tokens * top_k,), grouped by expert below
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.experts.gate_up_proj.shape[0]).tolist()
+        token_of, weight_of = order // self.top_k, weights.reshape(-1).index_select(0, order)
+        out = torch.zeros_like(x)
+        start = 0
+        for e, count in enumerate(counts):
+            if count:
+                tokens = token_of[start:start + count]
+                y = self.experts.expert(e, x.index_select(0, tokens)) * weight_of[start:start + count, None]
+                out.index_add_(0, tokens, y.to(x.dtype))
+            start += count
         return out

@@ -19,11 +19,12 @@ from inferpath.config import ModelConfig
 from inferpath.model.rope_scaling import (LENGTH_DEPENDENT, SUPPORTED_ROPE_TYPES, RopeScalingError,
                                           rope_type, scaled_inv_freq)
 
-__all__ = ["RopeScalingError", "RopeTable", "RotaryEmbedding", "SUPPORTED_ROPE_TYPES", "rope_inv_freq"]
+__all__ = ["PartialRotaryEmbedding", "RopeScalingError", "RopeTable", "RotaryEmbedding", "SUPPORTED_ROPE_TYPES",
+           "rope_inv_freq"]
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies (head_dim / 2,) float32, after the config's rope_scaling."""
+    """Inverse frequencies (rotary_dim / 2,) float32, after the config's rope_scaling."""
     return scaled_inv_freq(config)[0]
 
 
@@ -128,3 +129,21 @@ class RotaryEmbedding(nn.Module):
         q_rot = (q * cos).addcmul_(q.roll(half, dims=-1), signed_sin)
         k_rot = (k * cos).addcmul_(k.roll(half, dims=-1), signed_sin)
         return q_rot, k_rot
+
+
+class PartialRotaryEmbedding(RotaryEmbedding):
+    """RoPE on the first ``rotary_dim`` dimensions of each head only (GLM-4), rotate-half
+    within them; the rest pass through. Its own class: the native RoPE kernel, swapped in
+    by exact type, turns whole heads."""
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # q: (num_tokens, num_heads, head_dim); the table's rows are (num_tokens, 1, rotary_dim)
+        cos, signed_sin = self.table.cos_sin(positions, q.dtype)
+        dim = cos.shape[-1]
+        return self._turn(q, cos, signed_sin, dim), self._turn(k, cos, signed_sin, dim)
+
+    @staticmethod
+    def _turn(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, dim: int) -> torch.Tensor:
+        rot = x[..., :dim]
+        turned = (rot * cos).addcmul_(rot.roll(dim // 2, dims=-1), signed_sin)
+        return torch.cat((turned, x[..., dim:]), dim=-1)

@@ -53,7 +53,7 @@ def scaled_inv_freq(config: ModelConfig, seq_len: int | None = None) -> tuple[to
 
     ``seq_len`` matters only for the LENGTH_DEPENDENT types (None: the short/original one).
     """
-    dim, theta = config.head_dim, config.rope_theta
+    dim, theta = config.rotary_dim or config.head_dim, config.rope_theta
     scaling = config.rope_scaling_dict or {}
     kind = rope_type(config)
     if kind == "default":

@@ -13,7 +13,7 @@ from torch import nn
 from inferpath.config import ModelConfig
 from inferpath.model.attention import AttentionPlan, KVWrite, PagedAttention
 from inferpath.model.layers import make_norm
-from inferpath.model.rope import RopeTable, RotaryEmbedding
+from inferpath.model.rope import PartialRotaryEmbedding, RopeTable, RotaryEmbedding
 
 
 class SelfAttention(nn.Module):
@@ -21,7 +21,8 @@ class SelfAttention(nn.Module):
 
     Q is ``num_heads * head_dim`` wide, K and V ``num_kv_heads * head_dim``; only K and V
     are kept (in the cache), Q is discarded after use. Qwen2 adds a bias to Q, K and V, Llama's
-    ``attention_bias`` to all four projections. A sliding-window layer reads the plan of its window.
+    ``attention_bias`` to all four projections. A sliding-window layer reads the plan of its window;
+    a NoPE layer (``no_rope_layers``) has no ``rotary_emb``.
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int, rope_table: RopeTable) -> None:
@@ -34,7 +35,9 @@ class SelfAttention(nn.Module):
         self.q_proj = nn.Linear(config.hidden_size, config.q_size, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
-        self.rotary_emb = RotaryEmbedding(rope_table)
+        # SmolLM3's NoPE layers: position enters only through the causal mask
+        rotary = PartialRotaryEmbedding if config.rotary_dim not in (0, config.head_dim) else RotaryEmbedding
+        self.rotary_emb = rotary(rope_table) if layer_idx not in config.no_rope_layers else None
         self.kv_write = KVWrite()
         self.attn = PagedAttention()
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=config.o_proj_bias)
@@ -43,6 +46,8 @@ class SelfAttention(nn.Module):
         self.qk_norm = config.qk_norm
         q_width, k_width = (config.q_size, config.kv_size) if config.qk_norm == "projection" else (
             config.head_dim, config.head_dim)
+        # gpt-oss: a learned logit per head in every softmax's denominator
+        self.sinks = nn.Parameter(torch.empty(config.num_heads)) if config.attention_sinks else None
         self.q_norm = make_norm(q_width, config.rms_norm_eps, config.norm_weight_offset) if config.qk_norm else None
         self.k_norm = make_norm(k_width, config.rms_norm_eps, config.norm_weight_offset) if config.qk_norm else None
 
@@ -56,11 +61,15 @@ class SelfAttention(nn.Module):
             k = self.k_norm(k.reshape(num_tokens, -1)).view(num_tokens, self.num_kv_heads, self.head_dim)
         elif self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)  # over head_dim, each head alone
-        q, k = self.rotary_emb(positions, q, k)
+        if self.rotary_emb is not None:
+            q, k = self.rotary_emb(positions, q, k)
         k_cache = kv_cache.k_caches[self.layer_idx]  # (num_blocks, block_size, num_kv_heads, head_dim)
         v_cache = kv_cache.v_caches[self.layer_idx]
         self.kv_write(k, v, k_cache, v_cache, plan[self.sliding_window].slot_mapping)
-        out = self.attn(q, k, v, k_cache, v_cache, plan[self.sliding_window])  # (num_tokens, num_heads, head_dim)
+        if self.sinks is None:
+            out = self.attn(q, k, v, k_cache, v_cache, plan[self.sliding_window])  # (num_tokens, num_heads, head_dim)
+        else:
+            out = self.attn(q, k, v, k_cache, v_cache, plan[self.sliding_window], self.sinks)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

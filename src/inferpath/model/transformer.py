@@ -1,5 +1,4 @@
-"""The decoder-only transformer (Llama, Mistral, Qwen2, Mixtral, Phi-3, OLMoE, Qwen2-MoE) in the
-seed's stage order.
+"""The decoder-only transformer (every family of families.py) in the seed's stage order.
 
     embed_tokens (row lookup)
     N x layer: input_layernorm -> self_attn (q/k/v_proj -> rotary_emb -> kv_write -> attn
@@ -21,7 +20,7 @@ from inferpath.config import ROUTED_MOE_ARCHITECTURES, ModelConfig
 from inferpath.model.attention import build_attention_plan
 from inferpath.model.layers import RMSNorm, gated_mlp, make_norm
 from inferpath.model.metadata import AttentionMetadata
-from inferpath.model.moe import RoutedMoE, SparseMoE
+from inferpath.model.moe import FusedBiasedMoE, GroupedSigmoidMoE, RoutedMoE, SparseMoE
 from inferpath.model.rope import RopeTable
 from inferpath.model.self_attention import SelfAttention
 
@@ -34,12 +33,22 @@ class WeightLoadError(ValueError):
 
 
 class DecoderLayer(nn.Module):
-    """One transformer block: pre-norm attention and pre-norm FFN, each added to the residual."""
+    """One transformer block: pre-norm attention and pre-norm FFN, each added to the residual.
+
+    Norm placements: pre-norms (Llama: ``input_layernorm`` before attention,
+    ``post_attention_layernorm`` before the FFN); sandwich (Gemma: those plus a norm on each
+    block's output, ``post_attention_layernorm`` then on the attention's output); post-norms
+    (OLMo 2: only the outputs are normed, by ``post_attention_layernorm`` and
+    ``post_feedforward_layernorm``). Granite scales each block's output by
+    ``residual_multiplier`` before its residual add.
+    """
 
     def __init__(self, config: ModelConfig, layer_idx: int, rope_table: RopeTable) -> None:
         super().__init__()
         norm = lambda: make_norm(config.hidden_size, config.rms_norm_eps, config.norm_weight_offset)  # noqa: E731
-        self.input_layernorm = norm()
+        self.post_norms = config.post_norms
+        if not config.post_norms:
+            self.input_layernorm = norm()
         self.self_attn = SelfAttention(config, layer_idx, rope_table)
         # NOTE: with sandwich norms (Gemma 3) post_attention_layernorm normalises the attention
         # output before the residual add, and the FFN has a norm of its own on each side
@@ -47,12 +56,22 @@ class DecoderLayer(nn.Module):
         self.sandwich_norms = config.sandwich_norms
         if config.sandwich_norms:
             self.pre_feedforward_layernorm = norm()
+        if config.sandwich_norms or config.post_norms:
             self.post_feedforward_layernorm = norm()
+        self.residual_multiplier = config.residual_multiplier
         self.is_moe = config.is_moe_layer(layer_idx) and config.architecture not in ROUTED_MOE_ARCHITECTURES
         if self.is_moe:
             self.block_sparse_moe = SparseMoE(config.hidden_size, config.intermediate_size,
                                               config.num_experts, config.num_experts_per_tok)
-        elif config.is_moe_layer(layer_idx):  # OLMoE, Qwen2-MoE: experts under ``mlp``
+        elif config.is_moe_layer(layer_idx) and config.moe_router == "sigmoid_grouped":  # GLM-4 MoE
+            self.mlp = GroupedSigmoidMoE(config.hidden_size, config.expert_intermediate_size, config.num_experts,
+                                         config.num_experts_per_tok, config.norm_topk_prob, config.num_expert_groups,
+                                         config.num_topk_groups, config.routed_scaling_factor,
+                                         config.shared_expert_intermediate_size)
+        elif config.is_moe_layer(layer_idx) and config.moe_router == "topk_softmax":  # gpt-oss
+            self.mlp = FusedBiasedMoE(config.hidden_size, config.expert_intermediate_size, config.num_experts,
+                                      config.num_experts_per_tok, config.swiglu_limit, config.swiglu_alpha)
+        elif config.is_moe_layer(layer_idx):  # OLMoE, Qwen2-MoE, Qwen3-MoE: experts under ``mlp``
             self.mlp = RoutedMoE(config.hidden_size, config.expert_intermediate_size, config.num_experts,
                                  config.num_experts_per_tok, config.norm_topk_prob,
                                  config.shared_expert_intermediate_size)
@@ -62,7 +81,13 @@ class DecoderLayer(nn.Module):
     def forward(self, positions, hidden, kv_cache, plan) -> torch.Tensor:
         # hidden: (num_tokens, hidden_size), the running residual stream
         ffn = self.block_sparse_moe if self.is_moe else self.mlp
+        if self.post_norms:  # OLMo 2
+            hidden = hidden + self.post_attention_layernorm(self.self_attn(positions, hidden, kv_cache, plan))
+            return hidden + self.post_feedforward_layernorm(ffn(hidden))
         attended = self.self_attn(positions, self.input_layernorm(hidden), kv_cache, plan)
+        if self.residual_multiplier != 1.0:  # Granite
+            hidden = hidden + attended * self.residual_multiplier
+            return hidden + ffn(self.post_attention_layernorm(hidden)) * self.residual_multiplier
         if self.sandwich_norms:
             hidden = hidden + self.post_attention_layernorm(attended)
             return hidden + self.post_feedforward_layernorm(ffn(self.pre_feedforward_layernorm(hidden)))
@@ -84,10 +109,12 @@ class DecoderStack(nn.Module):
                                     for i in range(config.num_layers))
         self.norm = make_norm(config.hidden_size, config.rms_norm_eps, config.norm_weight_offset)
         self.embedding_multiplier = config.embedding_multiplier
+        self.config = config  # what a capability check reads (families.py)
 
     def forward(self, input_ids, positions, kv_cache, plan) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # (num_tokens, hidden_size): rows copied, no arithmetic
-        if self.embedding_multiplier != 1.0:  # Gemma: times sqrt(hidden_size), rounded to the dtype first
+        # Gemma: times sqrt(hidden_size), Granite: its embedding_multiplier; rounded to the dtype first
+        if self.embedding_multiplier != 1.0:
             hidden = hidden * torch.tensor(self.embedding_multiplier, dtype=hidden.dtype)
         for layer in self.layers:
             hidden = layer(positions, hidden, kv_cache, plan)
@@ -148,6 +175,8 @@ class Transformer(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head on the given rows only: (num_rows, hidden_size) -> (num_rows, vocab) float32."""
         logits = self.lm_head(hidden)
+        if self.config.logits_scaling != 1.0:  # Granite
+            logits = logits / self.config.logits_scaling
         cap = self.config.final_logit_softcapping
         if cap:  # Gemma: squash into (-cap, cap), in the model's dtype as transformers does
             logits = torch.tanh(logits / cap) * cap

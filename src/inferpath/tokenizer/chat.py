@@ -97,6 +97,26 @@ def compile_template(source: str) -> jinja2.Template:
         raise ChatTemplateError("chat template is nested too deeply to compile") from None
 
 
+_RESERVED_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "documents"})
+
+
+def check_template_kwargs(template_kwargs: dict[str, Any] | None, template_tokens: dict[str, str]) -> dict[str, Any]:
+    """The extra template variables, or ValueError naming the one that is not a plain name
+    or would replace a variable the renderer sets itself (messages, tools, bos_token...)."""
+    if template_kwargs is None:
+        return {}
+    if not isinstance(template_kwargs, dict):
+        raise ValueError(f"chat template kwargs must be a dict of names to values, got a "
+                         f"{type(template_kwargs).__name__}")
+    for name in template_kwargs:
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+            raise ValueError(f"chat template kwarg {name!r} is not a variable name a template can read")
+        if name in _RESERVED_VARIABLES or name in template_tokens:
+            raise ValueError(f"chat template kwarg {name!r} would replace the renderer's own "
+                             f"{name!r}; pass it by its own argument")
+    return dict(template_kwargs)
+
+
 def _strings_in(value: Any) -> list[str]:
     if isinstance(value, str):
         return [value]
@@ -137,7 +157,11 @@ class ChatRenderer:
         self.template_tokens = dict(template_tokens)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
-               tools: list[dict] | None = None) -> str:
+               tools: list[dict] | None = None, *, template_kwargs: dict[str, Any] | None = None) -> str:
+        """The template's text for ``messages``; ``template_kwargs`` are more variables the
+        template reads (transformers' ``apply_chat_template(**kwargs)``, vLLM's
+        ``chat_template_kwargs``: Qwen3's ``enable_thinking``)."""
+        extra = check_template_kwargs(template_kwargs, self.template_tokens)
         if not isinstance(messages, (list, tuple)) or not all(
             isinstance(m, dict) for m in messages
         ):
@@ -154,6 +178,7 @@ class ChatRenderer:
                 tools=tools,
                 documents=None,
                 **self.template_tokens,
+                **extra,
             ):
                 num_chars += len(chunk)
                 if num_chars > MAX_RENDERED_CHARS:
@@ -178,18 +203,21 @@ class ChatRenderer:
         add_generation_prompt: bool,
         added_re: regex.Pattern | None,
         tools: list[dict] | None = None,
+        *,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> tuple[str, list[tuple[int, int]]]:
         """The rendered text and the sorted ``(start, end)`` spans of added-token strings that
-        came from the messages (not from the template)."""
-        strings = _strings_in(list(messages)) + _strings_in(tools or [])
+        came from the messages or the ``template_kwargs`` (not from the template)."""
+        strings = _strings_in(list(messages)) + _strings_in(tools or []) + _strings_in(template_kwargs or {})
         if added_re is None or not any(added_re.search(s) for s in strings):
-            return self.render(messages, add_generation_prompt, tools), []
+            return self.render(messages, add_generation_prompt, tools, template_kwargs=template_kwargs), []
         start, end = _pick_markers(
             strings + [self.source] + list(self.template_tokens.values())
         )
         marked = self.render(
             _mark(list(messages), added_re, start, end), add_generation_prompt,
             _mark(tools, added_re, start, end) if tools else tools,
+            template_kwargs=_mark(template_kwargs, added_re, start, end) if template_kwargs else template_kwargs,
         )
         text_parts: list[str] = []
         protected: list[tuple[int, int]] = []
@@ -206,7 +234,7 @@ class ChatRenderer:
                 text_parts.append(part)
                 position += len(part)
         text = "".join(text_parts)
-        if text != self.render(messages, add_generation_prompt, tools):
+        if text != self.render(messages, add_generation_prompt, tools, template_kwargs=template_kwargs):
             raise ValueError(
                 "chat template output depends on the exact characters of the message content, so "
                 "the special-token strings in it cannot be kept apart from the template's own"

@@ -254,21 +254,23 @@ class Tokenizer:
 
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt: bool = True,
-        tools: list[dict] | None = None,
+        tools: list[dict] | None = None, *, template_kwargs: dict | None = None,
     ) -> str:
         """The prompt text the model's chat template renders for ``messages`` (and the
-        OpenAI-shaped ``tools``, given to the template as its ``tools`` variable)."""
-        return self._chat_renderer().render(messages, add_generation_prompt, tools)
+        OpenAI-shaped ``tools``, given to the template as its ``tools`` variable);
+        ``template_kwargs`` are more variables it reads (Qwen3's ``enable_thinking``)."""
+        return self._chat_renderer().render(messages, add_generation_prompt, tools,
+                                            template_kwargs=template_kwargs)
 
     def encode_chat(
         self, messages: list[dict], add_generation_prompt: bool = True,
-        tools: list[dict] | None = None,
+        tools: list[dict] | None = None, *, template_kwargs: dict | None = None,
     ) -> list[int]:
         """Ids of the rendered chat: the template's control tokens become special ids; text that
         came from the messages never does (a user writing ``<|im_end|>`` gets plain text)."""
         renderer = self._chat_renderer()
         text, protected = renderer.render_with_spans(
-            messages, add_generation_prompt, self._all_added_re, tools
+            messages, add_generation_prompt, self._all_added_re, tools, template_kwargs=template_kwargs
         )
         return self.encode_protected(text, protected)
 

@@ -8,10 +8,12 @@ readers check before handing tensors to the model.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 
-from inferpath.config import ROUTED_MOE_ARCHITECTURES, ModelConfig
+from inferpath.config import ModelConfig
+from inferpath.families import FAMILIES
 
 # GGUF per-layer suffix -> Hugging Face per-layer suffix (after "model.layers.{i}.")
 _LAYER_RENAMES = {
@@ -82,74 +84,33 @@ def stacked_expert_names(gguf_name: str, num_experts: int, routed: bool = False)
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor a model of this config loads, in Hugging Face names, with its shape.
 
-    Invariant: exactly the set ``Transformer.load_weights`` consumes: ``lm_head.weight``
-    only when the head is untied, Q/K/V biases only when ``attention_bias``, the o_proj
-    bias with ``o_proj_bias``, MLP biases with ``mlp_bias``.
+    Invariant: exactly the set ``Transformer.load_weights`` consumes, because it is read
+    off that model, built on the meta device (no storage): ``lm_head.weight`` only when the
+    head is untied, each bias, norm and expert only where the config's flags create it.
     """
-    hidden, inter = config.hidden_size, config.intermediate_size
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (config.vocab_size, hidden),
-        "model.norm.weight": (hidden,),
-    }
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, hidden)
-    for i in range(config.num_layers):
-        p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (hidden,)
-        shapes[p + "post_attention_layernorm.weight"] = (hidden,)
-        shapes[p + "self_attn.q_proj.weight"] = (config.q_size, hidden)
-        shapes[p + "self_attn.k_proj.weight"] = (config.kv_size, hidden)
-        shapes[p + "self_attn.v_proj.weight"] = (config.kv_size, hidden)
-        shapes[p + "self_attn.o_proj.weight"] = (hidden, config.q_size)
-        if config.attention_bias:
-            shapes[p + "self_attn.q_proj.bias"] = (config.q_size,)
-            shapes[p + "self_attn.k_proj.bias"] = (config.kv_size,)
-            shapes[p + "self_attn.v_proj.bias"] = (config.kv_size,)
-        if config.o_proj_bias:
-            shapes[p + "self_attn.o_proj.bias"] = (hidden,)
-        if config.qk_norm:
-            per_head = config.qk_norm == "head"
-            shapes[p + "self_attn.q_norm.weight"] = (config.head_dim if per_head else config.q_size,)
-            shapes[p + "self_attn.k_norm.weight"] = (config.head_dim if per_head else config.kv_size,)
-        if config.sandwich_norms:
-            shapes[p + "pre_feedforward_layernorm.weight"] = (hidden,)
-            shapes[p + "post_feedforward_layernorm.weight"] = (hidden,)
-        if config.is_moe_layer(i) and config.architecture in ROUTED_MOE_ARCHITECTURES:
-            shapes[p + "mlp.gate.weight"] = (config.num_experts, hidden)
-            experts = [(f"{p}mlp.experts.{e}.", config.expert_intermediate_size) for e in range(config.num_experts)]
-            if config.shared_expert_intermediate_size:
-                experts.append((f"{p}mlp.shared_expert.", config.shared_expert_intermediate_size))
-                shapes[p + "mlp.shared_expert_gate.weight"] = (1, hidden)
-            for q, width in experts:
-                shapes[q + "gate_proj.weight"] = (width, hidden)
-                shapes[q + "up_proj.weight"] = (width, hidden)
-                shapes[q + "down_proj.weight"] = (hidden, width)
-        elif config.is_moe_layer(i):
-            shapes[p + "block_sparse_moe.gate.weight"] = (config.num_experts, hidden)
-            for e in range(config.num_experts):
-                q = f"{p}block_sparse_moe.experts.{e}."
-                shapes[q + "w1.weight"] = (inter, hidden)
-                shapes[q + "w3.weight"] = (inter, hidden)
-                shapes[q + "w2.weight"] = (hidden, inter)
-        else:
-            shapes[p + "mlp.gate_proj.weight"] = (inter, hidden)
-            shapes[p + "mlp.up_proj.weight"] = (inter, hidden)
-            shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
-            if config.mlp_bias:
-                shapes[p + "mlp.gate_proj.bias"] = (inter,)
-                shapes[p + "mlp.up_proj.bias"] = (inter,)
-                shapes[p + "mlp.down_proj.bias"] = (hidden,)
-    return shapes
+    return dict(_meta_shapes(config))
+
+
+@functools.lru_cache(maxsize=8)
+def _meta_shapes(config: ModelConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    from inferpath.model.transformer import Transformer  # the model imports no weights module
+
+    return tuple(Transformer(config, device="meta").expected_weight_shapes().items())
 
 
 def is_ignorable(name: str, config: ModelConfig) -> bool:
-    """A checkpoint tensor the model need not read: RoPE tables it recomputes, or the head
-    of a model whose head is tied to the embedding (saved anyway by some exporters)."""
+    """A checkpoint tensor the model need not read: RoPE tables it recomputes, the head
+    of a model whose head is tied to the embedding (saved anyway by some exporters), or a
+    layer past the last one where the family says so (GLM-4's multi-token prediction)."""
     if name.endswith(IGNORED_HF_SUFFIXES):
         return True
+    entry = FAMILIES.get(config.architecture)
+    if entry is not None and entry.extra_layers_ignored and (m := _HF_LAYER_INDEX_RE.match(name)):
+        return int(m.group(1)) >= config.num_layers
     return name == "lm_head.weight" and config.tie_word_embeddings
 
 
+_HF_LAYER_INDEX_RE = re.compile(r"^model\.layers\.(\d+)\.")
 _HF_TO_GGUF_LAYER = {v: k for k, v in _LAYER_RENAMES.items()}
 _HF_TO_GGUF_GLOBAL = {v: k for k, v in _GLOBAL_RENAMES.items()}
 _HF_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
@@ -171,13 +132,9 @@ def gguf_name(hf: str) -> str:
     return hf
 
 
-# Checkpoints that store some projections fused along rows: fused suffix -> the parts, in
-# row order (Phi-3: qkv_proj = q, k, v; gate_up_proj = gate, up). The model keeps the parts.
-FUSED_PROJECTIONS = {
-    "phi3": {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                                           "self_attn.v_proj.weight"),
-             "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")},
-}
+# Checkpoints that store some projections fused along rows (Phi-3's qkv_proj = q, k, v;
+# gate_up_proj = gate, up): families.py's ``fused_projections``. The model keeps the parts.
+FUSED_PROJECTIONS = {name: f.fused_projections for name, f in FAMILIES.items() if f.fused_projections}
 
 
 def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -219,4 +176,24 @@ def split_fused(tensors: dict, config: ModelConfig, take_rows=lambda tensor, sta
             rows = shapes[prefix + part][0]
             out[prefix + part] = take_rows(tensor, start, start + rows)
             start += rows
+    return out
+
+
+def rotate_half_rows(tensors: dict, config: ModelConfig) -> dict:
+    """A family stored for RoPE over adjacent pairs (families.py ``interleaved_rope``):
+    each head's Q and K rows (and biases) reordered even-then-odd, so that the model's
+    rotate-half RoPE turns the pairs the checkpoint meant. q . k is a sum over a head's
+    dimensions, the same in any order, so attention is unchanged; V and O are not touched.
+    Other families' tensors are returned as they are."""
+    entry = FAMILIES.get(config.architecture)
+    if entry is None or not entry.interleaved_rope:
+        return tensors
+    d = config.head_dim
+    order = [*range(0, d, 2), *range(1, d, 2)]  # (head_dim,): rotate-half position -> stored row
+    out = dict(tensors)
+    for name, tensor in tensors.items():
+        if not re.search(r"\.self_attn\.[qk]_proj\.(weight|bias)$", name):
+            continue
+        heads = tensor.shape[0] // d
+        out[name] = tensor.reshape(heads, d, *tensor.shape[1:])[:, order].reshape(tensor.shape).contiguous()
     return out

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from inferpath.config import ConfigError, ModelConfig
 from inferpath.weights.errors import WeightsError
-from inferpath.weights.names import checkpoint_shapes, is_ignorable, split_fused
+from inferpath.weights.names import checkpoint_shapes, is_ignorable, rotate_half_rows, split_fused
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -81,7 +81,7 @@ def read_hf_dir(path: Path, dtype: torch.dtype, progress: bool = False, keep_bf1
             raise WeightsError(f"{file}: not a readable safetensors file ({exc}); "
                                "it may be truncated or corrupt") from None
     bar.close()
-    return config, split_fused(tensors, config), _eos_token_ids(path, hf_config)
+    return config, rotate_half_rows(split_fused(tensors, config), config), _eos_token_ids(path, hf_config)
 
 
 def _weight_map(path: Path) -> dict[str, Path]:
