@@ -43,9 +43,10 @@ for directory, outtype, outfile in jobs:
 
 
 def spm_model() -> Path:
-    """A 512-piece SentencePiece BPE model (byte fallback) trained on the corpus's first
-    60,000 characters; trained once into the test data folder."""
-    target = testdata_dir() / "tiny-spm-512.model"
+    """A 512-piece SentencePiece BPE model (byte fallback; no normalizer, no dummy prefix,
+    spaces kept: Gemma's settings) trained on the corpus's first 60,000 characters; trained
+    once into the test data folder."""
+    target = testdata_dir() / "tiny-spm-512-identity.model"
     if target.is_file():
         return target
     import sentencepiece
@@ -56,7 +57,8 @@ def spm_model() -> Path:
     sentencepiece.SentencePieceTrainer.train(
         input=str(work / "corpus.txt"), model_prefix=str(work / "spm"), vocab_size=SPM_VOCAB_SIZE,
         model_type="bpe", byte_fallback=True, character_coverage=0.999, num_threads=1, minloglevel=2,
-        pad_id=0, eos_id=1, bos_id=2, unk_id=3, add_dummy_prefix=False)
+        pad_id=0, eos_id=1, bos_id=2, unk_id=3, add_dummy_prefix=False,
+        normalization_rule_name="identity", remove_extra_whitespaces=False)
     (work / "spm.model").replace(target)
     shutil.rmtree(work)
     return target

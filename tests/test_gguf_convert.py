@@ -121,3 +121,30 @@ def test_converted_q8_0_runs_in_place_with_the_kernels(converted, family) -> Non
     model = build_quantized_model(checkpoint, torch.float32)
     accelerate(model)
     _compare(models[family], model.eval(), models[family].config.vocab_size, FORMATS["q8_0"])
+
+
+def test_converted_vocabularies_encode_as_their_sources(converted) -> None:
+    """The converter's vocabularies, read by our GGUF tokenizer: the SentencePiece one
+    (Gemma 3's file, add_space_prefix false) gives sentencepiece's own ids, the byte-level
+    BPE one (OLMoE's: Llama-3's tokenizer) gives tokenizers' ids, over the corpus
+    (English, code, other scripts: byte fallback included)."""
+    import sentencepiece
+    import tokenizers
+
+    from gguf_convert import spm_model
+    from tokenizer_fixtures import llama3_dir, read_corpus
+
+    from inferpath.tokenizer import load_tokenizer
+
+    root, _ = converted
+    corpus = read_corpus()
+    chunks = [corpus[i:i + 3000] for i in range(0, len(corpus), len(corpus) // 12)]
+    spm = sentencepiece.SentencePieceProcessor(model_file=str(spm_model()))
+    ours = load_tokenizer(_converted_file(root, "gemma3", "f16"))
+    assert any(spm.id_to_piece(i).startswith("<0x") for c in chunks for i in spm.encode(c))  # bytes used
+    for chunk in chunks:
+        assert ours.encode(chunk, add_bos=False) == spm.encode(chunk)
+    bpe = tokenizers.Tokenizer.from_file(str(llama3_dir() / "tokenizer.json"))
+    ours = load_tokenizer(_converted_file(root, "olmoe", "f16"))
+    for chunk in chunks:
+        assert ours.encode(chunk, add_bos=False) == bpe.encode(chunk, add_special_tokens=False).ids

@@ -47,6 +47,9 @@ PRETOKENIZER_PATTERNS: dict[str, tuple[str, ...]] = {
     "gpt-2": (GPT2_PATTERN,),
     "llama3": (LLAMA3_PATTERN,),
     "llama-bpe": (LLAMA3_PATTERN,),
+    # Smaug-Llama-3: Llama-3's tokenizer, as llama.cpp's converter names it by its hash
+    # (llama.cpp runs it with Llama-3's regex, merges not skipped for whole-vocab words)
+    "smaug-bpe": (LLAMA3_PATTERN,),
     "qwen2": (QWEN2_PATTERN,),
     # SmolLM2 (and StarCoder, Refact): digits one by one, then GPT-2's pattern.
     "smollm": (DIGITS_PATTERN, GPT2_PATTERN),
