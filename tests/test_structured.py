@@ -228,3 +228,90 @@ def test_a_schema_answer_cut_by_max_tokens_still_parses_and_validates(max_tokens
         json.loads(free)
     text = _adversarial_run(max_tokens, max_tokens)
     jsonschema.validate(json.loads(text), PERSON)
+
+
+CITY = {"type": "object", "required": ["name", "population_millions", "founded", "districts"],
+        "properties": {"name": {"type": "string"}, "population_millions": {"type": "number"},
+                       "founded": {"type": "integer"},
+                       "districts": {"type": "array", "items": {"type": "string"}}}}
+
+
+def _digit_loving_run(schema: dict, steps: int, prefer: bytes = b"0123456789") -> bytes:
+    """Greedy decoding whose 'model' always prefers a token made of ``prefer`` bytes (the
+    digits: a model caught in a digit loop, as logit_bias on digits makes one), then the
+    longest allowed one; it never chooses EOS. No max_tokens: only the JSON bounds can end
+    its values."""
+    grammars, tokenizer = compiler()
+    spec = StructuredOutput("json_schema", json.dumps(schema))
+    matcher = grammars.new_matcher(spec)
+    eos = sorted(tokenizer.eos_token_ids)
+    scores = []
+    for i in range(grammars.vocab_size):
+        data = tokenizer.token_bytes(i) if i < tokenizer.vocab_size else b""
+        scores.append(100.0 + len(data) if data and all(b in prefer for b in data) else float(len(data)))
+    logits = torch.tensor(scores)
+    logits[eos] = -1.0
+    sampler, output = Sampler(seed=0), []
+    for _ in range(steps):
+        row = SamplingRow(SamplingParams(temperature=0, max_tokens=None, structured=spec), [1],
+                          output, eos_token_ids=eos, grammar=matcher)
+        token = sampler(logits.unsqueeze(0).clone(), [row]).token_ids[0]
+        if token in eos:
+            return b"".join(tokenizer.token_bytes(t) for t in output)
+        assert matcher.accept(token)
+        output.append(token)
+    raise AssertionError(f"no end after {steps} tokens: {b''.join(tokenizer.token_bytes(t) for t in output)!r}")
+
+
+def test_a_digit_loop_yields_bounded_json_that_ends_by_itself():
+    """Numbers stop at what their type holds (19 digits for an integer field, 17
+    significant for a number field), strings and arrays that loop are closed: the answer
+    is valid JSON and ends in EOS, with no max_tokens to close it."""
+    import jsonschema
+
+    from inferpath.structured.json_bounds import MAX_INTEGER_DIGITS, MAX_SIGNIFICANT_DIGITS
+
+    for prefer in (b"0.", b"0"):  # zeros and dots loop too: 0.00000000, "....", "0000"
+        jsonschema.validate(json.loads(_digit_loving_run(CITY, 400, prefer)), CITY)
+    text = _digit_loving_run(CITY, 400, b"123456789")
+    value = json.loads(text)
+    jsonschema.validate(value, CITY)
+    numbers = re.findall(rb'"(population_millions|founded)":(-?[0-9.eE+-]+)', text)
+    assert len(numbers) == 2, text
+    for field, number in numbers:
+        digits = re.sub(rb"[^0-9]", b"", number.split(b"e")[0].split(b"E")[0]).lstrip(b"0")
+        limit = MAX_INTEGER_DIGITS if field == b"founded" else MAX_SIGNIFICANT_DIGITS
+        assert 0 < len(digits) <= limit, (field, number)
+    assert len(str(value["founded"])) == MAX_INTEGER_DIGITS  # the loop ran to the bound
+    assert len(value["name"]) < 40 and len(value["districts"]) == 1  # the string loop closed
+
+
+def test_schema_bounds_are_kept_by_the_grammar():
+    """maxLength, pattern and maxItems are the grammar's: a looping 'model' stops there."""
+    schema = {"type": "object", "required": ["code", "tag", "items"],
+              "properties": {"code": {"type": "string", "maxLength": 5},
+                             "tag": {"type": "string", "pattern": "^[0-9]{2,4}$"},
+                             "items": {"type": "array", "items": {"type": "integer", "maximum": 99},
+                                       "maxItems": 3}}}
+    value = json.loads(_digit_loving_run(schema, 200))
+    assert len(value["code"]) <= 5 and re.fullmatch(r"[0-9]{2,4}", value["tag"])
+    assert len(value["items"]) <= 3 and all(v <= 99 for v in value["items"])
+
+
+def test_json_lexer_counts_digits_outside_strings_and_repeated_items():
+    from inferpath.structured.json_bounds import JsonLexer, is_loop, numbers_in
+
+    lexer = JsonLexer()
+    lexer.feed(b'{"a":"12345678901234567890","b":[0.000')
+    assert lexer.depth == 2 and not lexer.in_string and lexer.number.num_significant == 0
+    (number,) = numbers_in(lexer, b"1234,")
+    assert number.num_significant == 4 and number.num_digits == 8
+    assert lexer.number.num_digits == 4  # the lexer itself did not move
+    lexer.feed(b'1,"x",0,0,"x",["y"],"x"')
+    assert lexer.repeats_an_item(b",") and lexer.repeats_an_item(b"]}")
+    assert not lexer.repeats_an_item(b"y")  # still inside the item
+    lexer.feed(b',["y"')
+    assert not lexer.repeats_an_item(b"]")  # the inner array's item, seen once there
+    assert not lexer.repeats_an_item(b"],")  # the outer array's ["y"]: a second time
+    assert is_loop([7] * 24) and is_loop([1, 2, 3] * 8) and not is_loop([1, 2, 3] * 7 + [1, 2])
+    assert is_loop(list(range(10)) * 3) and not is_loop(list(range(10)) * 2 + [0, 1, 2, 3])

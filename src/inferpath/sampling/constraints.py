@@ -67,8 +67,11 @@ CLOSING_HORIZON = 64
 
 
 def keep_closable(token_ids: torch.Tensor, rows: Sequence[Any]) -> torch.Tensor:
-    """``token_ids`` (num_rows,), with the rows whose grammar could no longer be completed
-    within their ``max_tokens`` steered onto a closing path (a new tensor if any changes).
+    """``token_ids`` (num_rows,), with the constrained rows steered where needed (a new
+    tensor if any changes): a JSON row whose token would make a number longer than its
+    type holds or continue a loop inside a value takes the first token of its closing
+    path instead (``GrammarMatcher.steer``, json_bounds.py); a row whose grammar could no
+    longer be completed within its ``max_tokens`` is steered onto a closing path.
 
     So a structured answer that max_tokens cuts still parses: it closes early (its last
     tokens are the closing path, then EOS: finish_reason "stop", or "length" where the last
@@ -76,13 +79,15 @@ def keep_closable(token_ids: torch.Tensor, rows: Sequence[Any]) -> torch.Tensor:
     """
     changed = token_ids
     for i, row in enumerate(rows):
-        if row.grammar is None or row.params.max_tokens is None:
+        if row.grammar is None:
             continue
-        remaining = row.params.max_tokens - len(row.output_token_ids)  # this token included
-        if remaining > CLOSING_HORIZON:
-            continue
+        eos = sorted(row.eos_token_ids)
         token = int(token_ids[i])
-        chosen = row.grammar.within_budget(token, remaining, sorted(row.eos_token_ids))
+        chosen = row.grammar.steer(token, eos)
+        max_tokens = row.params.max_tokens
+        remaining = None if max_tokens is None else max_tokens - len(row.output_token_ids)
+        if remaining is not None and remaining <= CLOSING_HORIZON:  # this token included
+            chosen = row.grammar.within_budget(chosen, remaining, eos)
         if chosen != token:
             if changed is token_ids:
                 changed = token_ids.clone()

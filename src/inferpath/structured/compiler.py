@@ -90,7 +90,8 @@ class GrammarCompiler:
         if matcher.is_error():
             raise GrammarError(f"cannot compile the {_describe(spec)}: {matcher.get_error()}",
                                spec.param)
-        return GrammarMatcher(matcher, self.vocab_size, self.closing_hints)
+        return GrammarMatcher(matcher, self.vocab_size, self.closing_hints,
+                              json_bounds=spec.kind in ("json_schema", "json_object"))
 
     @staticmethod
     def _build(spec: StructuredOutput) -> str:

@@ -7,11 +7,24 @@ booleans and sets the disallowed logits to -inf, leaving free rows untouched.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
+
+from inferpath.structured.json_bounds import (
+    LOOP_TAIL,
+    MAX_SIGNIFICANT_DIGITS,
+    JsonLexer,
+    is_loop,
+    numbers_in,
+)
+
+
+#: the longest closing path ``steer`` looks for (a deeply nested answer's closing path)
+MAX_STEERING_PATH = 4096
 
 
 class ClosingHints:
@@ -37,6 +50,8 @@ class ClosingHints:
         self.in_text = [by_bytes[c] for c in self.IN_TEXT if c in by_bytes]
         self.structural = [by_bytes[c] for c in self.STRUCTURAL if c in by_bytes]
         self.text_probes = [by_bytes[c] for c in self.TEXT_PROBES if c in by_bytes]
+        self.tokens = tokens  # every token's bytes (the JSON bounds follow the output)
+        self.dot = by_bytes.get(b".")
         self.lengths = np.array([len(t) for t in tokens], dtype=np.int64)  # (vocab,)
         self.lengths[list(special_ids)] = 0  # never chosen by the fallback; EOS is apart
 
@@ -46,14 +61,47 @@ class GrammarMatcher:
 
     Invariant: the tokens passed to ``accept`` are exactly the sequence's output tokens, in
     order (the request calls it from ``append_output``; a preempted request keeps its
-    matcher, since it keeps its output tokens).
+    matcher, since it keeps its output tokens). With ``json_bounds`` (a JSON grammar) the
+    output is followed by a ``JsonLexer`` too, and ``steer`` keeps it bounded
+    (json_bounds.py).
     """
 
-    def __init__(self, ll_matcher: Any, vocab_size: int, hints: ClosingHints | None = None) -> None:
+    def __init__(self, ll_matcher: Any, vocab_size: int, hints: ClosingHints | None = None,
+                 json_bounds: bool = False) -> None:
         self._matcher = ll_matcher
         self.vocab_size = vocab_size
         self.num_words = (vocab_size + 31) // 32
         self.hints = hints
+        self._lexer = JsonLexer() if json_bounds and hints is not None else None
+        self._tail: deque[int] = deque(maxlen=LOOP_TAIL)  # the newest output tokens
+
+    def steer(self, token_id: int, eos_token_ids: Sequence[int]) -> int:
+        """``token_id``, or the first token of the closing path where taking it would make a
+        number longer than its type holds or continue a loop inside a value (the rules:
+        json_bounds.py). Only JSON grammars are steered."""
+        if self._lexer is None:
+            return token_id
+        data = self.hints.tokens[token_id] if token_id < len(self.hints.tokens) else b""
+        too_long = any(number.too_long(self._is_integer_field(number, token_id))
+                       for number in numbers_in(self._lexer, data))
+        looping = (self._lexer.depth > 0 and is_loop([*self._tail, token_id])
+                   or self._lexer.repeats_an_item(data))
+        if not (too_long or looping):
+            return token_id
+        # only the first token is taken: the path may be long (the budget is max_tokens')
+        return self._first_closing_token(token_id, MAX_STEERING_PATH, eos_token_ids)
+
+    def _is_integer_field(self, number: Any, token_id: int) -> bool:
+        """True when the grammar allows no fraction where ``number`` stands (asked only of
+        a number past MAX_SIGNIFICANT_DIGITS digits without fraction or exponent)."""
+        if number.has_fraction or number.has_exponent or number.num_digits <= MAX_SIGNIFICANT_DIGITS:
+            return False
+        if self.hints.dot is None:
+            return True
+        after = self._matcher.deep_copy()
+        if not after.consume_token(token_id):
+            return False
+        return after.validate_tokens([self.hints.dot]) != 1
 
     def within_budget(self, token_id: int, remaining: int, eos_token_ids: Sequence[int]) -> int:
         """``token_id``, or the token to take instead so that the output can still be
@@ -69,6 +117,12 @@ class GrammarMatcher:
             needed = self._closing_length(after, remaining - 1)
             if needed is not None:
                 return token_id
+        return self._first_closing_token(token_id, remaining, eos_token_ids)
+
+    def _first_closing_token(self, token_id: int, remaining: int,
+                             eos_token_ids: Sequence[int]) -> int:
+        """The first token of the greedy closing path (at most ``remaining`` tokens), an EOS
+        id where the grammar is complete, or ``token_id`` when no path is found."""
         path = self._closing_path(self._matcher.deep_copy(), remaining)
         if path is None:
             return token_id
@@ -130,7 +184,11 @@ class GrammarMatcher:
 
     def accept(self, token_id: int) -> bool:
         """Advance past ``token_id``; False if the grammar did not allow it."""
-        return self._matcher.consume_token(token_id)
+        accepted = self._matcher.consume_token(token_id)
+        if accepted and self._lexer is not None:
+            self._lexer.feed(self.hints.tokens[token_id] if token_id < len(self.hints.tokens) else b"")
+            self._tail.append(token_id)
+        return accepted
 
     @property
     def is_terminated(self) -> bool:
