@@ -19,6 +19,7 @@ from inferpath.explain.trace import precision_of
 from inferpath.kernels import build, ops
 from inferpath.kernels.quantized import QuantLinear
 from inferpath.models import resolve_model
+from inferpath.sampling.params import SamplingParams
 
 
 @pytest.fixture(params=build.LEVEL_NAMES)
@@ -134,7 +135,7 @@ def test_the_summary_line_prints_the_plan(files):
     from inferpath.cli.generate import summary_line
 
     engine = LLMEngine.from_model(files["q4_1 gguf"], EngineConfig(threads=1))
-    engine.add_request("0", "Hi", __import__("inferpath").SamplingParams(max_tokens=2, temperature=0))
+    engine.add_request("0", "Hi", SamplingParams(max_tokens=2, temperature=0))
     final = None
     while engine.has_unfinished_requests():
         final = next((o for o in engine.step() if o.finished), final)
