@@ -61,8 +61,14 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, rows: Sequence[Samplin
         for j, i in enumerate(direct_rows):
             chosen[i] = (out.token_ids[j], out.logprobs[j], out.errors[j] if out.errors else None)
     runs: dict[int, list[int]] = {}
-    for c in sampled_spec:
-        runs[c.first_row] = _rejection_run(sampler, logits, rows, c, chosen)
+    if sampled_spec:  # the target's distributions at every row of every sampled chunk, at once
+        spec_rows = [i for c in sampled_spec for i in range(c.first_row, c.first_row + c.num_rows)]
+        probs, errors = sampler.probabilities(logits[spec_rows], [rows[i] for i in spec_rows])
+        offset = 0
+        for c in sampled_spec:
+            span = slice(offset, offset + c.num_rows)
+            runs[c.first_row] = _rejection_run(sampler, logits, rows, c, probs[span], errors[span], chosen)
+            offset += c.num_rows
 
     output = RunnerOutput([], [], [])
     for index, c in enumerate(chunks):
@@ -95,13 +101,14 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, rows: Sequence[Samplin
 
 
 def _rejection_run(sampler: Sampler, logits: torch.Tensor, rows: Sequence[SamplingRow],
-                   chunk: DraftRows, chosen: dict) -> list[int]:
+                   chunk: DraftRows, probs: torch.Tensor, errors: list[str | None],
+                   chosen: dict) -> list[int]:
     """The rows whose tokens a sampled chunk emits (filling ``chosen`` for them): the
-    accepted drafts' rows, then the row of the corrected or bonus token."""
+    accepted drafts' rows, then the row of the corrected or bonus token.
+
+    probs: (k + 1, vocab), the target's distributions at the chunk's rows; errors theirs."""
     first, k = chunk.first_row, len(chunk.draft_token_ids)
-    row_ids = list(range(first, first + k + 1))
-    probs, errors = sampler.probabilities(logits[row_ids], [rows[i] for i in row_ids])
-    # probs: (k + 1, vocab), the target's distributions
+    errors = list(errors)
     row = rows[first]
     generator = row.generator or sampler.shared_generator
     emitted: list[int] = []

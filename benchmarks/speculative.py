@@ -1,0 +1,153 @@
+"""Speculative decoding against plain decoding, batch 1, same run, same weights.
+
+Three workloads (chat-templated, greedy, the same prompt for both engines): code editing
+(a 60-line function and "rename variable x to count and return the result"),
+summarising a given passage, and open chat. For each, the engine without drafts and the
+engine with ``--speculative-config`` (default: ngram, k=4, prompt_lookup_max 4) decode
+alternately, ``--repeats`` times each, so drifting load falls on both. Figures per
+workload: decode tokens/s (output tokens after the first / time after the first),
+the mean acceptance length (tokens per verification step: 1 + accepted drafts), tokens
+per decode step (output tokens after the first / decode steps), and the ratio
+speculative / plain of the median tokens/s. Both engines' outputs are checked equal.
+
+Prints a table, writes benchmarks/results/speculative.json. No assertions on time: the
+machine is shared, so read the ratios of one run, not absolute figures.
+
+    python benchmarks/speculative.py [--model qwen2.5-coder-0.5b-instruct] [--threads 2]
+        [--max-tokens 192] [--repeats 2] [--spec '{"method": "ngram", ...}']
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from inferpath.config import EngineConfig
+from inferpath.engine import LLMEngine
+from inferpath.sampling.params import SamplingParams
+
+RESULTS = Path(__file__).parent / "results"
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
+
+
+def code_function() -> str:
+    """A 60-line Python function that uses a variable ``x`` throughout."""
+    lines = ["def tally_events(events, threshold):", "    x = 0"]
+    kinds = ["click", "view", "scroll", "hover", "submit", "close", "open", "drag", "drop", "resize",
+             "focus", "blur", "play", "pause", "seek", "load", "error", "retry", "share"]
+    for kind in kinds:
+        lines += [f"    if events.get({kind!r}, 0) > threshold:",
+                  f"        x += events[{kind!r}]"]
+        lines.append(f"        print('{kind}', x)")
+    lines.append("    return x")
+    assert len(lines) == 60, len(lines)
+    return "\n".join(lines)
+
+
+PASSAGE = (
+    "The lighthouse at Cape Verlaine was built in 1871 on a spit of granite that the sea "
+    "covered twice a day. Its first keeper, Anna Moreau, kept a log of every ship that passed, "
+    "every storm and every repair, and the log survives in the town archive. In the winter of "
+    "1893 a storm broke the lantern glass and flooded the lower rooms; Moreau kept the light "
+    "burning with a spare lamp for eleven nights until a supply boat could land. The light was "
+    "electrified in 1921 and automated in 1968, when the last keeper left. Today the tower is a "
+    "museum, and the log is read aloud each year on the anniversary of the storm. Historians "
+    "value the log because it records not only ships and weather but also the price of oil, "
+    "the wages of the keepers and the names of the fishermen who brought supplies, which makes "
+    "it one of the best sources on the daily life of the coast in the late nineteenth century.")
+
+WORKLOADS = {
+    "code_edit": code_function() + "\n\nRename variable x to count and return the result. "
+                 "Reply with the whole function only.",
+    "summarise": PASSAGE + "\n\nSummarise the passage above in three sentences, reusing its wording.",
+    "open_chat": "Tell me about your favourite season and why you like it.",
+}
+
+
+def decode_once(engine: LLMEngine, prompt_ids: list[int], max_tokens: int, tag: str) -> dict:
+    """One request alone: its tokens, decode tokens/s and tokens per decode step."""
+    engine.add_request(tag, prompt_ids, SamplingParams(max_tokens=max_tokens, temperature=0))
+    stats0 = engine.stats()
+    first_time, num_decode_steps, final = None, 0, None
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        now = time.perf_counter()
+        if first_time is not None:
+            num_decode_steps += 1
+        elif outputs and outputs[0].outputs[0].token_ids:
+            first_time = now
+        if outputs and outputs[0].finished:
+            final, end_time = outputs[0], now
+    num_out = len(final.outputs[0].token_ids)
+    stats = engine.stats()
+    num_drafts = stats.num_spec_drafts - stats0.num_spec_drafts
+    num_accepted = stats.num_spec_accepted_tokens - stats0.num_spec_accepted_tokens
+    return {
+        "token_ids": final.outputs[0].token_ids,
+        "num_tokens": num_out,
+        "tokens_per_s": (num_out - 1) / (end_time - first_time) if num_out > 1 else None,
+        "tokens_per_step": (num_out - 1) / num_decode_steps if num_decode_steps else None,
+        "num_verifications": num_drafts,
+        "acceptance_length": 1 + num_accepted / num_drafts if num_drafts else None,
+        "num_draft_tokens": stats.num_spec_draft_tokens - stats0.num_spec_draft_tokens,
+        "num_accepted_tokens": num_accepted,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=192)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--spec", default=json.dumps(NGRAM), help="the speculative config (JSON)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    args = parser.parse_args()
+    spec = json.loads(args.spec)
+    plain = LLMEngine.from_model(args.model, EngineConfig(threads=args.threads, max_model_len=4096))
+    fast = LLMEngine.from_model(args.model, EngineConfig(threads=args.threads, max_model_len=4096,
+                                                         speculative_config=spec))
+    rows = []
+    for name in args.workloads.split(","):
+        prompt_ids = plain.tokenizer.encode_chat([{"role": "user", "content": WORKLOADS[name]}])
+        runs = {"off": [], "spec": []}
+        for r in range(args.repeats):
+            for mode, engine in (("off", plain), ("spec", fast)):
+                runs[mode].append(decode_once(engine, prompt_ids, args.max_tokens, f"{name}-{mode}-{r}"))
+        same = all(run["token_ids"] == runs["off"][0]["token_ids"] for m in runs.values() for run in m)
+        med = {m: statistics.median(x["tokens_per_s"] for x in v) for m, v in runs.items()}
+        spec_run = runs["spec"][-1]
+        rows.append({
+            "workload": name, "num_prompt_tokens": len(prompt_ids),
+            "num_tokens": spec_run["num_tokens"], "same_tokens": same,
+            "off_tokens_per_s": med["off"], "spec_tokens_per_s": med["spec"],
+            "speedup": med["spec"] / med["off"],
+            "acceptance_length": spec_run["acceptance_length"],
+            "tokens_per_step": spec_run["tokens_per_step"],
+            "num_verifications": spec_run["num_verifications"],
+            "runs": {m: [{k: v for k, v in x.items() if k != "token_ids"} for x in v] for m, v in runs.items()},
+        })
+    print(f"{args.model}, {args.threads} threads, batch 1, greedy, up to {args.max_tokens} tokens, "
+          f"speculative_config {json.dumps(spec)}; medians of {args.repeats} (shared machine)")
+    print(f"{'workload':<10} {'tokens':>6} {'off tok/s':>9} {'spec tok/s':>10} {'ratio':>6} "
+          f"{'accept len':>10} {'tok/step':>8} {'same':>5}")
+    for row in rows:
+        accept = f"{row['acceptance_length']:.2f}" if row["acceptance_length"] else "-"
+        per_step = f"{row['tokens_per_step']:.2f}" if row["tokens_per_step"] else "-"
+        print(f"{row['workload']:<10} {row['num_tokens']:>6} {row['off_tokens_per_s']:>9.1f} "
+              f"{row['spec_tokens_per_s']:>10.1f} {row['speedup']:>5.2f}x {accept:>10} "
+              f"{per_step:>8} {str(row['same_tokens']):>5}")
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / "speculative.json"
+    out.write_text(json.dumps({"model": args.model, "threads": args.threads, "batch": 1,
+                               "max_tokens": args.max_tokens, "repeats": args.repeats,
+                               "speculative_config": spec, "note": "shared, noisy machine",
+                               "workloads": rows}, indent=1))
+    print(f"saved {out}")
+
+
+if __name__ == "__main__":
+    main()
