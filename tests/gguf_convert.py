@@ -103,3 +103,34 @@ def convert_all(jobs: list[tuple[Path, str, Path]], timeout: float = 900) -> Non
     if result.returncode != 0:
         raise RuntimeError(f"convert_hf_to_gguf.py failed (exit {result.returncode}):\n"
                            f"{result.stderr[-6000:]}")
+
+
+# routers the converter keeps in F32 whatever the format (its list of F32-only tensors)
+_F32_SUFFIXES = ("mlp.gate.weight", "block_sparse_moe.gate.weight", "shared_expert_gate.weight")
+
+
+@torch.no_grad()
+def rounded_as_converted(model: torch.nn.Module, outtype: str) -> torch.nn.Module:
+    """A copy of ``model`` whose weights are rounded as the converter stores them in
+    ``outtype``, computed from the model's own values (not read from the file): vectors
+    (norms, biases) and routers stay float32; other matrices become F16, or Q8_0 blocks
+    along their rows (``gguf.quants``), F16 where a row is not a whole number of blocks."""
+    import copy
+
+    import gguf
+    import numpy as np
+
+    rounded = copy.deepcopy(model)
+    if outtype == "f32":
+        return rounded
+    for name, param in rounded.named_parameters():
+        if param.ndim < 2 or name.endswith(_F32_SUFFIXES):
+            continue
+        values = param.detach().float().numpy()
+        if outtype == "q8_0" and values.shape[-1] % 32 == 0:
+            q = gguf.GGMLQuantizationType.Q8_0
+            values = gguf.quants.dequantize(gguf.quants.quantize(values, q), q).reshape(values.shape)
+        else:
+            values = values.astype(np.float16).astype(np.float32)
+        param.copy_(torch.from_numpy(np.ascontiguousarray(values)))
+    return rounded

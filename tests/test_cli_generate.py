@@ -41,3 +41,16 @@ def test_bad_sampling_flag_is_an_error_naming_the_parameter(capsys):
     code = main(["generate", "hi", "--temperature", "-1"])
     assert code == 1
     assert "temperature" in capsys.readouterr().err
+
+
+def test_generate_with_speculative_config_shows_the_acceptance_length(capsys):
+    code = main(["generate", "Repeat exactly: one two three, one two three, one two three.",
+                 "--max-tokens", "16", "--speculative-config",
+                 '{"method": "ngram", "num_speculative_tokens": 3}'])
+    captured = capsys.readouterr()
+    assert code == 0
+    summary = captured.err.strip().splitlines()[-1]
+    match = re.search(r"\| speculative: acceptance length ([\d.]+) over (\d+) verifications \| KV", summary)
+    assert match, summary
+    assert 1.0 <= float(match.group(1)) <= 4.0 and int(match.group(2)) > 0
+    assert "floor" not in summary  # tokens/s x bytes per token is no read rate with drafts

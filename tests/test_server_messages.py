@@ -116,6 +116,7 @@ def test_x_api_key_and_bearer_authenticate(server):
       "tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "nope"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
     ({"model": "other-model"}, "other-model"),
+    ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}, "context_management"),
 ], ids=lambda value: str(value)[:30])
 def test_errors_are_in_anthropics_shape_naming_the_field(server, change, named):
     body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}], **change}
@@ -127,3 +128,35 @@ def test_errors_are_in_anthropics_shape_naming_the_field(server, change, named):
     assert error["error"]["type"] == ("not_found_error" if reply.status_code == 404
                                       else "invalid_request_error")
     assert named in error["error"]["message"], error
+
+
+def test_claude_codes_fields_are_accepted(server, claude):
+    """The fields Claude Code 2.1 sends beside the conversation (captured from its traffic):
+    accepted, and the answer is the one without them."""
+    question = [{"role": "user", "content": [{"type": "text", "text": "Name a color.",
+                                              "cache_control": {"type": "ephemeral"}}]},
+                {"role": "system", "content": "Be brief."}]
+    plain = claude.messages.create(model=MODEL, max_tokens=8, messages=question, extra_body=GREEDY)
+    extras = {"thinking": {"type": "adaptive"}, "output_config": {"effort": "high"},
+              "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+              "metadata": {"user_id": "u1"}}
+    reply = httpx.post(server.url + "/v1/messages?beta=true", headers={"x-api-key": KEY}, timeout=60,
+                       json={"model": MODEL, "max_tokens": 8, "messages": question, **GREEDY, **extras})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["content"] == [block.model_dump(include={"type", "text"}) for block in plain.content]
+
+
+def test_a_silent_stream_sends_pings_and_keeps_its_text(server, claude, monkeypatch):
+    from inferpath.server import messages_stream
+
+    kwargs = dict(model=MODEL, max_tokens=12, messages=[{"role": "user", "content": "Say hello."}],
+                  extra_body=GREEDY)
+    plain = claude.messages.create(**kwargs)
+    monkeypatch.setattr(messages_stream, "PING_SECONDS", 0.001)  # every wait is "silent"
+    body = {"model": MODEL, "max_tokens": 12, "messages": kwargs["messages"], "stream": True, **GREEDY}
+    with httpx.stream("POST", server.url + "/v1/messages", json=body, headers={"x-api-key": KEY},
+                      timeout=60) as reply:
+        events = [line.removeprefix("event: ") for line in reply.iter_lines() if line.startswith("event: ")]
+    assert events.count("ping") > 1 and events[-1] == "message_stop"
+    with claude.messages.stream(**kwargs) as stream:
+        assert stream.get_final_message().content[0].text == plain.content[0].text

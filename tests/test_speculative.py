@@ -193,3 +193,62 @@ def test_the_flag_is_generated_from_the_engine_config():
                               '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'])
     spec = engine_config_from_args(args).speculative_config
     assert (spec.method, spec.num_speculative_tokens, spec.prompt_lookup_max) == ("ngram", 4, 4)
+
+
+def test_constrained_rows_decode_plainly_beside_speculating_ones(parts, plain):
+    import re
+
+    from inferpath.structured.spec import StructuredOutput
+
+    engine = make_engine(parts, NGRAM)
+    constrained = SamplingParams(max_tokens=10, temperature=0,
+                                 structured=StructuredOutput("regex", "(ab){2,5}c"))
+    engine.add_request("constrained", PROMPTS[0], constrained)
+    drafted_for = set()
+    schedule = engine.scheduler.schedule
+
+    def watching():
+        out = schedule()
+        drafted_for.update(c.request.request_id for c in out.chunks if c.draft_token_ids)
+        return out
+
+    engine.scheduler.schedule = watching
+    engine.add_request("free", PROMPTS[0], GREEDY)
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    assert re.fullmatch("(ab){2,5}c", finals["constrained"].outputs[0].text)
+    assert finals["free"].outputs[0].token_ids == plain[0]
+    assert drafted_for == {"free"}
+
+
+def test_the_trace_marks_each_steps_drafts_and_accepted_prefix(parts, plain):
+    from inferpath.engine.trace import trace
+
+    engine = make_engine(parts, NGRAM)
+    with trace(engine) as tracer:
+        outputs, _ = run(engine, [PROMPTS[1]])
+    assert tokens(outputs) == [plain[1]]
+    verified = [c for s in tracer.all_steps() for c in s.chunks if c.draft_token_ids]
+    assert verified and any(c.num_accepted > 0 for c in verified)
+    for c in verified:  # the emitted tokens: the accepted prefix of the drafts, then one more
+        assert c.emitted_token_ids[:c.num_accepted] == c.draft_token_ids[:c.num_accepted]
+        assert len(c.emitted_token_ids) == c.num_accepted + 1
+
+
+def test_spec_decode_metrics_are_exported_with_vllm_names():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from inferpath.engine.outputs import EngineStats
+    from inferpath.server.metrics import EngineStatsCollector
+
+    stats = EngineStats(0, 0, 0, 1, 0, 0, 0, 0, 9, num_spec_drafts=3, num_spec_draft_tokens=12,
+                        num_spec_accepted_tokens=5, spec_accepted_per_pos=(3, 1, 1, 0))
+    registry = CollectorRegistry()
+    registry.register(EngineStatsCollector(lambda: stats, "m"))
+    text = generate_latest(registry).decode()
+    assert 'inferpath:spec_decode_num_drafts_total{model_name="m"} 3.0' in text
+    assert 'inferpath:spec_decode_num_draft_tokens_total{model_name="m"} 12.0' in text
+    assert 'inferpath:spec_decode_num_accepted_tokens_total{model_name="m"} 5.0' in text
+    assert 'inferpath:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="1"} 1.0' in text
+    assert stats.mean_acceptance_length == pytest.approx(1 + 5 / 3)

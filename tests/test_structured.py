@@ -315,3 +315,17 @@ def test_json_lexer_counts_digits_outside_strings_and_repeated_items():
     assert not lexer.repeats_an_item(b"],")  # the outer array's ["y"]: a second time
     assert is_loop([7] * 24) and is_loop([1, 2, 3] * 8) and not is_loop([1, 2, 3] * 7 + [1, 2])
     assert is_loop(list(range(10)) * 3) and not is_loop(list(range(10)) * 2 + [0, 1, 2, 3])
+
+
+def test_digits_past_the_integer_bound_fit_in_a_string_with_a_pattern():
+    """A value that needs more digits than a 64-bit integer is a string with a pattern:
+    the number bounds leave strings alone (a 30-digit run of distinct digits)."""
+    grammars, tokenizer = compiler()
+    schema = {"type": "object", "required": ["id"],
+              "properties": {"id": {"type": "string", "pattern": "^[0-9]{1,40}$"}}}
+    matcher = grammars.new_matcher(StructuredOutput("json_schema", json.dumps(schema)))
+    digits = "314159265358979323846264338327"  # not periodic: no loop either
+    for token in tokenizer.encode_ordinary('{"id":"' + digits[:-1]):
+        assert matcher.accept(token)
+    last = tokenizer.encode_ordinary(digits[-1])[0]
+    assert matcher.steer(last, sorted(tokenizer.eos_token_ids)) == last

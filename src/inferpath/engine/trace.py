@@ -52,6 +52,11 @@ class ChunkRecord:
     token_id: int | None = None  # the token sampled at the chunk's end, if it sampled
     top_ids: list[int] = field(default_factory=list)
     top_probs: list[float] = field(default_factory=list)
+    # speculative decoding: the drafts this chunk verified (the last len() of its tokens),
+    # how many were accepted (the rest is the rejected tail), and every token it emitted
+    draft_token_ids: list[int] = field(default_factory=list)
+    num_accepted: int = 0
+    emitted_token_ids: list[int] = field(default_factory=list)
 
     @property
     def is_prefill(self) -> bool:
@@ -105,6 +110,9 @@ class _LogitsKeepingSampler:
         self.seconds += time.perf_counter() - start
         self.logits = logits
         return output
+
+    def __getattr__(self, name):  # probabilities(), shared_generator: the speculative verifier's
+        return getattr(self.inner, name)
 
 
 class StepTracer:
@@ -187,7 +195,14 @@ class StepTracer:
         chunks = [ChunkRecord(c.request.request_id, c.request.index, c.start, c.num_new_tokens,
                               len(c.request.prompt_token_ids)) for c in scheduled.chunks]
         sampling = [record for record, c in zip(chunks, scheduled.chunks) if c.samples]
-        if logits is not None and sampling:
+        for i, (record, c) in enumerate(zip(sampling, [c for c in scheduled.chunks if c.samples])):
+            run = executed.runs.get(i)
+            if c.draft_token_ids and run is not None:
+                record.draft_token_ids = list(c.draft_token_ids)
+                record.num_accepted = run.num_accepted
+                record.emitted_token_ids = list(run.token_ids)
+        # NOTE: a speculative step's logits rows are not one per chunk: no candidates then
+        if logits is not None and sampling and not executed.runs:
             top_probs, top_ids = logits.float().softmax(dim=-1).topk(TOP_CANDIDATES, dim=-1)
             for i, record in enumerate(sampling):  # logits: (num_samples, vocab), chunk order
                 record.token_id = executed.token_ids[i]

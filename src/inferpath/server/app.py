@@ -17,8 +17,8 @@ CORS is off unless ``allowed_origins`` lists the origins a browser may call from
 (``["*"]`` for any).
 
 With an ``api_key``, the ``/v1`` routes and (de)tokenize need ``Authorization: Bearer
-KEY`` or ``x-api-key: KEY`` (Anthropic's header) (compared as bytes, in constant time; a key that is not ASCII works when sent as
-UTF-8). ``/health`` and ``/metrics`` stay open for probes and scrapers, and so do
+KEY`` or ``x-api-key: KEY`` (Anthropic's header), compared as bytes, in constant time (a
+key that is not ASCII works when sent as UTF-8). ``/health`` and ``/metrics`` stay open for probes and scrapers, and so do
 ``/docs`` and ``/openapi.json``, as in vLLM: they describe the API and hold no data.
 ``max_n`` caps ``n`` (choices per request; OpenAI's 128 by default).
 """

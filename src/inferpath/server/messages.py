@@ -80,13 +80,14 @@ async def _answer(request: Request, context: ServingContext, check_api_key: Call
 def _translate(body: MessagesRequest, context: ServingContext) -> tuple[list[dict[str, Any]], Any, list[str]]:
     context.check_model(body.model)
     try:
-        messages, notes = body.chat_messages()
+        messages, block_notes = body.chat_messages()
+        notes = body.notes() + block_notes
         tool_choice, parallel = body.chat_tool_choice()
         fields = function_tools(body.functions(), tool_choice, parallel)
         fields.forced_tools()  # an unknown tool name is refused here too
     except ParamError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
-    notes = body.notes() + [f"tools[{i}].cache_control is not needed: the prefix cache works by "
+    notes += [f"tools[{i}].cache_control is not needed: the prefix cache works by "
                             "itself" for i, t in enumerate(body.tools or ()) if t.cache_control]
     return messages, fields, notes
 

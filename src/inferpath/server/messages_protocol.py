@@ -2,7 +2,8 @@
 
 Fields:
 
-- implemented: ``model``, ``messages`` (roles user / assistant; content a string or
+- implemented: ``model``, ``messages`` (roles user / assistant, and system in the middle
+  of a conversation as Claude Code sends it; content a string or
   blocks ``text``, ``tool_use``, ``tool_result``), ``system`` (a string or text blocks),
   ``max_tokens`` (required), ``stop_sequences``, ``temperature``, ``top_p``, ``top_k``,
   ``stream``, ``tools`` (``name``, ``description``, ``input_schema``), ``tool_choice``
@@ -11,7 +12,8 @@ Fields:
   (``json_schema``: enforced by the grammar engine);
 - accepted without effect, logged: ``metadata``, ``thinking`` (this server writes no
   thinking blocks), ``service_tier``, ``speed``, ``inference_geo``,
-  ``output_config.effort``, ``cache_control`` (top level, or on any block or tool: the
+  ``output_config.effort``, ``context_management`` with ``clear_thinking_*`` edits only
+  (no thinking is kept to clear), ``cache_control`` (top level, or on any block or tool: the
   prefix cache reuses shared prefixes by itself), and ``thinking`` / ``redacted_thinking``
   blocks of earlier assistant turns (templates drop earlier reasoning);
 - anything else is a 400 naming it (unknown fields, block types, server tools).
@@ -46,7 +48,7 @@ _BLOCK_KEYS = {
 
 class AnthropicMessage(BaseModel):
     model_config = STRICT
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system: mid-conversation (Claude Code)
     content: str | list[dict[str, Any]]
 
 
@@ -101,11 +103,21 @@ class MessagesRequest(BaseModel):
     speed: str | None = None
     inference_geo: str | None = None
     cache_control: dict[str, Any] | None = None
+    context_management: dict[str, Any] | None = None
 
     def notes(self) -> list[str]:
         notes = [f"{name} is accepted and not used"
                  for name in ("metadata", "service_tier", "speed", "inference_geo", "cache_control")
                  if getattr(self, name) is not None]
+        if self.context_management is not None:
+            edits = self.context_management.get("edits")
+            kinds = [e.get("type") if isinstance(e, dict) else None for e in edits or ()]
+            if set(self.context_management) != {"edits"} or not all(
+                    isinstance(k, str) and k.startswith("clear_thinking_") for k in kinds):
+                raise ParamError("context_management is supported only with clear_thinking "
+                                 f"edits (no thinking is kept here to clear); got {kinds}",
+                                 "context_management")
+            notes.append("context_management: there is no thinking to clear")
         if self.output_config is not None and self.output_config.effort is not None:
             notes.append("output_config.effort is accepted and not used")
         if self.thinking is not None and self.thinking.get("type") != "disabled":

@@ -9,6 +9,9 @@
     message_delta        (stop_reason, stop_sequence; usage: the final counts)
     message_stop
 
+and a ``ping`` whenever ``PING_SECONDS`` pass without an event (a long prompt's prefill
+can take minutes on a CPU; clients such as Claude Code give up on a silent stream).
+
 Content deltas open (or continue) a text block; a tool call's opening delta closes the
 open block and starts a tool_use block, whose argument fragments follow as
 ``input_json_delta``. An error mid-stream is one ``error`` event.
@@ -16,10 +19,46 @@ open block and starts a tool_use block, whose argument fragments follow as
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 if TYPE_CHECKING:
     from inferpath.server.turn import Turn
+
+#: Seconds of silence after which the stream sends a ``ping``.
+PING_SECONDS = 10.0
+
+
+async def with_pings(deltas: AsyncIterator[dict[str, Any]],
+                     interval: float) -> AsyncIterator[dict[str, Any] | None]:
+    """``deltas``, with a None each time ``interval`` seconds pass without one. The deltas
+    are read by a task of their own, cancelled (which aborts the engine request) if the
+    consumer stops early."""
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async for delta in deltas:
+                await queue.put(("delta", delta))
+            await queue.put(("end", None))
+        except Exception as exc:  # noqa: BLE001 - re-raised in the consumer
+            await queue.put(("error", exc))
+
+    task = asyncio.create_task(pump())
+    try:
+        while True:
+            try:
+                kind, value = await asyncio.wait_for(queue.get(), interval)
+            except asyncio.TimeoutError:
+                yield None
+                continue
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        task.cancel()
 
 
 class MessageEvents:
@@ -42,7 +81,10 @@ class MessageEvents:
             "usage": {"input_tokens": len(self.turn.prompt_ids), "output_tokens": 0,
                       "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}}
         yield {"type": "ping"}
-        async for delta in self.turn.deltas():
+        async for delta in with_pings(self.turn.deltas(), PING_SECONDS):
+            if delta is None:
+                yield {"type": "ping"}
+                continue
             if delta.get("content"):
                 if self.open_kind != "text":
                     for event in self._open({"type": "text", "text": ""}):

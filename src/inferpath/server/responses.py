@@ -146,7 +146,9 @@ async def create_response(body: ResponsesRequest, request: Request, context: Ser
             answer["tool_calls"] = [{"id": c.id, "type": "function",
                                      "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
                                     for c in calls]
-        store.put(StoredResponse(response, stored_items, history + new_messages + [answer]))
+        if not store.put(StoredResponse(response, stored_items, history + new_messages + [answer])):
+            log.warning("%s: not stored: larger than the whole response store (%d MiB)",
+                        draft.id, store.max_bytes // 2**20)
 
     if body.stream:
         events = ResponseEvents(draft, turn, keep)

@@ -12,15 +12,19 @@ checked before it is taken:
   ``MAX_SIGNIFICANT_DIGITS`` significant digits (what a double holds) after at most
   ``MAX_LEADING_ZEROS`` zeros (``0.00000001``), and an exponent of at most
   ``MAX_EXPONENT_DIGITS`` digits;
-- inside a container or a string, the same pattern of 1 to ``MAX_LOOP_PERIOD`` tokens may
+- inside a container or a string (not a number: the digit bounds judge those), the same pattern of 1 to ``MAX_LOOP_PERIOD`` tokens may
   not repeat three times over ``MIN_LOOP_TOKENS`` tokens or more;
 - an array may not hold the same string, object or array item ``MAX_REPEATED_ITEMS``
   times (``["Quebec","Ontario","Quebec",...]``; numbers and literals may repeat).
 
 A token that breaks a rule is replaced by the first token of the grammar's greedy closing
 path (the path ``max_tokens`` already uses): it ends the number, or closes the string or
-container that loops, and the model goes on from there. A schema widens the number
-bounds by its own ``minimum`` / ``maximum`` only as far as these digit counts; strings and
+container that loops, and the model goes on from there.
+
+A schema narrows these bounds (``minimum`` / ``maximum``, kept by the grammar) but does
+not widen them: they are what the client's 64-bit integer or double can hold, and
+llguidance compiles no range beyond 64 bits anyway. A value that needs more digits is a
+string (``"type": "string"`` with a ``pattern`` such as ``^[0-9]{1,40}$``). Strings and
 arrays follow ``maxLength``, ``pattern`` and ``maxItems`` through the grammar itself.
 """
 
@@ -43,7 +47,7 @@ MAX_LOOP_PERIOD = 16
 MIN_LOOP_TOKENS = 24
 #: the tokens a sequence keeps to find loops in
 LOOP_TAIL = 3 * MAX_LOOP_PERIOD
-#: an array's string, object or array item may appear this many times, not more... once less
+#: an array may not hold the same string, object or array item this many times
 MAX_REPEATED_ITEMS = 3
 _DIGITS = frozenset(b"0123456789")
 

@@ -84,8 +84,9 @@ class GrammarMatcher:
         data = self.hints.tokens[token_id] if token_id < len(self.hints.tokens) else b""
         too_long = any(number.too_long(self._is_integer_field(number, token_id))
                        for number in numbers_in(self._lexer, data))
-        looping = (self._lexer.depth > 0 and is_loop([*self._tail, token_id])
-                   or self._lexer.repeats_an_item(data))
+        # NOTE: digits repeating inside a number are the number bounds' to judge
+        looping = (self._lexer.depth > 0 and self._lexer.number is None
+                   and is_loop([*self._tail, token_id]) or self._lexer.repeats_an_item(data))
         if not (too_long or looping):
             return token_id
         # only the first token is taken: the path may be long (the budget is max_tokens')

@@ -170,6 +170,23 @@ def _qwen2moe(meta: Meta, hf: dict[str, Any], tensors: Mapping[str, tuple[int, .
             "mlp_only_layers": [i for i in range(num_layers) if i not in moe]}
 
 
+def _qwen3(meta: Meta, hf: dict[str, Any], tensors: Mapping[str, tuple[int, ...]], path: Path) -> dict[str, Any]:
+    """Qwen3: per-head QK RMSNorm (the tensors), attention biases only if the file has them."""
+    return {"attention_bias": "blk.0.attn_q.bias" in tensors}
+
+
+def _qwen3moe(meta: Meta, hf: dict[str, Any], tensors: Mapping[str, tuple[int, ...]], path: Path) -> dict[str, Any]:
+    """Qwen3-MoE: top-k weights renormalised (llama.cpp's qwen3moe graph always does, so the
+    file has no key for it); layers without a router are dense MLPs of feed_forward_length."""
+    num_layers = hf["num_hidden_layers"]
+    moe = set(_moe_layers(tensors, num_layers))
+    return {"intermediate_size": int(meta("feed_forward_length")),
+            "moe_intermediate_size": int(meta("expert_feed_forward_length")),
+            "num_experts": int(meta("expert_count")), "num_experts_per_tok": int(meta("expert_used_count")),
+            "norm_topk_prob": True, "attention_bias": "blk.0.attn_q.bias" in tensors,
+            "mlp_only_layers": [i for i in range(num_layers) if i not in moe]}
+
+
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     # llama.cpp stores Mixtral as "llama" with an expert count, and Mistral 7B as "llama" too
     "llama": GGUFArchitecture("llama", permuted_qk=True),
@@ -186,6 +203,9 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "olmoe": GGUFArchitecture("olmoe", renames=_ROUTED_RENAMES, config_fields=_olmoe, routed_experts=True),
     "qwen2moe": GGUFArchitecture("qwen2_moe", renames=_ROUTED_RENAMES, config_fields=_qwen2moe,
                                  routed_experts=True, keys=frozenset({"expert_shared_feed_forward_length"})),
+    "qwen3": GGUFArchitecture("qwen3", renames={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
+                              config_fields=_qwen3),
+    "qwen3moe": GGUFArchitecture("qwen3_moe", renames=_ROUTED_RENAMES, config_fields=_qwen3moe, routed_experts=True),
 }
 
 
