@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inferpath.config import ROUTED_MOE_ARCHITECTURES, ModelConfig
+from inferpath.config import ROUTED_MOE_ARCHITECTURES, ModelConfig, require_engine_support
 from inferpath.model.attention import build_attention_plan
 from inferpath.model.layers import RMSNorm, gated_mlp, make_norm
 from inferpath.model.metadata import AttentionMetadata
@@ -107,6 +107,7 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu") -> None:
         super().__init__()
+        require_engine_support(config)  # never build a model explain prices but this file lacks
         self.config = config
         self.rope_table = RopeTable(config)
         self.local_rope_table = RopeTable(config.local_rope_config()) if config.local_rope_theta is not None else None
