@@ -21,7 +21,10 @@ SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "mixtral", "phi3", "olmo
 ROUTED_MOE_ARCHITECTURES = ("olmoe", "qwen2_moe")
 # Architectures the cost model (explain/) prices but the engine does not run: ModelConfig
 # accepts them, the loader and the model refuse them by name (``require_engine_support``).
-PRICED_ARCHITECTURES = ("deepseek_v3", "qwen3_next")
+PRICED_ARCHITECTURES = ("qwen3_next",)
+# Architectures of layers of several kinds that the engine runs too (model/mla.py,
+# model/deepseek_moe.py)
+KIND_ARCHITECTURES = ("deepseek_v3",)
 
 
 class ConfigError(ValueError):
@@ -112,10 +115,11 @@ class ModelConfig:
     linear_conv_kernel_dim: int = 0
     attn_output_gate: bool = False  # full attention's output times sigmoid(a gate from q_proj)
     partial_rotary_factor: float = 1.0  # the share of head_dim RoPE rotates
+    rope_interleave: bool = False  # DeepSeek: RoPE dims stored as interleaved pairs
     name: str = ""
 
     def __post_init__(self) -> None:
-        if self.architecture not in SUPPORTED_ARCHITECTURES + PRICED_ARCHITECTURES:
+        if self.architecture not in SUPPORTED_ARCHITECTURES + KIND_ARCHITECTURES + PRICED_ARCHITECTURES:
             raise ConfigError(
                 f"architecture {self.architecture!r} is not supported; "
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
@@ -239,7 +243,7 @@ class ModelConfig:
         if model_type is None:
             raise ConfigError("config.json has no 'model_type'; expected one of "
                               + ", ".join(SUPPORTED_ARCHITECTURES))
-        if model_type not in SUPPORTED_ARCHITECTURES + PRICED_ARCHITECTURES:
+        if model_type not in SUPPORTED_ARCHITECTURES + KIND_ARCHITECTURES + PRICED_ARCHITECTURES:
             raise ConfigError(f"architecture {model_type!r} is not supported; "
                               f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
         try:
@@ -268,7 +272,7 @@ def require_engine_support(config: ModelConfig) -> None:
 
     if config.architecture in PRICED_ARCHITECTURES:
         raise ConfigError(f"architecture {config.architecture!r} is priced by explain but not implemented "
-                          f"by the engine; the engine runs: {', '.join(SUPPORTED_ARCHITECTURES)}")
+                          f"by the engine; the engine runs: {', '.join(SUPPORTED_ARCHITECTURES + KIND_ARCHITECTURES)}")
     fields = engine_unsupported_fields(config)
     if fields:
         raise ConfigError(f"ModelConfig field {fields[0]!r} (= {getattr(config, fields[0])!r}) is priced by "

@@ -27,7 +27,13 @@ KIND_FIELDS = {
     "num_shared_experts": 0, "router_scoring": "softmax", "router_correction_bias": False, "n_group": 1,
     "topk_group": 1, "routed_scaling_factor": 1.0, "linear_num_key_heads": 0, "linear_num_value_heads": 0,
     "linear_key_head_dim": 0, "linear_value_head_dim": 0, "linear_conv_kernel_dim": 0,
-    "attn_output_gate": False, "partial_rotary_factor": 1.0,
+    "attn_output_gate": False, "partial_rotary_factor": 1.0, "rope_interleave": False,
+}
+# architecture -> the kind fields its engine implementation reads (the rest must be "nothing")
+ENGINE_READS = {
+    "deepseek_v3": frozenset({"kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                              "num_shared_experts", "router_scoring", "router_correction_bias", "n_group",
+                              "topk_group", "routed_scaling_factor", "rope_interleave"}),
 }
 
 
@@ -72,8 +78,16 @@ def check_kinds(config: ModelConfig) -> None:
 
 
 def engine_unsupported_fields(config: ModelConfig) -> list[str]:
-    """The kind fields set away from "nothing" that the engine does not implement."""
-    return [name for name, nothing in KIND_FIELDS.items() if getattr(config, name) != nothing]
+    """The kind fields set away from "nothing" that the engine does not implement (for
+    DeepSeek-V3: sigmoid scores with the correction bias only, as transformers runs it)."""
+    reads = ENGINE_READS.get(config.architecture, frozenset())
+    fields = [name for name, nothing in KIND_FIELDS.items() if name not in reads and getattr(config, name) != nothing]
+    if config.architecture == "deepseek_v3" and config.is_moe and (
+            config.router_scoring != "sigmoid" or not config.router_correction_bias):
+        fields.append("router_scoring" if config.router_scoring != "sigmoid" else "router_correction_bias")
+    if config.architecture == "deepseek_v3" and not config.is_mla:
+        fields.append("kv_lora_rank")
+    return fields
 
 
 # ------------------------------------------------------------------ shapes per kind

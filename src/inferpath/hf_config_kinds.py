@@ -2,8 +2,8 @@
 linear attention) into ModelConfig keyword arguments, refusing what is not understood.
 
 The same contract as hf_config.py: every field is read, known harmless, or an error naming
-it. These architectures are priced by explain; the engine refuses them by name
-(config.require_engine_support) until it implements them.
+it. DeepSeek-V3 runs in the engine (model/mla.py, model/deepseek_moe.py); Qwen3-Next is
+priced by explain and refused by the engine by name (config.require_engine_support).
 """
 
 from __future__ import annotations
@@ -94,6 +94,7 @@ def deepseek_v3_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         router_scoring=str(cfg.get("scoring_func", "sigmoid")), router_correction_bias=TOPK_METHODS[method],
         n_group=int(cfg.get("n_group") or 1), topk_group=int(cfg.get("topk_group") or 1),
         routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+        rope_interleave=bool(cfg.get("rope_interleave", True)),  # transformers' default; V3's file omits it
     )
     return kwargs
 

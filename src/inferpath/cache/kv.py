@@ -20,7 +20,8 @@ class KVCache:
     """K and V caches of every layer, allocated once, zero-filled.
 
     Invariants: ``k_caches[i].shape == v_caches[i].shape == (num_blocks, block_size,
-    num_kv_heads, head_dim)``; ``num_bytes == bytes_per_token * block_size * num_blocks``
+    num_kv_heads, head_dim)`` (MLA: k_caches hold (num_blocks, block_size, 1, kv_lora_rank +
+    qk_rope_head_dim) latents, v_caches are empty); ``num_bytes == bytes_per_token * block_size * num_blocks``
     and equals the real allocation. Zero-filled so that padded (masked) slots never hold
     NaN, which would leak through a masked softmax's 0 * value.
     """
@@ -35,8 +36,12 @@ class KVCache:
         self.dtype = dtype
         self.device = torch.device(device)
         shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        v_shape = shape
+        if config.is_mla:  # a block holds latents: [latent, RoPE key] per token, no V (model/mla.py)
+            shape = (num_blocks, block_size, 1, config.kv_lora_rank + config.qk_rope_head_dim)
+            v_shape = (num_blocks, block_size, 1, 0)
         self.k_caches = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(config.num_layers)]
-        self.v_caches = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(config.num_layers)]
+        self.v_caches = [torch.zeros(v_shape, dtype=dtype, device=self.device) for _ in range(config.num_layers)]
 
     @property
     def num_slots(self) -> int:

@@ -75,7 +75,7 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048, dense_layers=(0, 1, 2),
         kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
         num_shared_experts=1, router_scoring="sigmoid", router_correction_bias=True, n_group=8,
-        topk_group=4, routed_scaling_factor=2.5, name="deepseek-v3",
+        topk_group=4, routed_scaling_factor=2.5, rope_interleave=True, name="deepseek-v3",
     ),
     # Qwen/Qwen3-Next-80B-A3B-Instruct config.json: 48 layers, d 2,048; every 4th layer gated
     # full attention (16 query / 2 KV heads of 256, RoPE on a quarter of head_dim), the others

@@ -21,6 +21,8 @@ from inferpath.config import ROUTED_MOE_ARCHITECTURES, ModelConfig, require_engi
 from inferpath.model.attention import build_attention_plan
 from inferpath.model.layers import RMSNorm, gated_mlp, make_norm
 from inferpath.model.metadata import AttentionMetadata
+from inferpath.model.deepseek_moe import DeepseekMoE
+from inferpath.model.mla import MLASelfAttention, mla_rope_config
 from inferpath.model.moe import RoutedMoE, SparseMoE
 from inferpath.model.rope import RopeTable
 from inferpath.model.self_attention import SelfAttention
@@ -40,7 +42,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         norm = lambda: make_norm(config.hidden_size, config.rms_norm_eps, config.norm_weight_offset)  # noqa: E731
         self.input_layernorm = norm()
-        self.self_attn = SelfAttention(config, layer_idx, rope_table)
+        self.self_attn = (MLASelfAttention(config, layer_idx, rope_table) if config.is_mla
+                          else SelfAttention(config, layer_idx, rope_table))
         # NOTE: with sandwich norms (Gemma 3) post_attention_layernorm normalises the attention
         # output before the residual add, and the FFN has a norm of its own on each side
         self.post_attention_layernorm = norm()
@@ -48,8 +51,11 @@ class DecoderLayer(nn.Module):
         if config.sandwich_norms:
             self.pre_feedforward_layernorm = norm()
             self.post_feedforward_layernorm = norm()
-        self.is_moe = config.is_moe_layer(layer_idx) and config.architecture not in ROUTED_MOE_ARCHITECTURES
-        if self.is_moe:
+        self.is_moe = (config.is_moe_layer(layer_idx)
+                       and config.architecture not in (*ROUTED_MOE_ARCHITECTURES, "deepseek_v3"))
+        if config.is_moe_layer(layer_idx) and config.architecture == "deepseek_v3":
+            self.mlp = DeepseekMoE(config)  # sigmoid scores, grouped top-k, shared experts
+        elif self.is_moe:
             self.block_sparse_moe = SparseMoE(config.hidden_size, config.intermediate_size,
                                               config.num_experts, config.num_experts_per_tok)
         elif config.is_moe_layer(layer_idx):  # OLMoE, Qwen2-MoE: experts under ``mlp``
@@ -109,7 +115,7 @@ class Transformer(nn.Module):
         super().__init__()
         require_engine_support(config)  # never build a model explain prices but this file lacks
         self.config = config
-        self.rope_table = RopeTable(config)
+        self.rope_table = RopeTable(mla_rope_config(config))  # MLA: the RoPE part of each head only
         self.local_rope_table = RopeTable(config.local_rope_config()) if config.local_rope_theta is not None else None
         with torch.device("meta"):
             self.model = DecoderStack(config, {False: self.rope_table,

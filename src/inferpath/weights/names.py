@@ -78,6 +78,10 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     only when the head is untied, Q/K/V biases only when ``attention_bias``, the o_proj
     bias with ``o_proj_bias``, MLP biases with ``mlp_bias``.
     """
+    if config.is_mla:  # DeepSeek-V3: latent attention, its own MoE names
+        from inferpath.weights.names_mla import deepseek_shapes
+
+        return deepseek_shapes(config)
     hidden, inter = config.hidden_size, config.intermediate_size
     shapes: dict[str, tuple[int, ...]] = {
         "model.embed_tokens.weight": (config.vocab_size, hidden),
@@ -139,6 +143,11 @@ def is_ignorable(name: str, config: ModelConfig) -> bool:
     of a model whose head is tied to the embedding (saved anyway by some exporters)."""
     if name.endswith(IGNORED_HF_SUFFIXES):
         return True
+    if config.architecture == "deepseek_v3":  # the multi-token-prediction module: a drafter, not run
+        from inferpath.weights.names_mla import is_mtp_tensor
+
+        if is_mtp_tensor(name, config):
+            return True
     return name == "lm_head.weight" and config.tie_word_embeddings
 
 
