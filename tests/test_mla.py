@@ -194,6 +194,36 @@ def test_engine_with_chunked_prefill_and_preemption_gives_transformers_greedy_to
     assert engine.stats().num_preemptions > 0
     assert [finals[f"r{i}"] for i in range(len(prompts))] == expected
     assert engine.stats().num_kv_blocks_used == 0
+    # a prefix-cache hit reads the latents another request left: 16 shared tokens, 4 blocks
+    shared = prompts[0][:16] + prompt_of(5, seed=99)
+    with torch.inference_mode():
+        expected_shared = [int(x.argmax()) for x in hf_greedy(hf, shared, 9)[1]]
+    engine = LLMEngine(ours, tokenizer, ours.config, EngineConfig(block_size=4, num_kv_blocks=32, cpu_kernels=False),
+                       eos_token_ids=[])
+    for request_id, prompt in (("first", prompts[0]), ("shared", shared)):
+        engine.add_request(request_id, prompt, params)
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    finals[output.request_id] = output
+    assert finals["shared"].num_cached_tokens == 16
+    assert finals["shared"].outputs[0].token_ids == expected_shared
+
+
+@torch.inference_mode()
+def test_batch_invariant_mode_gives_the_same_bits_alone_and_batched(tmp_path):
+    from inferpath.model.batch_invariant import make_batch_invariant, row_invariant_dispatch
+
+    _, model = build_pair(tmp_path)
+    make_batch_invariant(model)
+    prompt, others = prompt_of(9, seed=4), [prompt_of(n, seed=n) for n in (15, 2)]
+    with row_invariant_dispatch():
+        alone = PagedRunner(model)
+        solo = [alone.step([(0, prompt)])[0]] + [alone.step([(0, [t])])[0] for t in (5, 6)]
+        batched = PagedRunner(model, seed=9)
+        together = [batched.step([(1, others[0]), (0, prompt), (2, others[1])])[1]]
+        together += [batched.step([(1, [t]), (0, [t]), (2, [t])])[1] for t in (5, 6)]
+    assert all(torch.equal(a, b) for a, b in zip(solo, together))
 
 
 def test_engine_refuses_deepseek_variants_it_does_not_implement():

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferpath.config import ModelConfig
+from inferpath.model.batch_invariant import rows_must_be_invariant, rowwise_linear
 from inferpath.model.layers import SwiGLUMLP
 from inferpath.model.moe import run_experts
 
@@ -37,7 +38,8 @@ class GroupedTopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # x: (num_tokens, hidden_size); routing in float32 whatever the model's dtype
-        scores = F.linear(x.float(), self.weight.float()).sigmoid()  # (num_tokens, E)
+        linear = rowwise_linear if rows_must_be_invariant() else F.linear  # batch-invariant mode: row by row
+        scores = linear(x.float(), self.weight.float(), None).sigmoid()  # (num_tokens, E)
         choice = scores + self.e_score_correction_bias.float()
         per_group = choice.view(-1, self.n_group, self.num_experts // self.n_group)  # (T, G, E / G)
         group_scores = per_group.topk(min(2, per_group.shape[-1]), dim=-1).values.sum(dim=-1)  # (T, G)
