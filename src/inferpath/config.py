@@ -21,10 +21,10 @@ SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "mixtral", "phi3", "olmo
 ROUTED_MOE_ARCHITECTURES = ("olmoe", "qwen2_moe")
 # Architectures the cost model (explain/) prices but the engine does not run: ModelConfig
 # accepts them, the loader and the model refuse them by name (``require_engine_support``).
-PRICED_ARCHITECTURES = ("qwen3_next",)
+PRICED_ARCHITECTURES: tuple[str, ...] = ()
 # Architectures of layers of several kinds that the engine runs too (model/mla.py,
-# model/deepseek_moe.py)
-KIND_ARCHITECTURES = ("deepseek_v3",)
+# model/deepseek_moe.py; model/gated_deltanet.py, model/qwen3_next.py)
+KIND_ARCHITECTURES = ("deepseek_v3", "qwen3_next")
 
 
 class ConfigError(ValueError):

@@ -2,8 +2,8 @@
 linear attention) into ModelConfig keyword arguments, refusing what is not understood.
 
 The same contract as hf_config.py: every field is read, known harmless, or an error naming
-it. DeepSeek-V3 runs in the engine (model/mla.py, model/deepseek_moe.py); Qwen3-Next is
-priced by explain and refused by the engine by name (config.require_engine_support).
+it. Both run in the engine: DeepSeek-V3 in model/mla.py and model/deepseek_moe.py, Qwen3-Next
+in model/gated_deltanet.py and model/qwen3_next.py.
 """
 
 from __future__ import annotations

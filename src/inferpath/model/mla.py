@@ -40,8 +40,13 @@ from inferpath.model.rope import RopeTable, RotaryEmbedding
 
 
 def mla_rope_config(config: ModelConfig) -> ModelConfig:
-    """The config RoPE sees: MLA rotates only the qk_rope_head_dim part of each head."""
-    return replace(config, head_dim=config.qk_rope_head_dim) if config.is_mla else config
+    """The config RoPE sees: MLA rotates only the qk_rope_head_dim part of each head, a
+    partial rotary (Qwen3-Next) the first head_dim x partial_rotary_factor."""
+    if config.is_mla:
+        return replace(config, head_dim=config.qk_rope_head_dim)
+    if config.partial_rotary_factor != 1.0:
+        return replace(config, head_dim=round(config.head_dim * config.partial_rotary_factor))
+    return config
 
 
 def mla_softmax_scale(config: ModelConfig) -> float:
@@ -173,15 +178,16 @@ class MLASelfAttention(nn.Module):
             self.q_proj = nn.Linear(h, q_width, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(h, config.kv_lora_rank + config.qk_rope_head_dim, bias=False)
         self.kv_a_layernorm = RMSNorm(config.kv_lora_rank, 1e-6)
-        self.kv_b_proj = nn.Linear(config.kv_lora_rank, config.num_heads * (config.qk_nope_head_dim + config.v_head_dim),
-                                   bias=False)
+        kv_width = config.num_heads * (config.qk_nope_head_dim + config.v_head_dim)
+        self.kv_b_proj = nn.Linear(config.kv_lora_rank, kv_width, bias=False)
         self.rotary_emb = RotaryEmbedding(rope_table)
         self.latent_write = LatentWrite()
         self.attn = LatentAttention(config)
         self.o_proj = nn.Linear(config.num_heads * config.v_head_dim, h, bias=False)
         self.q_lora = bool(config.q_lora_rank)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache, plan: dict[int, AttentionPlan]) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache,
+                plan: dict[int, AttentionPlan]) -> torch.Tensor:
         # x: (num_tokens, hidden_size)
         num_tokens = x.shape[0]
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)

@@ -22,10 +22,10 @@ from inferpath.model.attention import build_attention_plan
 from inferpath.model.layers import RMSNorm, gated_mlp, make_norm
 from inferpath.model.metadata import AttentionMetadata
 from inferpath.model.deepseek_moe import DeepseekMoE
-from inferpath.model.mla import MLASelfAttention, mla_rope_config
+from inferpath.model.mixer import token_mixer
+from inferpath.model.mla import mla_rope_config
 from inferpath.model.moe import RoutedMoE, SparseMoE
 from inferpath.model.rope import RopeTable
-from inferpath.model.self_attention import SelfAttention
 
 # Tensors some checkpoints carry that the model recomputes; ignored when loading.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -42,8 +42,9 @@ class DecoderLayer(nn.Module):
         super().__init__()
         norm = lambda: make_norm(config.hidden_size, config.rms_norm_eps, config.norm_weight_offset)  # noqa: E731
         self.input_layernorm = norm()
-        self.self_attn = (MLASelfAttention(config, layer_idx, rope_table) if config.is_mla
-                          else SelfAttention(config, layer_idx, rope_table))
+        # self_attn (attention of any kind) or linear_attn (Gated DeltaNet): model/mixer.py
+        self.mixer_name, mixer = token_mixer(config, layer_idx, rope_table)
+        setattr(self, self.mixer_name, mixer)
         # NOTE: with sandwich norms (Gemma 3) post_attention_layernorm normalises the attention
         # output before the residual add, and the FFN has a norm of its own on each side
         self.post_attention_layernorm = norm()
@@ -52,7 +53,7 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = norm()
             self.post_feedforward_layernorm = norm()
         self.is_moe = (config.is_moe_layer(layer_idx)
-                       and config.architecture not in (*ROUTED_MOE_ARCHITECTURES, "deepseek_v3"))
+                       and config.architecture not in (*ROUTED_MOE_ARCHITECTURES, "deepseek_v3", "qwen3_next"))
         if config.is_moe_layer(layer_idx) and config.architecture == "deepseek_v3":
             self.mlp = DeepseekMoE(config)  # sigmoid scores, grouped top-k, shared experts
         elif self.is_moe:
@@ -68,7 +69,7 @@ class DecoderLayer(nn.Module):
     def forward(self, positions, hidden, kv_cache, plan) -> torch.Tensor:
         # hidden: (num_tokens, hidden_size), the running residual stream
         ffn = self.block_sparse_moe if self.is_moe else self.mlp
-        attended = self.self_attn(positions, self.input_layernorm(hidden), kv_cache, plan)
+        attended = getattr(self, self.mixer_name)(positions, self.input_layernorm(hidden), kv_cache, plan)
         if self.sandwich_norms:
             hidden = hidden + self.post_attention_layernorm(attended)
             return hidden + self.post_feedforward_layernorm(ffn(self.pre_feedforward_layernorm(hidden)))
@@ -150,6 +151,8 @@ class Transformer(nn.Module):
         plans = {w: build_attention_plan(meta, self.config.head_dim, w, self.batch_invariant,
                                          self.config.attention_scale, self.config.attn_logit_softcapping)
                  for w in windows}
+        if self.config.num_linear_layers:  # Gated DeltaNet layers read the step's sequences and state slots
+            plans["linear"] = meta
         return self.model(input_ids, positions, kv_cache, plans)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@ def check_shardable(config: ModelConfig, world_size: int) -> None:
         # sharding implemented for Llama-style blocks and Mixtral experts only: a bias after
         # the all-reduce would be added once per rank, a norm over all heads needs them all
         unsupported = [name for name in ("o_proj_bias", "mlp_bias", "qk_norm") if getattr(config, name)]
-        if config.architecture in ("olmoe", "qwen2_moe", "gemma2", "gemma3_text", "deepseek_v3"):
+        if config.architecture in ("olmoe", "qwen2_moe", "gemma2", "gemma3_text", "deepseek_v3", "qwen3_next"):
             unsupported.append(f"architecture {config.architecture}")
         if unsupported:
             raise ValueError(f"tensor parallelism does not support {', '.join(unsupported)}; "

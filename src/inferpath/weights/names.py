@@ -82,6 +82,10 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         from inferpath.weights.names_mla import deepseek_shapes
 
         return deepseek_shapes(config)
+    if config.architecture == "qwen3_next":  # Gated DeltaNet + gated attention layers
+        from inferpath.weights.names_hybrid import qwen3_next_shapes
+
+        return qwen3_next_shapes(config)
     hidden, inter = config.hidden_size, config.intermediate_size
     shapes: dict[str, tuple[int, ...]] = {
         "model.embed_tokens.weight": (config.vocab_size, hidden),

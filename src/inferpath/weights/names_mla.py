@@ -17,7 +17,8 @@ def deepseek_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     h, heads = config.hidden_size, config.num_heads
     nope, rope, v, r, qr = (config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim,
                             config.kv_lora_rank, config.q_lora_rank)
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, h), "model.norm.weight": (h,)}
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, h),
+                                          "model.norm.weight": (h,)}
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, h)
     for i in range(config.num_layers):
