@@ -223,6 +223,29 @@ def test_engine_with_chunked_prefill_and_preemption_gives_transformers_greedy_to
     assert engine.block_manager.num_free_state_slots == engine.kv_cache.num_state_slots == 4
 
 
+def test_batch_invariant_mode_is_refused_for_linear_attention(tmp_path):
+    from inferpath.model.batch_invariant import make_batch_invariant
+
+    _, ours = build_pair(tmp_path)
+    with pytest.raises(ValueError, match="batch-invariant mode does not support linear-attention"):
+        make_batch_invariant(ours)
+
+
+@torch.inference_mode()
+def test_cpu_kernels_match_transformers(tmp_path):
+    from inferpath.kernels import accelerate
+
+    hf, ours = build_pair(tmp_path)
+    accelerate(ours)
+    prompt = prompt_of(30, seed=8)
+    refs = hf_greedy(hf, prompt, 4)
+    runner = StateRunner(ours)
+    got = [runner.step([(0, prompt)])[0]]
+    for _ in range(4):
+        got.append(runner.step([(0, [int(got[-1].argmax())])])[0])
+    assert all(rel_err(a, b) < 1e-4 for a, b in zip(got, refs))
+
+
 @settings(max_examples=80, deadline=None)
 @given(ops=st.lists(st.tuples(st.sampled_from(["admit", "free", "preempt", "grow"]), st.integers(0, 50)),
                     max_size=60),

@@ -64,7 +64,7 @@ class _Plan:
     def __init__(self, stack: DecoderStack) -> None:
         self.dtype = stack.norm.weight.dtype  # of the activations, norms and KV cache
         layers = list(stack.layers)
-        self.quantized = getattr(layers[0].self_attn, "_quant_qkv", None) is not None
+        self.quantized = getattr(getattr(layers[0], "self_attn", None), "_quant_qkv", None) is not None
         self.reason = self._check(stack, self.dtype, self.quantized)
         if self.reason:
             return
@@ -113,6 +113,8 @@ class _Plan:
             CPUSiluAndMul,
         )
 
+        if not all(hasattr(layer, "self_attn") for layer in stack.layers):
+            return "linear-attention layers (Gated DeltaNet)"
         if quantized and (build.native_decode_layers() is None or build.native_quant_matmul_group() is None):
             return "no native decode kernel here"
         if not quantized and (dtype not in GGUF_FLOAT_TYPES or build.native_decode_layers(dtype) is None):
