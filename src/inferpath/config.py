@@ -21,6 +21,12 @@ from inferpath.speculative_config import SpeculativeConfig, SpeculativeConfigErr
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 # MoE architectures whose experts sit under ``mlp`` with Llama names (model/moe.py RoutedMoE)
 ROUTED_MOE_ARCHITECTURES = tuple(name for name, f in FAMILIES.items() if f.routed_moe)
+# Architectures the cost model (explain/) prices but the engine does not run: ModelConfig
+# accepts them, the loader and the model refuse them by name (``require_engine_support``).
+PRICED_ARCHITECTURES: tuple[str, ...] = ()
+# Architectures of layers of several kinds that the engine runs too (model/mla.py,
+# model/deepseek_moe.py; model/gated_deltanet.py, model/qwen3_next.py)
+KIND_ARCHITECTURES = ("deepseek_v3", "qwen3_next")
 
 
 class ConfigError(ValueError):
@@ -110,10 +116,39 @@ class ModelConfig:
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.0
     attention_sinks: bool = False
+    # Multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank 0 = not MLA. Each token caches
+    # one latent of kv_lora_rank values and one RoPE key of qk_rope_head_dim shared by the
+    # heads; a head's query/key is qk_nope_head_dim + qk_rope_head_dim wide, its value
+    # v_head_dim; q_lora_rank 0 = a full-rank q_proj.
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # DeepSeek MoE (model/deepseek_moe.py): num_shared_experts always-on experts of
+    # moe_intermediate_size each; router scores "softmax" or "sigmoid", a correction bias added
+    # for selection only; top-k among the experts of the best topk_group of n_group groups;
+    # routed weights times routed_scaling_factor (the field above, shared with GLM-4 MoE).
+    # NOTE: GLM-4 MoE's moe_router="sigmoid_grouped" is the same routing under other fields.
+    num_shared_experts: int = 0
+    router_scoring: str = "softmax"
+    router_correction_bias: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    # Gated DeltaNet linear attention (Qwen3-Next) on the layers layer_types names
+    # "linear_attention"; 0 = none
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    attn_output_gate: bool = False  # full attention's output times sigmoid(a gate from q_proj)
+    partial_rotary_factor: float = 1.0  # the share of head_dim RoPE rotates
+    rope_interleave: bool = False  # DeepSeek: RoPE dims stored as interleaved pairs
     name: str = ""
 
     def __post_init__(self) -> None:
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
+        if self.architecture not in SUPPORTED_ARCHITECTURES + KIND_ARCHITECTURES + PRICED_ARCHITECTURES:
             raise ConfigError(
                 f"architecture {self.architecture!r} is not supported; "
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
@@ -153,6 +188,9 @@ class ModelConfig:
                 f"num_experts_per_tok ({self.num_experts_per_tok}) must be in "
                 f"1..num_experts ({self.num_experts})"
             )
+        from inferpath.config_kinds import check_kinds  # MLA, DeepSeek MoE, linear attention
+
+        check_kinds(self)
 
     @property
     def attention_scale(self) -> float:
@@ -200,8 +238,38 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """The seed's formula: 2 (K and V) x layers x kv_heads x head_dim x dtype bytes."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+        """The seed's formula: 2 (K and V) x layers x kv_heads x head_dim x dtype bytes.
+
+        MLA caches one latent and one RoPE key a layer: layers x (kv_lora_rank +
+        qk_rope_head_dim) x dtype bytes; a hybrid model caches K and V on its attention layers
+        only (its linear layers keep a fixed state instead, ``state_bytes_per_sequence``)."""
+        if self.is_mla:
+            return self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * dtype_bytes
+        return 2 * self.num_attention_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    def is_linear_attention_layer(self, layer_idx: int) -> bool:
+        return self.layer_types is not None and self.layer_types[layer_idx] == "linear_attention"
+
+    @property
+    def num_linear_layers(self) -> int:
+        return sum(t == "linear_attention" for t in self.layer_types or ())
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers that cache K and V (all but the linear-attention ones)."""
+        return self.num_layers - self.num_linear_layers
+
+    def state_bytes_per_sequence(self, dtype_bytes: int) -> int:
+        """The fixed state a sequence owns in each linear-attention layer, whatever its length:
+        the short convolution's last kernel-1 inputs (q, k and v channels) and the delta
+        rule's matrix (value heads x key dim x value dim); 0 without linear layers."""
+        from inferpath.config_kinds import linear_state_values
+
+        return self.num_linear_layers * linear_state_values(self) * dtype_bytes
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -220,7 +288,7 @@ class ModelConfig:
         if model_type is None:
             raise ConfigError("config.json has no 'model_type'; expected one of "
                               + ", ".join(SUPPORTED_ARCHITECTURES))
-        if model_type not in SUPPORTED_ARCHITECTURES:
+        if model_type not in SUPPORTED_ARCHITECTURES + KIND_ARCHITECTURES + PRICED_ARCHITECTURES:
             raise ConfigError(f"architecture {model_type!r} is not supported; "
                               f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
         try:
@@ -241,6 +309,19 @@ class ModelConfig:
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}: not valid JSON ({exc})") from None
         return cls.from_hf_config(data, name=path.parent.name)
+
+
+def require_engine_support(config: ModelConfig) -> None:
+    """ConfigError unless the engine implements ``config.architecture`` (explain may price more)."""
+    from inferpath.config_kinds import engine_unsupported_fields
+
+    if config.architecture in PRICED_ARCHITECTURES:
+        raise ConfigError(f"architecture {config.architecture!r} is priced by explain but not implemented "
+                          f"by the engine; the engine runs: {', '.join(SUPPORTED_ARCHITECTURES + KIND_ARCHITECTURES)}")
+    fields = engine_unsupported_fields(config)
+    if fields:
+        raise ConfigError(f"ModelConfig field {fields[0]!r} (= {getattr(config, fields[0])!r}) is priced by "
+                          f"explain but not implemented by the engine for {config.architecture!r}")
 
 
 def _freeze(value: dict[str, Any] | None) -> tuple[tuple[str, Any], ...] | None:

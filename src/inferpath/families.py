@@ -152,7 +152,15 @@ NATIVE_DECODE_FIELDS: dict[str, Callable[[Any, Any], bool]] = {
     **dict.fromkeys(("num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
                      "shared_expert_intermediate_size", "dense_layers", "moe_router", "num_expert_groups",
                      "num_topk_groups", "routed_scaling_factor", "swiglu_limit", "swiglu_alpha"), _any),
+    # DeepSeek's router (MoE-only as above)
+    **dict.fromkeys(("num_shared_experts", "router_scoring", "router_correction_bias", "n_group", "topk_group"),
+                    _any),
     "attention_sinks": _equals(False),
+    # latent attention (MLA) and Gated DeltaNet layers: none
+    **dict.fromkeys(("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                     "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                     "linear_value_head_dim", "linear_conv_kernel_dim"), _equals(0)),
+    "attn_output_gate": _equals(False), "partial_rotary_factor": _equals(1.0), "rope_interleave": _equals(False),
     # the native RoPE turns whole heads
     "rotary_dim": lambda value, config: value in (0, config.head_dim),
     "qk_norm": _equals(""), "norm_weight_offset": _equals(0.0), "sandwich_norms": _equals(False),

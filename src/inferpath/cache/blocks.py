@@ -18,6 +18,14 @@ Invariants:
 - a cached block's contents never change while it is cached (only full blocks of
   computed tokens are hashed, and a sequence only ever appends past them).
 
+State slots: a model with linear-attention layers (Qwen3-Next) also keeps a fixed-size
+state per running sequence (cache/kv.py holds the tensors). ``num_state_slots`` slots are
+one more resource: a sequence takes one with its blocks (``allocate``) and gives it back
+with them (``free``: finish, abort, preemption; recompute rebuilds the state). Prefix
+caching is off for such models: a cached block holds K/V, not the state after it, so a hit
+could not resume the linear layers (``prefix_caching_off_reason`` says so).
+Invariant: every slot is either free or owned by exactly one sequence with blocks.
+
 NOTE: hashes are Python's ``hash`` of an int tuple, which is deterministic across
 processes (PYTHONHASHSEED only affects str/bytes). A hit also compares the block's token
 ids, so a hash collision can never hand out the wrong block for the same parent.
@@ -69,13 +77,22 @@ class BlockManager:
     ``table[i // block_size] * block_size + i % block_size``.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 num_state_slots: int = 0):
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks ({num_blocks}) and block_size ({block_size}) "
                              "must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.enable_prefix_caching = enable_prefix_caching
+        self.prefix_caching_off_reason = ""
+        if enable_prefix_caching and num_state_slots:
+            self.prefix_caching_off_reason = (
+                "prefix caching is off: this model's linear-attention layers keep a state per "
+                "sequence that cached KV blocks do not hold")
+        self.enable_prefix_caching = enable_prefix_caching and not num_state_slots
+        self.num_state_slots = num_state_slots
+        self._free_states: list[int] = list(range(num_state_slots - 1, -1, -1))  # popped from the end
+        self._state_of: dict[object, int] = {}
         self._blocks = [Block(i) for i in range(num_blocks)]
         # free block ids; popped from the front. Uncached blocks go to the front (reused
         # first), cached ones to the back, so eviction is least recently freed first.
@@ -124,8 +141,19 @@ class BlockManager:
             hit.append(block_id)
         return hit
 
+    def state_slot(self, seq_id: object) -> int:
+        """The state slot of a sequence that has blocks (models with linear layers)."""
+        return self._state_of[seq_id]
+
+    @property
+    def num_free_state_slots(self) -> int:
+        return len(self._free_states)
+
     def can_allocate(self, num_tokens: int, cached_blocks: Sequence[int] = ()) -> bool:
-        """Whether a new sequence of ``num_tokens`` slots fits, reusing ``cached_blocks``."""
+        """Whether a new sequence of ``num_tokens`` slots (and a state slot, if the model
+        keeps states) fits, reusing ``cached_blocks``."""
+        if self.num_state_slots and not self._free_states:
+            return False
         num_new = self.num_blocks_for(num_tokens) - len(cached_blocks)
         # cached blocks nobody uses sit in the free queue; taking them shrinks it
         num_reclaimed = sum(1 for b in cached_blocks if self._blocks[b].ref_count == 0)
@@ -155,6 +183,8 @@ class BlockManager:
         self._seq_hashes[seq_id] = [self._blocks[b].block_hash for b in cached_blocks]
         self._tables[seq_id] = table
         self._extend(table, num_tokens)
+        if self.num_state_slots:
+            self._state_of[seq_id] = self._free_states.pop()
         return table
 
     def append_slots(self, seq_id: object, num_tokens: int) -> list[int]:
@@ -208,6 +238,8 @@ class BlockManager:
         """Release a sequence's blocks. Cached ones stay hit-able until evicted."""
         table = self._tables.pop(seq_id)
         self._seq_hashes.pop(seq_id, None)
+        if seq_id in self._state_of:
+            self._free_states.append(self._state_of.pop(seq_id))
         # reversed: a sequence's last blocks are the least likely to be shared, so they
         # should be evicted before its first ones
         for block_id in reversed(table):

@@ -30,7 +30,8 @@ def build_kv_cache(model_config: ModelConfig, engine_config: EngineConfig, dtype
     cache_config = shard_config(model_config, engine_config.tensor_parallel_size)
     num_blocks = engine_config.num_kv_blocks or KVCache.num_blocks_for_budget(
         cache_config, bs, dtype, engine_config.kv_cache_memory_bytes)
-    return KVCache(cache_config, num_blocks, bs, dtype)
+    # linear-attention layers: one state slot per sequence that can run at once
+    return KVCache(cache_config, num_blocks, bs, dtype, num_state_slots=engine_config.max_num_seqs)
 
 
 def build_sampler(engine_config: EngineConfig) -> Sampler:

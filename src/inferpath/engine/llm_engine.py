@@ -15,6 +15,7 @@ running batch at the next step, and an abort frees its blocks at the next step.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -37,6 +38,8 @@ from inferpath.model.batch_invariant import make_batch_invariant
 from inferpath.sampling.params import SamplingParams
 from inferpath.sampling.sampler import Sampler
 from inferpath.threads import DecodeThreadTuner
+
+logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -72,7 +75,10 @@ class LLMEngine:
             sampler = sampler or builder.build_sampler(engine_config)
         self.kv_cache = kv_cache
         self.block_manager = BlockManager(kv_cache.num_blocks, kv_cache.block_size,
-                                          engine_config.enable_prefix_caching)
+                                          engine_config.enable_prefix_caching,
+                                          num_state_slots=getattr(kv_cache, "num_state_slots", 0))
+        if self.block_manager.prefix_caching_off_reason:
+            logger.info(self.block_manager.prefix_caching_off_reason)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=engine_config.max_num_seqs,
                                    max_num_batched_tokens=engine_config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len)

@@ -113,6 +113,7 @@ class ModelRunner:
         rows: list[SamplingRow] = []
         drafts: list[DraftRows] = []
         prompt_plan = PromptLogprobsPlan()
+        states = [] if self.block_manager.num_state_slots else None  # linear-attention layers' slots
         for chunk in scheduled.chunks:
             request = chunk.request
             start, end = chunk.start, chunk.end
@@ -132,6 +133,8 @@ class ModelRunner:
             query_start_loc.append(query_start_loc[-1] + end - start)
             seq_lens.append(end)
             tables.append(table)
+            if states is not None:
+                states.append(self.block_manager.state_slot(request.seq_id))
             if chunk.samples:
                 # a speculative chunk samples at its last real token and at every draft, each
                 # row seeing the drafts before it as output (penalties, min_tokens)
@@ -165,6 +168,7 @@ class ModelRunner:
             query_lens=query_lens,
             seq_lens_list=seq_lens,
             block_size=bs,
+            state_slots=states,
         )
         return BatchInputs(per_token[:num_tokens], per_token[num_tokens:2 * num_tokens], meta,
                            per_seq[2 * num_seqs + 1:], rows, prompt_plan if prompt_plan.rows else None,

@@ -23,6 +23,8 @@ Conventions (documented so the numbers can be checked by hand):
 - RoPE's cos/sin tables are not counted (precomputed, and small against Q and K).
 - MoE: the weights read are the experts the pass's tokens touch, expected under uniform
   routing: ``E * (1 - (1 - k/E) ** num_tokens)``; FLOPs count ``k`` experts per token.
+- Layers of several kinds (latent attention, linear attention, dense layers in an MoE
+  model, shared experts) are priced kind by kind in explain/layer_cost.py and summed.
 
 Invariant: a PassCost's totals are the sums of its stages (tests check it).
 """
@@ -50,7 +52,12 @@ STAGE_NAMES = (
 PER_LAYER_STAGES = frozenset(STAGE_NAMES[2:20])
 # Stages whose weights are the matrices of a layer (the seed's "weight-bearing operations").
 LAYER_MATMUL_STAGES = ("q_proj", "k_proj", "v_proj", "o_proj", "router", "gate_proj",
-                       "up_proj", "down_proj")
+                       "up_proj", "down_proj",
+                       # layers of other kinds (explain/layer_cost.py): MLA, Gated DeltaNet,
+                       # the dense FFN of an MoE model, shared experts
+                       "q_a_proj", "q_b_proj", "kv_a_proj", "q_absorb", "kv_b_proj", "v_up",
+                       "gdn_in_proj", "gdn_out_proj", "dense_gate_proj", "dense_up_proj",
+                       "dense_down_proj", "shared_gate_proj", "shared_up_proj", "shared_down_proj")
 
 
 # Float weight formats that run widened to float32 activations (bf16 weights on a CPU
@@ -266,6 +273,12 @@ def pass_cost(config: ModelConfig, hardware: HardwareSpec, precision: Precision,
         raise ValueError(f"need 1 <= num_new_tokens ({num_new_tokens}) <= context_len ({context_len})")
     if batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
+    from inferpath.config_kinds import has_layer_kinds
+
+    if has_layer_kinds(config):  # MLA, linear attention, dense + MoE layers: priced kind by kind
+        from inferpath.explain.layer_cost import kinds_pass_cost
+
+        return kinds_pass_cost(config, hardware, precision, num_new_tokens, context_len, batch, fused_attention)
     peak = hardware.flops_for(precision.compute_dtype)
     bw = hardware.memory_bandwidth
     wb, ab, kvb = precision.weight_bytes, precision.activation_bytes, precision.kv_bytes

@@ -88,6 +88,10 @@ class WeightBreakdown:
     ffn_params_per_layer: int
     total_params: int
     active_params: int  # per token; == total_params for a dense model
+    # layers of several kinds (explain/kind_params.py): (kind, number of layers, parameters
+    # each), and all layers' parameters; per_layer_params is then their mean
+    layer_groups: tuple[tuple[str, int, int], ...] = ()
+    layers_params: int = 0
 
     @property
     def embedding_bytes(self) -> float:
@@ -99,6 +103,8 @@ class WeightBreakdown:
 
     @property
     def layers_bytes(self) -> float:
+        if self.layers_params:
+            return self.layers_params * self.weight_bytes_per_param
         return self.per_layer_bytes * self.num_layers
 
     @property
@@ -127,6 +133,12 @@ class WeightBreakdown:
 
 
 def weight_breakdown(config: ModelConfig, weight_bytes_per_param: float) -> WeightBreakdown:
+    from inferpath.config_kinds import has_layer_kinds
+
+    if has_layer_kinds(config):  # layers differ (MLA, dense + MoE, linear attention)
+        from inferpath.explain.kind_params import kinds_weight_breakdown
+
+        return kinds_weight_breakdown(config, weight_bytes_per_param)
     layer = layer_params(config)
     embedding = config.vocab_size * config.hidden_size
     head = 0 if config.tie_word_embeddings else config.vocab_size * config.hidden_size

@@ -61,6 +61,37 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         rope_theta=100_000.0, max_position_embeddings=8192, tie_word_embeddings=True,
         name="smollm2-135m",
     ),
+    # deepseek-ai/DeepSeek-V3 config.json (the same shapes as DeepSeek-R1): 61 layers, d 7,168,
+    # 128 heads; MLA with q_lora_rank 1,536, kv_lora_rank 512, RoPE dim 64, nope dim 128,
+    # value dim 128; the first 3 layers a dense FFN of 18,432, then 256 routed experts of
+    # 2,048 top-8 (sigmoid scores, correction bias, 8 groups, top 4 groups, scaled by 2.5)
+    # and 1 shared expert; YaRN factor 40 over 4,096 positions (mscale 1.0 on both)
+    "deepseek-v3": ModelConfig(
+        architecture="deepseek_v3", vocab_size=129_280, hidden_size=7168, intermediate_size=18_432,
+        num_layers=61, num_heads=128, num_kv_heads=128, head_dim=192, rms_norm_eps=1e-6,
+        rope_theta=10_000.0, max_position_embeddings=163_840,
+        rope_scaling=(("beta_fast", 32), ("beta_slow", 1), ("factor", 40), ("mscale", 1.0),
+                      ("mscale_all_dim", 1.0), ("original_max_position_embeddings", 4096), ("type", "yarn")),
+        num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048, dense_layers=(0, 1, 2),
+        kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+        num_shared_experts=1, router_scoring="sigmoid", router_correction_bias=True, n_group=8,
+        topk_group=4, routed_scaling_factor=2.5, rope_interleave=True, name="deepseek-v3",
+    ),
+    # Qwen/Qwen3-Next-80B-A3B-Instruct config.json: 48 layers, d 2,048; every 4th layer gated
+    # full attention (16 query / 2 KV heads of 256, RoPE on a quarter of head_dim), the others
+    # Gated DeltaNet (16 key heads / 32 value heads of 128, conv kernel 4); every layer 512
+    # experts of 512 top-10 plus a shared expert of 512
+    "qwen3-next-80b-a3b": ModelConfig(
+        architecture="qwen3_next", vocab_size=151_936, hidden_size=2048, intermediate_size=5120,
+        num_layers=48, num_heads=16, num_kv_heads=2, head_dim=256, rms_norm_eps=1e-6,
+        rope_theta=10_000_000.0, max_position_embeddings=262_144,
+        num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
+        shared_expert_intermediate_size=512, qk_norm="head", norm_weight_offset=1.0,
+        layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(48)),
+        attn_output_gate=True, partial_rotary_factor=0.25, linear_num_key_heads=16,
+        linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_conv_kernel_dim=4, name="qwen3-next-80b-a3b",
+    ),
 }
 
 # Aliases of the packaged real models (inferpath.models) resolve to a GGUF file.

@@ -79,6 +79,12 @@ def summary_lines(cost: RequestCost) -> list[str]:
         + (f"{fmt_bytes(w.head_bytes, 4)}" if w.head_params else "tied to the embedding"),
         f"  in a layer the FFN holds {w.ffn_share:.1%} of the parameters, attention {w.attention_share:.1%}",
     ]
+    if w.layer_groups:  # layers of several kinds: the mean above, each kind here
+        lines[-2] = lines[-2].replace(f"{cfg.num_layers} layers x {fmt_bytes(w.per_layer_bytes, 4)} =",
+                                      f"{cfg.num_layers} layers (below) =")
+        lines[-1] = lines[-1].replace("in a layer", "over the layers")
+        lines.append("  layers: " + ", ".join(f"{n} x {kind} ({fmt_bytes(p * w.weight_bytes_per_param, 4)} each)"
+                                           for kind, n, p in w.layer_groups))
     if cfg.is_moe:
         lines.append(f"  mixture of experts: {fmt_params(w.total_params)} total, "
                      f"{fmt_params(w.active_params)} active per token "
@@ -87,6 +93,18 @@ def summary_lines(cost: RequestCost) -> list[str]:
         f"KV cache: {cost.kv_bytes_per_token:,} B per token; {fmt_bytes(cost.prompt_kv_bytes)} for the "
         f"prompt, {fmt_bytes(cost.final_kv_bytes)} at the end ({spec.final_kv_tokens} tokens"
         + (f" x {spec.batch} sequences)" if spec.batch > 1 else ")"),
+    ]
+    if cfg.is_mla:
+        qk_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        plain = cfg.num_layers * cfg.num_heads * (qk_dim + cfg.v_head_dim) * spec.precision.kv_bytes
+        lines.append(f"  latent attention: {cfg.num_layers} layers x ({cfg.kv_lora_rank} latent + "
+                     f"{cfg.qk_rope_head_dim} RoPE values) x {spec.precision.kv_bytes} B; as plain attention "
+                     f"({cfg.num_heads} K and V heads of {qk_dim} / {cfg.v_head_dim}) it would be {plain:,} B")
+    if cost.state_bytes_per_sequence:
+        lines.append(f"  linear attention: {cfg.num_attention_layers} of {cfg.num_layers} layers cache K and V; the "
+                     f"other {cfg.num_linear_layers} keep a fixed state of {fmt_bytes(cost.state_bytes_per_sequence)} "
+                     f"per sequence whatever its length (convolution inputs + delta-rule matrices)")
+    lines += [
         f"activations: {fmt_bytes(cost.activation_bytes_per_token)} per token (one hidden vector), "
         f"{fmt_bytes(cost.prompt_activation_bytes)} for the prompt; the largest per-layer tensor in "
         f"prefill is {fmt_bytes(cost.peak_layer_activation_bytes)}",
@@ -180,7 +198,8 @@ def explain_json(cost: RequestCost, decode_step: PassCost | None = None) -> dict
                     "ends_with_stop": spec.ends_with_stop, "fused_attention": spec.fused_attention},
         "weights": cost.weights.to_dict(),
         "kv_cache": {"bytes_per_token": cost.kv_bytes_per_token, "prompt_bytes": cost.prompt_kv_bytes,
-                     "final_bytes": cost.final_kv_bytes, "final_tokens": spec.final_kv_tokens},
+                     "final_bytes": cost.final_kv_bytes, "final_tokens": spec.final_kv_tokens,
+                     "state_bytes_per_sequence": cost.state_bytes_per_sequence},
         "activations": {"bytes_per_token": cost.activation_bytes_per_token,
                         "prompt_bytes": cost.prompt_activation_bytes,
                         "peak_layer_bytes": cost.peak_layer_activation_bytes},

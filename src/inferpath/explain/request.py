@@ -99,6 +99,15 @@ class RequestCost:
         return self.spec.config.kv_bytes_per_token(self.spec.precision.kv_bytes)
 
     @property
+    def state_bytes_per_sequence(self) -> int:
+        """The fixed recurrent state of a sequence (linear-attention layers); 0 for most models."""
+        return self.spec.config.state_bytes_per_sequence(self.spec.precision.kv_bytes)
+
+    @property
+    def state_bytes(self) -> int:
+        return self.state_bytes_per_sequence * self.spec.batch
+
+    @property
     def prompt_kv_bytes(self) -> int:
         return self.kv_bytes_per_token * self.spec.prompt_tokens * self.spec.batch
 
@@ -153,7 +162,7 @@ class RequestCost:
     @property
     def fits_in_memory(self) -> bool:
         hw = self.spec.hardware.scaled(self.spec.devices)
-        return self.weights.total_bytes + self.final_kv_bytes <= hw.memory_bytes
+        return self.weights.total_bytes + self.final_kv_bytes + self.state_bytes <= hw.memory_bytes
 
 
 def summarize_decode(spec: RequestSpec) -> DecodeSummary:
@@ -184,7 +193,8 @@ def estimate_request(spec: RequestSpec, with_tables: bool = True) -> RequestCost
     if not with_tables:
         return RequestCost(spec, weights, prefill, decode)
     kv_token = spec.config.kv_bytes_per_token(spec.precision.kv_bytes)
-    final_kv = kv_token * spec.final_kv_tokens * spec.batch
+    state = spec.config.state_bytes_per_sequence(spec.precision.kv_bytes)  # per sequence, any length
+    final_kv = (kv_token * spec.final_kv_tokens + state) * spec.batch
     one = spec.hardware
     batch_table, dtype_table, device_table = [], [], []
     for b in BATCH_SIZES:  # throughput against latency, at the middle of the decode
@@ -192,8 +202,8 @@ def estimate_request(spec: RequestSpec, with_tables: bool = True) -> RequestCost
         batch_table.append({
             "batch": b, "step_time_s": p.time_s, "tokens_per_s_per_seq": 1 / p.time_s,
             "tokens_per_s_total": b / p.time_s, "bound": p.bound, "intensity": p.intensity,
-            "kv_bytes": kv_token * spec.final_kv_tokens * b,
-            "fits": weights.total_bytes + kv_token * spec.final_kv_tokens * b
+            "kv_bytes": (kv_token * spec.final_kv_tokens + state) * b,
+            "fits": weights.total_bytes + (kv_token * spec.final_kv_tokens + state) * b
             <= one.memory_bytes * spec.devices,
         })
     for name in WEIGHT_DTYPES:

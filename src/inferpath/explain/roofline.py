@@ -22,7 +22,10 @@ BATCH_SIZES = (1, 8, 64, 256)
 _GROUPS = {  # stage -> marker group
     **dict.fromkeys(("q_proj", "k_proj", "v_proj", "o_proj", "router", "gate_proj", "up_proj",
                      "down_proj"), "layer matmuls"),
-    **dict.fromkeys(("attn_scores", "softmax", "attn_weighted_sum"), "attention"),
+    **dict.fromkeys(("q_a_proj", "q_b_proj", "kv_a_proj", "q_absorb", "kv_b_proj", "v_up", "gdn_in_proj",
+                     "gdn_out_proj", "dense_gate_proj", "dense_up_proj", "dense_down_proj",
+                     "shared_gate_proj", "shared_up_proj", "shared_down_proj"), "layer matmuls"),
+    **dict.fromkeys(("attn_scores", "softmax", "attn_weighted_sum", "gdn_recurrence"), "attention"),
     "lm_head": "LM head",
 }
 _MARKERS = {"layer matmuls": "o", "attention": "^", "elementwise": "s", "LM head": "D"}

@@ -123,6 +123,8 @@ class _Plan:
             CPUSiluAndMul,
         )
 
+        if not all(hasattr(layer, "self_attn") for layer in stack.layers):
+            return "linear-attention layers (Gated DeltaNet)"
         if quantized and (build.native_decode_layers() is None or build.native_quant_matmul_group() is None):
             return "no native decode kernel here"
         if not quantized and (dtype not in GGUF_FLOAT_TYPES or build.native_decode_layers(dtype) is None):

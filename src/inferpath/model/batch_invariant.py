@@ -75,6 +75,11 @@ def make_batch_invariant(model: nn.Module) -> nn.Module:
     if not hasattr(model, "batch_invariant"):
         raise ValueError(f"batch-invariant mode needs a single-process Transformer, not a "
                          f"{type(model).__name__} (tensor parallelism is not supported)")
+    if getattr(getattr(model, "config", None), "num_linear_layers", 0):
+        # a recomputed prompt (after preemption) runs the delta rule's chunked form, the first
+        # run its recurrent one: equal to float tolerance, not bit for bit
+        raise ValueError("batch-invariant mode does not support linear-attention layers "
+                         f"({model.config.architecture}); run without it")
     model.batch_invariant = True
     for module in model.modules():
         if type(module) is nn.Linear:

@@ -26,6 +26,8 @@ class AttentionMetadata:
     query_lens: list[int]
     seq_lens_list: list[int]
     block_size: int
+    # per sequence: its state slot (linear-attention layers, cache/blocks.py); None without them
+    state_slots: list[int] | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -16,13 +16,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inferpath.config import ROUTED_MOE_ARCHITECTURES, ModelConfig
+from inferpath.config import ROUTED_MOE_ARCHITECTURES, ModelConfig, require_engine_support
 from inferpath.model.attention import build_attention_plan
 from inferpath.model.layers import RMSNorm, gated_mlp, make_norm
 from inferpath.model.metadata import AttentionMetadata
+from inferpath.model.deepseek_moe import DeepseekMoE
+from inferpath.model.mixer import token_mixer
+from inferpath.model.mla import mla_rope_config
 from inferpath.model.moe import FusedBiasedMoE, GroupedSigmoidMoE, RoutedMoE, SparseMoE
 from inferpath.model.rope import RopeTable
-from inferpath.model.self_attention import SelfAttention
 
 # Tensors some checkpoints carry that the model recomputes; ignored when loading.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -49,7 +51,9 @@ class DecoderLayer(nn.Module):
         self.post_norms = config.post_norms
         if not config.post_norms:
             self.input_layernorm = norm()
-        self.self_attn = SelfAttention(config, layer_idx, rope_table)
+        # self_attn (attention of any kind) or linear_attn (Gated DeltaNet): model/mixer.py
+        self.mixer_name, mixer = token_mixer(config, layer_idx, rope_table)
+        setattr(self, self.mixer_name, mixer)
         # NOTE: with sandwich norms (Gemma 3) post_attention_layernorm normalises the attention
         # output before the residual add, and the FFN has a norm of its own on each side
         self.post_attention_layernorm = norm()
@@ -59,8 +63,11 @@ class DecoderLayer(nn.Module):
         if config.sandwich_norms or config.post_norms:
             self.post_feedforward_layernorm = norm()
         self.residual_multiplier = config.residual_multiplier
-        self.is_moe = config.is_moe_layer(layer_idx) and config.architecture not in ROUTED_MOE_ARCHITECTURES
-        if self.is_moe:
+        self.is_moe = (config.is_moe_layer(layer_idx)
+                       and config.architecture not in (*ROUTED_MOE_ARCHITECTURES, "deepseek_v3", "qwen3_next"))
+        if config.is_moe_layer(layer_idx) and config.architecture == "deepseek_v3":
+            self.mlp = DeepseekMoE(config)  # sigmoid scores, grouped top-k, shared experts
+        elif self.is_moe:
             self.block_sparse_moe = SparseMoE(config.hidden_size, config.intermediate_size,
                                               config.num_experts, config.num_experts_per_tok)
         elif config.is_moe_layer(layer_idx) and config.moe_router == "sigmoid_grouped":  # GLM-4 MoE
@@ -81,10 +88,11 @@ class DecoderLayer(nn.Module):
     def forward(self, positions, hidden, kv_cache, plan) -> torch.Tensor:
         # hidden: (num_tokens, hidden_size), the running residual stream
         ffn = self.block_sparse_moe if self.is_moe else self.mlp
+        mixer = getattr(self, self.mixer_name)  # self_attn, or linear_attn (Gated DeltaNet)
         if self.post_norms:  # OLMo 2
-            hidden = hidden + self.post_attention_layernorm(self.self_attn(positions, hidden, kv_cache, plan))
+            hidden = hidden + self.post_attention_layernorm(mixer(positions, hidden, kv_cache, plan))
             return hidden + self.post_feedforward_layernorm(ffn(hidden))
-        attended = self.self_attn(positions, self.input_layernorm(hidden), kv_cache, plan)
+        attended = mixer(positions, self.input_layernorm(hidden), kv_cache, plan)
         if self.residual_multiplier != 1.0:  # Granite
             hidden = hidden + attended * self.residual_multiplier
             return hidden + ffn(self.post_attention_layernorm(hidden)) * self.residual_multiplier
@@ -134,8 +142,9 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu") -> None:
         super().__init__()
+        require_engine_support(config)  # never build a model explain prices but this file lacks
         self.config = config
-        self.rope_table = RopeTable(config)
+        self.rope_table = RopeTable(mla_rope_config(config))  # MLA: the RoPE part of each head only
         self.local_rope_table = RopeTable(config.local_rope_config()) if config.local_rope_theta is not None else None
         with torch.device("meta"):
             self.model = DecoderStack(config, {False: self.rope_table,
@@ -170,6 +179,8 @@ class Transformer(nn.Module):
         plans = {w: build_attention_plan(meta, self.config.head_dim, w, self.batch_invariant,
                                          self.config.attention_scale, self.config.attn_logit_softcapping)
                  for w in windows}
+        if self.config.num_linear_layers:  # Gated DeltaNet layers read the step's sequences and state slots
+            plans["linear"] = meta
         return self.model(input_ids, positions, kv_cache, plans)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -88,6 +88,14 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     off that model, built on the meta device (no storage): ``lm_head.weight`` only when the
     head is untied, each bias, norm and expert only where the config's flags create it.
     """
+    if config.is_mla:  # DeepSeek-V3: latent attention, its own MoE names
+        from inferpath.weights.names_mla import deepseek_shapes
+
+        return deepseek_shapes(config)
+    if config.architecture == "qwen3_next":  # Gated DeltaNet + gated attention layers
+        from inferpath.weights.names_hybrid import qwen3_next_shapes
+
+        return qwen3_next_shapes(config)
     return dict(_meta_shapes(config))
 
 
@@ -104,6 +112,11 @@ def is_ignorable(name: str, config: ModelConfig) -> bool:
     layer past the last one where the family says so (GLM-4's multi-token prediction)."""
     if name.endswith(IGNORED_HF_SUFFIXES):
         return True
+    if config.architecture == "deepseek_v3":  # the multi-token-prediction module: a drafter, not run
+        from inferpath.weights.names_mla import is_mtp_tensor
+
+        if is_mtp_tensor(name, config):
+            return True
     entry = FAMILIES.get(config.architecture)
     if entry is not None and entry.extra_layers_ignored and (m := _HF_LAYER_INDEX_RE.match(name)):
         return int(m.group(1)) >= config.num_layers

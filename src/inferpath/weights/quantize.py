@@ -98,8 +98,10 @@ def quantize_tensor(values, qtype: GGMLQuantizationType, is_head: bool = False) 
 
 
 def is_quantizable(name: str, shape: tuple[int, ...]) -> bool:
-    """Linear and embedding weights (Hugging Face names): what llama.cpp quantizes."""
-    return len(shape) == 2 and name.endswith(("proj.weight", "lm_head.weight", "embed_tokens.weight"))
+    """Linear and embedding weights (Hugging Face names): what llama.cpp quantizes. MLA's
+    kv_b_proj stays float: its absorbed decode reads W_UK and W_UV per head (model/mla.py)."""
+    return (len(shape) == 2 and name.endswith(("proj.weight", "lm_head.weight", "embed_tokens.weight"))
+            and not name.endswith("kv_b_proj.weight"))
 
 
 def quantize_checkpoint(checkpoint, name: str):

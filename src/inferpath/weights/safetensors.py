@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
-from inferpath.config import ConfigError, ModelConfig
+from inferpath.config import ConfigError, ModelConfig, require_engine_support
 from inferpath.weights.errors import WeightsError
 from inferpath.weights.names import checkpoint_shapes, is_ignorable, rotate_half_rows, split_fused
 
@@ -39,6 +39,7 @@ def read_hf_dir(path: Path, dtype: torch.dtype, progress: bool = False, keep_bf1
     hf_config = _read_json(config_path)
     try:
         config = ModelConfig.from_hf_config(hf_config, name=path.name)
+        require_engine_support(config)  # explain may price architectures the engine cannot run
     except ConfigError as exc:
         raise WeightsError(f"{config_path}: {exc}") from None
 
