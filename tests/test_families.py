@@ -17,9 +17,8 @@ import pytest
 import torch
 
 from inferpath.config import EngineConfig, ModelConfig
-from inferpath.engine.load import build_for_engine
+from inferpath.engine.load import build_for_engine, load_weights
 from inferpath.families import native_decode_refusal
-from inferpath.weights import load_checkpoint
 from test_model import PagedRunner, rel_err
 
 import transformers  # test-only reference; a hard dependency of the test extras
@@ -149,9 +148,9 @@ def max_differences(case: str, directory: Path, cpu_kernels: bool, native_calls:
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 256, (n,), generator=gen).tolist() for n in (11, 7, 4)]
     ref = reference(directory, prompts, NUM_DECODE_STEPS)
-    checkpoint = load_checkpoint(directory)
     engine_config = EngineConfig(dtype="float32", cpu_kernels=cpu_kernels, threads=1)
-    model = build_for_engine(checkpoint, torch.float32, engine_config).eval()
+    checkpoint, plan = load_weights(directory, engine_config)  # the engine's weight plan
+    model = build_for_engine(checkpoint, plan, engine_config).eval()
     if native_calls is not None:
         stack = model.model
         original = stack._decode_natively

@@ -57,8 +57,8 @@ class DraftModelProposer:
             from inferpath.engine.load import build_for_engine, load_weights
             from inferpath.models import resolve_model
 
-            checkpoint, dtype = load_weights(resolve_model(config.model), engine_config)
-            draft = build_for_engine(checkpoint, dtype, engine_config)
+            checkpoint, plan = load_weights(resolve_model(config.model), engine_config)
+            draft = build_for_engine(checkpoint, plan, engine_config)
         draft_config = draft.config
         if target_config is not None and draft_config.vocab_size != target_config.vocab_size:
             raise ConfigError(
