@@ -15,6 +15,13 @@ machine is shared, so read the ratios of one run, not absolute figures.
 
     python benchmarks/speculative.py [--model qwen2.5-coder-0.5b-instruct] [--threads 2]
         [--max-tokens 192] [--repeats 2] [--spec '{"method": "ngram", ...}']
+        [--workloads code_edit,summarise,open_chat,code_gen] [--out speculative]
+
+A draft model on the 1.5B file (issue 14's), for example:
+
+    python benchmarks/speculative.py --model ~/.cache/inferpath/models/qwen2.5-coder-1.5b-instruct/\
+qwen2.5-coder-1.5b-instruct-q4_k_m.gguf --spec '{"method": "draft_model", "model":
+        "qwen2.5-coder-0.5b-instruct", "num_speculative_tokens": 4}' --out speculative_draft_model
 """
 
 from __future__ import annotations
@@ -64,7 +71,10 @@ WORKLOADS = {
                  "Reply with the whole function only.",
     "summarise": PASSAGE + "\n\nSummarise the passage above in three sentences, reusing its wording.",
     "open_chat": "Tell me about your favourite season and why you like it.",
+    "code_gen": "Write a Python function that reads a CSV file and returns its rows as a list "
+                "of dictionaries, with a docstring and type hints.",
 }
+DEFAULT_WORKLOADS = "code_edit,summarise,open_chat"
 
 
 def decode_once(engine: LLMEngine, prompt_ids: list[int], max_tokens: int, tag: str) -> dict:
@@ -104,7 +114,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=192)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--spec", default=json.dumps(NGRAM), help="the speculative config (JSON)")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--workloads", default=DEFAULT_WORKLOADS, help=f"of {', '.join(WORKLOADS)}")
+    parser.add_argument("--out", default="speculative", help="results/OUT.json")
     args = parser.parse_args()
     spec = json.loads(args.spec)
     plain = LLMEngine.from_model(args.model, EngineConfig(threads=args.threads, max_model_len=4096))
@@ -141,7 +152,7 @@ def main() -> None:
               f"{row['spec_tokens_per_s']:>10.1f} {row['speedup']:>5.2f}x {accept:>10} "
               f"{per_step:>8} {str(row['same_tokens']):>5}")
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "speculative.json"
+    out = RESULTS / f"{args.out}.json"
     out.write_text(json.dumps({"model": args.model, "threads": args.threads, "batch": 1,
                                "max_tokens": args.max_tokens, "repeats": args.repeats,
                                "speculative_config": spec, "note": "shared, noisy machine",

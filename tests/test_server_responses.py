@@ -258,3 +258,32 @@ def test_responses_and_messages_are_traced_by_the_glass_box(server, path, body):
     assert trace.status_code == 200, trace.text
     num_tokens = answer["usage"]["output_tokens"]
     assert sum(1 for step in trace.json()["steps"] if step["token"]) == num_tokens
+
+
+def test_a_codex_shaped_streamed_request_completes(oai):
+    """The shape of Codex CLI 0.169's first request (captured from its traffic; the texts
+    here are stand-ins): developer messages with ids, function tools with strict false, a
+    namespace group, web_search, and its extra fields; streamed."""
+    schema = {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"],
+              "additionalProperties": False}
+    tools = [{"type": "function", "name": "exec_command", "description": "Run a command.",
+              "strict": False, "parameters": schema},
+             {"type": "namespace", "name": "agents", "description": "Sub-agents.",
+              "tools": [{"type": "function", "name": "spawn", "description": "Start one.",
+                         "strict": False, "parameters": schema}]},
+             {"type": "web_search", "external_web_access": False}]
+    developer = {"type": "message", "id": "msg_dev", "role": "developer",
+                 "content": [{"type": "input_text", "text": "You are a coding agent."}]}
+    with oai.responses.stream(
+            model=MODEL, input=[developer, {**_user("Say hi."), "id": "msg_user"}], tools=tools,
+            tool_choice="auto", parallel_tool_calls=True, reasoning={"summary": "auto"},
+            store=False, include=["reasoning.encrypted_content"], prompt_cache_key="thread-1",
+            temperature=0, max_output_tokens=200, extra_body={"stop": ["."],
+                                                           "client_metadata": {"thread_id": "t"}}
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert events[-1].type == "response.completed" and final.status == "completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "web_search" in " ".join(final.model_extra["warnings"])
+    assert final.output and final.usage.input_tokens > 0

@@ -7,7 +7,9 @@
 - the whole engine on a tiny random model with an 8-token vocabulary: the first token
   verified with drafts (the second output token) follows the target's marginal;
 - 200 speculative requests with random aborts, sampled and greedy, both drafters: every
-  KV block (the target's and the draft model's) is returned.
+  KV block (the target's and the draft model's) is returned;
+- ``--deterministic`` (batch-invariant mode): greedy tokens and logprobs with ngram drafts
+  are bitwise those without.
 """
 
 import random
@@ -192,3 +194,34 @@ def test_low_acceptance_pauses_drafting_and_recovers():
     tracker.observe(4, 3)
     tracker.observe(4, 4)
     assert tracker.should_draft() and tracker.pause == 4
+
+
+def test_deterministic_mode_keeps_tokens_and_logprobs_bitwise_with_drafts(tokenizer):
+    from inferpath.model.batch_invariant import make_batch_invariant
+
+    config = ModelConfig(architecture="llama", vocab_size=49_152, hidden_size=128, intermediate_size=256,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, max_position_embeddings=512)
+    model = Transformer(config)
+    model.init_random_weights(seed=0, std=0.08)
+    model = make_batch_invariant(model).eval()
+    rng = random.Random(3)
+    prompts = [([rng.randrange(49_152) for _ in range(rng.randint(1, 4))] * 4)[:rng.randint(3, 14)]
+               for _ in range(5)]
+    params = SamplingParams(max_tokens=10, temperature=0, logprobs=0, ignore_eos=True)
+
+    def outputs(spec):
+        engine = LLMEngine(model, tokenizer, config, EngineConfig(
+            block_size=4, num_kv_blocks=256, batch_invariant=True, speculative_config=spec),
+            eos_token_ids=[])
+        for i, prompt in enumerate(prompts):
+            engine.add_request(f"r{i}", prompt, params)
+        finals = {}
+        while engine.has_unfinished_requests():
+            finals.update({o.request_id: o.outputs[0] for o in engine.step() if o.finished})
+        return engine, [(c.token_ids, [lp.logprob for lp in c.logprobs])
+                        for c in (finals[f"r{i}"] for i in range(len(prompts)))]
+
+    _, plain = outputs(None)
+    engine, drafted = outputs({"method": "ngram", "num_speculative_tokens": 4})
+    assert engine.stats().num_spec_accepted_tokens > 0
+    assert drafted == plain  # bitwise: each token attends through its own plan in this mode

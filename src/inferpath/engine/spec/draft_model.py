@@ -44,6 +44,7 @@ class DraftModelProposer:
         self.block_manager = BlockManager(kv_cache.num_blocks, kv_cache.block_size,
                                           enable_prefix_caching=False)
         self.sampler = sampler
+        self.max_positions = model.config.max_position_embeddings
         self._num_computed: dict[object, int] = {}  # seq_id -> tokens with valid draft K/V
         self._fed: dict[object, tuple[int, list[int]]] = {}  # seq_id -> (position, drafts fed)
 
@@ -74,6 +75,8 @@ class DraftModelProposer:
         active = []  # (request, k, fed tokens for pass 0)
         for request, k in zip(requests, num_drafts):
             request.spec_token_ids, request.spec_draft_probs = [], None
+            if request.num_tokens + k - 1 > self.max_positions:  # past the draft's context
+                continue
             start = self._sync(request)
             if self._reserve(request.seq_id, request.num_tokens + k - 1):
                 active.append((request, k, request.all_token_ids[start:]))
