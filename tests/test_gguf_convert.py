@@ -70,6 +70,9 @@ FAMILIES = {
     "qwen3moe": (lambda: _tiny(transformers.Qwen3MoeConfig, LLAMA3_VOCAB_SIZE, head_dim=32, intermediate_size=96,
                                moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
                                **BPE), "llama3"),
+    "olmo2": (lambda: _tiny(transformers.Olmo2Config, LLAMA3_VOCAB_SIZE, pad_token_id=128_004, **BPE), "llama3"),
+    "granite": (lambda: _tiny(transformers.GraniteConfig, SPM_VOCAB_SIZE, embedding_multiplier=2.0,
+                              attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=3.0, **SPM), "spm"),
 }
 
 

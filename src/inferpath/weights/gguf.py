@@ -157,6 +157,10 @@ def config_from_gguf(index: GGUFIndex, path: Path) -> ModelConfig:
         hf["sliding_window"] = int(window)
     if entry.config_fields is not None:
         hf.update(entry.config_fields(meta, hf, tensor_shapes, path))
+        if window is not None and "sliding_window" not in hf:  # read by no rule of this family
+            raise WeightsError(f"{path}: GGUF metadata {arch}.attention.sliding_window = {window} is not "
+                               f"implemented for {arch!r} files (no sliding-window layers); refusing "
+                               "rather than attending to the whole context")
     if model_type == "mixtral":
         hf.update(num_local_experts=num_experts, num_experts_per_tok=int(meta("expert_used_count", 0) or 0))
     try:

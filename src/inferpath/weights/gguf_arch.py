@@ -187,6 +187,24 @@ def _qwen3moe(meta: Meta, hf: dict[str, Any], tensors: Mapping[str, tuple[int, .
             "mlp_only_layers": [i for i in range(num_layers) if i not in moe]}
 
 
+def _granite(meta: Meta, hf: dict[str, Any], tensors: Mapping[str, tuple[int, ...]], path: Path) -> dict[str, Any]:
+    """Granite's four multipliers, as llama.cpp's granite graph reads them: ``logit_scale``
+    required (logits divided by it), an absent or zero embedding / residual scale is 1, an
+    absent or zero attention scale is head_dim ** -0.5."""
+    if (logit_scale := meta("logit_scale")) is None:
+        raise WeightsError(f"{path}: GGUF metadata lacks 'granite.logit_scale', which Granite needs")
+    return {"embedding_multiplier": float(meta("embedding_scale", 0.0) or 1.0),
+            "residual_multiplier": float(meta("residual_scale", 0.0) or 1.0),
+            "attention_multiplier": float(meta("attention.scale", 0.0) or hf["head_dim"] ** -0.5),
+            "logits_scaling": float(logit_scale),
+            "attention_bias": "blk.0.attn_q.bias" in tensors, "mlp_bias": "blk.0.ffn_up.bias" in tensors}
+
+
+def _olmo2(meta: Meta, hf: dict[str, Any], tensors: Mapping[str, tuple[int, ...]], path: Path) -> dict[str, Any]:
+    """OLMo 2: norms after attention and after the MLP only, QK-norm over all heads."""
+    return {"attention_bias": "blk.0.attn_q.bias" in tensors}
+
+
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     # llama.cpp stores Mixtral as "llama" with an expert count, and Mistral 7B as "llama" too
     "llama": GGUFArchitecture("llama", permuted_qk=True),
@@ -206,6 +224,12 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "qwen3": GGUFArchitecture("qwen3", renames={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
                               config_fields=_qwen3),
     "qwen3moe": GGUFArchitecture("qwen3_moe", renames=_ROUTED_RENAMES, config_fields=_qwen3moe, routed_experts=True),
+    "olmo2": GGUFArchitecture("olmo2", config_fields=_olmo2, renames={
+        "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+        "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}),
+    # the converter's Granite is its Llama: Q/K rows permuted
+    "granite": GGUFArchitecture("granite", permuted_qk=True, config_fields=_granite, keys=frozenset({
+        "attention.scale", "embedding_scale", "residual_scale", "logit_scale"})),
 }
 
 
