@@ -127,9 +127,9 @@ def test_greedy_with_ngram_alone_equals_greedy_without(parts, plain):
 
 @pytest.mark.parametrize("spec", [NGRAM, DRAFT], ids=["ngram", "draft_model"])
 def test_drafts_compose_with_chunked_prefill_prefix_hits_and_preemption(parts, plain, spec):
-    # 14 blocks of 16 slots for 8 sequences of up to ~40 tokens: preemptions are certain;
+    # 9 blocks of 16 slots for 8 sequences of 2-3 blocks each: preemptions are certain;
     # a budget of 24 tokens chunks the prompts; the second pass hits the prefix cache
-    engine = make_engine(parts, spec, num_kv_blocks=14, max_num_batched_tokens=24)
+    engine = make_engine(parts, spec, num_kv_blocks=9, max_num_batched_tokens=24)
     prompts = PROMPTS[:8]
     outputs, _ = run(engine, prompts)
     again, _ = run(engine, prompts)
