@@ -34,6 +34,8 @@ ENGINE_READS = {
     "deepseek_v3": frozenset({"kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                               "num_shared_experts", "router_scoring", "router_correction_bias", "n_group",
                               "topk_group", "routed_scaling_factor", "rope_interleave"}),
+    # GLM-4 MoE's grouped sigmoid router (model/moe.py GroupedSigmoidMoE) scales its weights too
+    "glm4_moe": frozenset({"routed_scaling_factor"}),
     "qwen3_next": frozenset({"linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                              "linear_value_head_dim", "linear_conv_kernel_dim", "attn_output_gate",
                              "partial_rotary_factor"}),
