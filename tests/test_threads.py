@@ -58,6 +58,19 @@ def test_tuner_keeps_the_configured_count_where_one_thread_is_barely_faster():
     assert tuner.chosen == 1
 
 
+def test_a_model_reading_many_bytes_a_step_decodes_untuned(monkeypatch):
+    """Past TUNED_MAX_DECODE_BYTES a step, the configured count serves every step."""
+    from inferpath.engine import llm_engine
+
+    path = resolve_model("smollm2-135m-instruct")
+    config = EngineConfig(kv_cache_memory_bytes=16 * 2**20)
+    tuned = LLMEngine.from_model(path, config)
+    if tuned.runner.thread_tuner is None:
+        pytest.skip("no tuner here (one core, or no native kernels)")
+    monkeypatch.setattr(llm_engine, "TUNED_MAX_DECODE_BYTES", tuned.weight_format.decode_bytes)
+    assert LLMEngine.from_model(path, config).runner.thread_tuner is None
+
+
 def test_tuner_needs_two_threads_to_choose_from():
     with pytest.raises(ValueError, match="at least 2 threads"):
         DecodeThreadTuner(1)

@@ -41,6 +41,14 @@ from inferpath.threads import DecodeThreadTuner
 
 logger = logging.getLogger(__name__)
 
+# A model whose decode step reads at least this many weight bytes decodes at the configured
+# thread count, untuned: its parallel sections last milliseconds, so waking threads costs
+# nothing and the pool's chunk claiming hides a descheduled one. Qwen2.5-Coder-1.5B Q4_K_M
+# (980 MB a step) measured 2 threads no slower than 1 at every load seen (2-core VM, load
+# 5: 10.1 vs 7.1 tok/s; load 11: 3.2 vs 3.1), while the tuner's six-step trials picked 1
+# thread in some runs (6.8 tok/s at load 5): a choice that changed from run to run.
+TUNED_MAX_DECODE_BYTES = 256 * 2**20
+
 
 class LLMEngine:
     """Continuous batching over one model (see the module docstring).
@@ -108,7 +116,8 @@ class LLMEngine:
         to inferpath and the native kernels run (their results do not depend on it)."""
         threads = torch.get_num_threads()
         if (engine_config.threads is not None or threads < 2 or engine_config.batch_invariant
-                or engine_config.tensor_parallel_size > 1 or self.weight_format.kernel_level == "PyTorch"):
+                or engine_config.tensor_parallel_size > 1 or self.weight_format.kernel_level == "PyTorch"
+                or self.weight_format.decode_bytes >= TUNED_MAX_DECODE_BYTES):
             return None
         return DecodeThreadTuner(threads)
 
