@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from inferpath.server.chat import encode_messages
 from inferpath.server.engine_client import ServingContext
-from inferpath.server.errors import APIError, _validation_error_response
+from inferpath.server.errors import APIError, _validation_error_response, describe_unparseable_body
 from inferpath.server.event_stream import named_event_response
 from inferpath.server.messages_protocol import MessagesRequest
 from inferpath.server.messages_stream import MessageEvents
@@ -63,9 +63,14 @@ async def _answer(request: Request, context: ServingContext, check_api_key: Call
                   handler: Callable[..., Awaitable[Response]]) -> Response:
     try:
         check_api_key(request)
+        raw = await request.body()
         try:
-            body = MessagesRequest.model_validate_json(await request.body())
+            body = MessagesRequest.model_validate_json(raw)
         except ValidationError as exc:  # the chat route's 400 message, in Anthropic's shape
+            if any(error.get("type") == "json_invalid" for error in exc.errors()):
+                # why, and the field: a huge integer, bytes not UTF-8, nesting too deep
+                message, param = describe_unparseable_body(raw)
+                raise APIError(400, message, param=param) from None
             reply = _validation_error_response(RequestValidationError(exc.errors()))
             raise APIError(400, json.loads(reply.body)["error"]["message"]) from None
         return await handler(body, request, context)
