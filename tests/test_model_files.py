@@ -193,7 +193,8 @@ _VALUES_OF_EVERY_TYPE = {
     "f32": ((1.5, V.FLOAT32, None), {"number"}),
     "bool": ((True, V.BOOL, None), {"bool"}),
     "string": (("gpt2", V.STRING, None), {"string"}),
-    "int array": (([1, 2], V.ARRAY, V.INT32), {"integers", "integer or integers"}),
+    "int array": (([1, 2], V.ARRAY, V.INT32), {"integers", "integer or integers", "numbers"}),
+    "float array": (([0.5, -1.0], V.ARRAY, V.FLOAT32), {"numbers"}),
     "string array": ((["a b", "c"], V.ARRAY, V.STRING), {"strings"}),
 }
 _READ_KEYS = {**GENERAL_KEY_TYPES, **TOKENIZER_KEY_TYPES,
