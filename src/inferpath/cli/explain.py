@@ -86,8 +86,16 @@ def _precision(dtype: str, model: str):
 
         path = Path(resolve_model(model))
     engine_dtypes = ("auto", "float32", "bfloat16", "float16")  # EngineConfig's; explain names int8, int4 too
-    if dtype in engine_dtypes and ((path.is_file() and path.suffix == ".gguf") or (path / "config.json").is_file()):
-        return Precision.of_plan(plan_weights(path, EngineConfig(dtype=dtype)))
+    is_gguf = path.is_file() and path.suffix == ".gguf"
+    if dtype in engine_dtypes and (is_gguf or (path / "config.json").is_file()):
+        plan = plan_weights(path, EngineConfig(dtype=dtype))
+        if not is_gguf:
+            return Precision.of_plan(plan)
+        from inferpath.explain.gguf_config import gguf_model_config
+        from inferpath.explain.stage_formats import formats_of_plan
+
+        # each stage's matrices in their own format (a Q4_K_M file's Q6_K layers at their size)
+        return Precision.of_plan(plan).with_formats(formats_of_plan(path, plan, gguf_model_config(path)))
     return Precision("bf16") if dtype == "auto" else Precision.parse(dtype)
 
 
@@ -140,14 +148,13 @@ def _trace(args: argparse.Namespace) -> int:
     """A thin client of the engine's trace: one request through LLM, then its recorded steps."""
     from inferpath import LLM, SamplingParams
     from inferpath.engine.trace import trace
-    from inferpath.explain.probe import probe_this_machine
-    from inferpath.explain.trace import request_trace
+    from inferpath.explain.trace import machine_for, request_trace
     from inferpath.explain.trace_report import trace_text
 
     print(f"loading {args.model} ...", file=sys.stderr)
     llm = LLM(args.model, dtype=args.dtype, cpu_kernels=not args.no_cpu_kernels)
     print("probing this machine (cached after the first run) ...", file=sys.stderr)
-    hardware = probe_this_machine(refresh=args.reprobe)
+    hardware = machine_for(llm.engine, refresh=args.reprobe)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     prompt = args.prompt if args.no_chat else llm.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
     with trace(llm.engine) as tracer:

@@ -31,7 +31,7 @@ Invariant: a PassCost's totals are the sums of its stages (tests check it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from inferpath.config import ModelConfig
 from inferpath.explain.hardware import HardwareSpec
@@ -77,6 +77,9 @@ class Precision:
     weights: str
     bytes_per_weight: float | None = None
     label: str = ""
+    # each matmul stage's matrices as they run (explain/stage_formats.py): priced at the rate
+    # of their own kernel (explain/kernel_cost.py); () prices every stage at the mean bytes
+    formats: tuple = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if self.weights not in DTYPE_BYTES:
@@ -100,7 +103,20 @@ class Precision:
         from inferpath.config import EngineConfig
         from inferpath.engine.weight_plan import plan_weights
 
-        return cls.of_plan(plan_weights(path, EngineConfig()))
+        from inferpath.explain.gguf_config import gguf_model_config
+        from inferpath.explain.stage_formats import formats_of_plan
+
+        plan = plan_weights(path, EngineConfig())
+        return cls.of_plan(plan).with_formats(formats_of_plan(path, plan, gguf_model_config(path)))
+
+    def with_formats(self, formats) -> "Precision":
+        """This precision with each stage's matrices as they run (stage_formats.py)."""
+        return replace(self, formats=tuple(formats))
+
+    @property
+    def activation_format(self) -> str:
+        """The activations' dtype as the probe's rate keys name it ("float32")."""
+        return "float32" if self.weights == "fp32" else "bfloat16"
 
     @classmethod
     def parse(cls, name: str) -> "Precision":
@@ -267,8 +283,12 @@ def attention_pairs(num_new_tokens: int, context_len: int, window: int | None) -
 
 def pass_cost(config: ModelConfig, hardware: HardwareSpec, precision: Precision,
               num_new_tokens: int, context_len: int, batch: int = 1,
-              fused_attention: bool = False) -> PassCost:
-    """Cost of one pass; ``num_new_tokens == context_len`` is a prefill from empty."""
+              fused_attention: bool = False, by_kernel: bool = True) -> PassCost:
+    """Cost of one pass; ``num_new_tokens == context_len`` is a prefill from empty.
+
+    ``by_kernel``: matmul stages whose formats the precision knows are priced at their
+    kernels' rates (explain/kernel_cost.py); False leaves that to the caller (a step of
+    several chunks merges first)."""
     if not 1 <= num_new_tokens <= context_len:
         raise ValueError(f"need 1 <= num_new_tokens ({num_new_tokens}) <= context_len ({context_len})")
     if batch < 1:
@@ -278,7 +298,8 @@ def pass_cost(config: ModelConfig, hardware: HardwareSpec, precision: Precision,
     if has_layer_kinds(config):  # MLA, linear attention, dense + MoE layers: priced kind by kind
         from inferpath.explain.layer_cost import kinds_pass_cost
 
-        return kinds_pass_cost(config, hardware, precision, num_new_tokens, context_len, batch, fused_attention)
+        cost = kinds_pass_cost(config, hardware, precision, num_new_tokens, context_len, batch, fused_attention)
+        return _by_kernel(cost, precision, hardware) if by_kernel else cost
     peak = hardware.flops_for(precision.compute_dtype)
     bw = hardware.memory_bandwidth
     wb, ab, kvb = precision.weight_bytes, precision.activation_bytes, precision.kv_bytes
@@ -345,6 +366,15 @@ def pass_cost(config: ModelConfig, hardware: HardwareSpec, precision: Precision,
     add("final_norm", 1, h, h * wb, N * h * ab, N * h * ab, 4 * N * h)
     add("lm_head", 1, vocab * h, vocab * h * wb, B * h * ab, B * vocab * FP32, 2 * B * h * vocab)
     add("sampling", 1, 0, 0, B * vocab * FP32, B * TOKEN_ID, 5 * B * vocab)
-    return PassCost(phase="prefill" if T > 1 or starts_request else "decode", batch=B,
+    cost = PassCost(phase="prefill" if T > 1 or starts_request else "decode", batch=B,
                     num_new_tokens=T, context_len=context_len, stages=tuple(stages),
                     weight_bytes_per_param=wb)
+    return _by_kernel(cost, precision, hardware) if by_kernel else cost
+
+
+def _by_kernel(cost: PassCost, precision: Precision, hardware: HardwareSpec) -> PassCost:
+    if not precision.formats:
+        return cost
+    from inferpath.explain.kernel_cost import price_stages
+
+    return replace(cost, stages=price_stages(cost.stages, precision, hardware))

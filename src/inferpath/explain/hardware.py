@@ -28,6 +28,15 @@ class HardwareSpec:
     memory_bytes: float  # capacity of one device
     source: str = ""
     num_devices: int = 1
+    # measured on this machine only (explain/probe_kernels.py): the bytes/s of each matmul
+    # kernel's GEMV, keyed "FORMAT/ACTIVATIONS" and "FORMAT/ACTIVATIONS/ROWSxCOLS" (a shape
+    # a model runs), and the FLOP/s of its GEMM keyed "FORMAT/ACTIVATIONS"; presets have none
+    # and are priced at their bandwidth and peak
+    gemv_rates: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
+    gemm_rates: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
+    # seconds one stage's module call costs beyond its kernel on the module path (Python,
+    # dispatch, threads waking): measured here, 0 for presets (probe_kernels.measure_module_call)
+    module_call_s: float = 0.0
 
     def flops_for(self, compute_dtype: str) -> float:
         if compute_dtype == "quantized" and "quantized" not in self.peak_flops:
@@ -59,6 +68,8 @@ class HardwareSpec:
             name=f"{num_devices}x {self.name}",
             memory_bandwidth=self.memory_bandwidth * num_devices,
             peak_flops={k: v * num_devices for k, v in self.peak_flops.items()},
+            gemv_rates={k: v * num_devices for k, v in self.gemv_rates.items()},
+            gemm_rates={k: v * num_devices for k, v in self.gemm_rates.items()},
             memory_bytes=self.memory_bytes * num_devices,
             num_devices=self.num_devices * num_devices,
         )

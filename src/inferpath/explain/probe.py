@@ -46,6 +46,8 @@ _DTYPES = (("fp32", "float32"), ("bf16", "bfloat16"))
 # GGUF block formats whose kernels the probe times (QuantLinear, the engine's path for a
 # quantized file); the slower one is the "quantized" compute rate the cost model uses
 _QUANT_TYPES = ("Q8_0", "Q4_K")
+# what a measurement holds; a new one (v3: each weight format's kernel rates, a module call's cost) measures anew
+PROBE_VERSION = "v3"
 
 
 def cache_dir() -> Path:
@@ -106,7 +108,7 @@ def probe_key(device: str, threads: int, bandwidth_bytes: int, matmul_n: int) ->
 
     flags = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:12]
     return (f"{device}|{cpu_model()}|flags-{flags}|torch-{torch.__version__}|isa-{kernel_level()}"
-            f"|kernels-{kernel_build()}|t{threads}|b{bandwidth_bytes}|n{matmul_n}")
+            f"|kernels-{kernel_build()}|t{threads}|b{bandwidth_bytes}|n{matmul_n}|{PROBE_VERSION}")
 
 
 def probe_this_machine(device: str = "cpu", bandwidth_bytes: int | None = None,
@@ -147,6 +149,20 @@ def note_observed(bytes_per_second: float, device: str = "cpu", cache_path: Path
     return True
 
 
+def cached_entry(device: str = "cpu", cache_path: Path | None = None) -> tuple[Path, dict, str]:
+    """(the cache file, its contents, the key of this configuration's entry): what
+    ``note_observed`` and the shape rates (probe_kernels.py) update."""
+    import torch
+
+    key = probe_key(device, torch.get_num_threads(), DEFAULT_BANDWIDTH_BYTES, DEFAULT_MATMUL_N)
+    path = cache_path or cache_dir() / "probe.json"
+    return path, _load(path), key
+
+
+def store(path: Path, cached: dict) -> None:
+    _store(path, cached)
+
+
 def _store(path: Path, cached: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -173,9 +189,12 @@ def spec_from_measurement(m: dict) -> HardwareSpec:
     bandwidth, raised = raised_bandwidth(m)
     load = (f", load average {m['load_average']:.2f} on {m.get('cpus', '?')} CPUs"
             if "load_average" in m else "")
+    rates = m.get("kernel_rates", {})
     return HardwareSpec(
         name=THIS_MACHINE, memory_bandwidth=bandwidth,
         peak_flops=peak_flops,
+        gemv_rates={**rates.get("gemv", {}), **m.get("shape_gemv", {})}, gemm_rates=dict(rates.get("gemm", {})),
+        module_call_s=m.get("module_call_s", 0.0),
         memory_bytes=m["memory_bytes"],
         source=(f"measured on {m['device']} with {m.get('threads', '?')} threads, kernels "
                 f"{m.get('kernel_level', '?')}: read {m['read_bandwidth'] / 1e9:.1f} GB/s, copy "
@@ -217,6 +236,11 @@ def measure(device: str, bandwidth_bytes: int, matmul_n: int) -> dict:
             result[f"{name}_flops"] = 2 * n**3 / gemm_s
             result[f"{name}_gemv_bandwidth"] = weight.nbytes / gemv_s
         result.update(measure_quantized(device, n))
+    if device == "cpu":  # each weight format's own kernel (probe_kernels.py)
+        from inferpath.explain.probe_kernels import measure_kernel_rates, measure_module_call
+
+        result["kernel_rates"] = measure_kernel_rates()
+        result["module_call_s"] = measure_module_call()
     return result
 
 

@@ -32,7 +32,9 @@ def step_cost(config: ModelConfig, hardware: HardwareSpec, precision: Precision,
 
     One chunk alone is exactly ``pass_cost``; several share one read of the weights.
     """
-    passes = [(pass_cost(config, hardware, precision, n, ctx, fused_attention=True), samples)
+    from inferpath.explain.kernel_cost import price_stages
+
+    passes = [(pass_cost(config, hardware, precision, n, ctx, fused_attention=True, by_kernel=False), samples)
               for n, ctx, samples in chunks]
     peak, bw = hardware.flops_for(precision.compute_dtype), hardware.memory_bandwidth
     merged: dict[str, list[StageCost]] = {}
@@ -58,20 +60,24 @@ def step_cost(config: ModelConfig, hardware: HardwareSpec, precision: Precision,
     first = passes[0][0]
     phase = "prefill" if any(p.phase == "prefill" for p, _ in passes) else "decode"
     return PassCost(phase=phase, batch=len(chunks), num_new_tokens=sum(n for n, _, _ in chunks),
-                    context_len=max(ctx for _, ctx, _ in chunks), stages=tuple(stages),
+                    context_len=max(ctx for _, ctx, _ in chunks), stages=price_stages(tuple(stages), precision, hardware),
                     weight_bytes_per_param=first.weight_bytes_per_param)
 
 
-def row_prediction(row: str, predicted: PassCost) -> dict:
+def row_prediction(row: str, predicted: PassCost, module_call_s: float = 0.0) -> dict:
     """Predicted seconds, bytes moved (read + written) and read, FLOPs, intensity (FLOPs per
-    byte moved) and bound of one measured row."""
+    byte moved) and bound of one measured row. ``module_call_s``: what one module call costs
+    beyond its kernel (a step on the module path: HardwareSpec.module_call_s), added once per
+    instance of the row (per layer, or once) as ``calls_s``; ``kernel_s`` is the rest."""
     stages = [s for s in predicted.stages if s.name in COVERS[row]]
     if not stages:
-        return {"predicted_s": None, "bytes": None, "bytes_read": None, "flops": None, "intensity": None,
-                "bound": ""}
+        return {"predicted_s": None, "kernel_s": None, "calls_s": None, "bytes": None, "bytes_read": None,
+                "flops": None, "intensity": None, "bound": ""}
     moved = sum(s.bytes_moved for s in stages)
     flops = sum(s.flops for s in stages)
-    return {"predicted_s": sum(s.time_s for s in stages), "bytes": moved,
+    kernel_s = sum(s.time_s for s in stages)
+    calls_s = module_call_s * max(s.count for s in stages)
+    return {"predicted_s": kernel_s + calls_s, "kernel_s": kernel_s, "calls_s": calls_s, "bytes": moved,
             "bytes_read": sum(s.bytes_read for s in stages), "flops": flops,
             "intensity": flops / moved if moved else 0.0,
             "bound": max(stages, key=lambda s: s.time_s).bound}
@@ -81,15 +87,29 @@ def precision_of(engine) -> Precision:
     """The cost model's precision of what the engine runs: its weight plan's
     (``Precision.of_plan``); for an engine over a model built by hand (no plan), its
     compute dtype and the bytes per weight of its matrices (engine.weight_format)."""
+    from inferpath.explain.stage_formats import formats_of_model
+
+    formats = formats_of_model(engine.runner.model, engine.model_config)
     if engine.weight_plan is not None:
-        return Precision.of_plan(engine.weight_plan)
+        return Precision.of_plan(engine.weight_plan).with_formats(formats)
     weights = engine.weight_format
     dtype = str(weights.dtype).removeprefix("torch.")
     base = Precision.parse(dtype)
     bytes_per_weight = weights.weight_bytes / weights.num_weights if weights.num_weights else base.weight_bytes
     if not weights.quantized and bytes_per_weight == base.weight_bytes:
-        return base
-    return Precision(base.weights, bytes_per_weight, weights.formats)
+        return base.with_formats(formats)
+    return Precision(base.weights, bytes_per_weight, weights.formats, formats)
+
+
+def machine_for(engine, refresh: bool = False) -> HardwareSpec:
+    """``this-machine`` as the engine's trace is priced on it: the probe, with the GEMV rate of
+    every call shape the engine's matmuls run (measured once per shape, then cached:
+    explain/probe_kernels.py). ``refresh`` measures both again."""
+    from inferpath.explain.kernel_cost import gemv_shapes
+    from inferpath.explain.probe import probe_this_machine
+    from inferpath.explain.probe_kernels import with_gemv_shapes
+
+    return with_gemv_shapes(probe_this_machine(refresh=refresh), gemv_shapes(precision_of(engine)), refresh)
 
 
 def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> dict:
@@ -107,12 +127,16 @@ def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> di
         mine = record.chunk_of(request_id)
         predicted = step_cost(config, hardware, precision,
                               [(c.num_new_tokens, c.context_len, c.token_id is not None) for c in record.chunks])
+        # the trace says whether the step's layers ran in the native decode call (its own
+        # clock) or module by module (engine/trace.py StepRecord.native_decode)
+        native = bool(getattr(record, "native_decode", False))
+        call_s = 0.0 if native else hardware.module_call_s
         rows = []
         for row in ROW_ORDER:
             if row not in record.stages:
                 continue
             rows.append({"stage": row, "measured_s": record.stages[row], "covers": list(COVERS[row]),
-                         "note": tracer.fusions.get(row, ""), **row_prediction(row, predicted)})
+                         "note": tracer.fusions.get(row, ""), **row_prediction(row, predicted, call_s)})
         token = None
         if mine.token_id is not None:
             token = {"id": mine.token_id, "text": tokenizer.decode([mine.token_id]),
@@ -120,7 +144,8 @@ def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> di
                              for i, p in zip(mine.top_ids, mine.top_probs)]}
         steps.append({
             "index": record.index, "phase": "prefill" if mine.is_prefill else "decode",
-            "step_s": record.step_s, "predicted_s": predicted.time_s,
+            "path": "native" if native else "module",
+            "step_s": record.step_s, "predicted_s": predicted.time_s + sum(r["calls_s"] or 0.0 for r in rows),
             "num_seqs": record.num_seqs, "num_prefill_tokens": record.num_prefill_tokens,
             "num_decode_tokens": record.num_decode_tokens,
             "num_new_tokens": mine.num_new_tokens, "context_len": mine.context_len,
@@ -144,10 +169,16 @@ def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> di
         "fusions": dict(tracer.fusions),
         "num_prompt_tokens": records[0].chunk_of(request_id).num_prompt_tokens if records else 0,
         "prefill_s": prefill_s, "decode_s": decode_s,
+        "decode_path": _paths(steps, "decode"), "prefill_path": _paths(steps, "prefill"),
         "prefill_share": prefill_s / total if total else 0.0,
         "summary": summary_rows(steps),
         "steps": steps,
     }
+
+
+def _paths(steps: list[dict], phase: str) -> str:
+    """"native", "module", "native + module" (some of each) or "" (no such step)."""
+    return " + ".join(sorted({s["path"] for s in steps if s["phase"] == phase}, reverse=True))
 
 
 def probe_staleness(steps: list[dict], decode_bytes: int, hardware: HardwareSpec) -> dict | None:
@@ -175,6 +206,9 @@ def summary_rows(steps: list[dict]) -> list[dict]:
             predicted = [c for c in mine if c["predicted_s"] is not None]
             entry[f"{phase}_measured_s"] = sum(c["measured_s"] for c in mine)
             entry[f"{phase}_predicted_s"] = sum(c["predicted_s"] for c in predicted) if predicted else None
+            entry[f"{phase}_calls_s"] = sum(c["calls_s"] for c in predicted) if predicted else None
+            entry[f"{phase}_ratio"] = (entry[f"{phase}_measured_s"] / entry[f"{phase}_predicted_s"]
+                                       if predicted and entry[f"{phase}_predicted_s"] else None)
             moved, flops = sum(c["bytes"] for c in predicted), sum(c["flops"] for c in predicted)
             entry[f"{phase}_flops"] = flops if predicted else None
             entry[f"{phase}_intensity"] = flops / moved if moved else None
@@ -188,6 +222,6 @@ def summary_rows(steps: list[dict]) -> list[dict]:
 
 def hardware_json(hardware: HardwareSpec, precision: Precision) -> dict:
     dtype = precision.compute_dtype
-    return {"name": hardware.name, "source": hardware.source,
+    return {"name": hardware.name, "source": hardware.source, "module_call_s": hardware.module_call_s,
             "memory_bandwidth": hardware.memory_bandwidth, "peak_flops": hardware.flops_for(dtype),
             "compute_dtype": dtype, "ridge": hardware.ridge_point(dtype)}

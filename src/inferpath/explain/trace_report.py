@@ -34,8 +34,12 @@ def trace_text(trace: dict, prompt_pieces: list[str] | None = None, show_steps: 
     lines.append(
         f"{'step total':<13} {fmt_time(trace['prefill_s']):>17} {fmt_time(sum(s['predicted_s'] for s in prefill)):>10}"
         f" {'':>6} {'':>7}   {fmt_time(trace['decode_s']):>16} {fmt_time(sum(s['predicted_s'] for s in decode)):>10}")
-    lines.append(f"(prefill: {len(prefill)} step(s); decode: {len(decode)} steps, summed. ratio = measured / "
-                 "predicted; the prediction is the roofline alone, without per-operator overhead.")
+    call = hw.get("module_call_s", 0.0)
+    lines.append(f"(prefill: {len(prefill)} step(s); decode: {len(decode)} steps, summed; measured on the "
+                 f"{trace.get('decode_path') or '-'} path. ratio = measured / predicted; the prediction prices each "
+                 "matmul at its format's probed kernel rate,")
+    lines.append(f" every other stage at the roofline, plus {call * 1e6:.1f} us per module call on the module path "
+                 "(none on the native path).")
     lines.append(" other = the step outside every timed module: laying out the batch, the attention plan.)")
     for row, note in trace["fusions"].items():
         lines.append(f"  {row}: {note}")

@@ -68,9 +68,9 @@ def install_trace_routes(app: FastAPI, async_engine: Any, api_key: str | None = 
 
     async def hardware():
         if not hardware_holder:
-            from inferpath.explain.probe import probe_this_machine
+            from inferpath.explain.trace import machine_for  # the probe, with the model's GEMV shapes
 
-            hardware_holder.append(await asyncio.to_thread(probe_this_machine))
+            hardware_holder.append(await asyncio.to_thread(machine_for, engine))
         return hardware_holder[0]
 
     if tracer is not None:

@@ -1,0 +1,73 @@
+"""Each matmul stage priced at the rate of the kernel that runs it, in the format it runs in.
+
+cost.py prices a stage as ``max(FLOPs / peak, bytes / bandwidth)`` at the mean bytes per
+weight of the whole model. That is the roofline of an ideal kernel; the engine's kernels
+are not ideal, and each weight format has its own (kernels/quantized.py, kernels/modules.py):
+on the probed 2-core EPYC a Q4_1 GEMV streams its blocks at a fifth of the rate the float32
+one does. Where the precision knows each stage's matrices as they run
+(``Precision.formats``, explain/stage_formats.py), this module re-prices those stages:
+
+- weight bytes: each matrix at its own format's size (a Q4_K_M file's Q6_K ``v_proj``
+  layers at 210/256 bytes a value, its Q4_K ones at 144/256), times the share of the
+  stage's weights the pass reads (experts: the ones its tokens route to);
+- memory time: each matrix's bytes over the GEMV rate the probe measured for its format,
+  activations and call shape (``HardwareSpec.gemv_rates``: ``"Q4_K/float32/2048x1536"``,
+  else ``"Q4_K/float32"``, else the read bandwidth), plus the activations' bytes over the
+  bandwidth;
+- compute time: the FLOPs over the GEMM rate of the format (``gemm_rates``), else the peak.
+  With one row (a batch-1 decode step) the GEMV's measured time already holds its
+  arithmetic: the stage's time is the GEMV's, and it is memory-bound.
+
+A hardware preset has no kernel rates: only the bytes change (formats sized as they run).
+
+Invariant: a re-priced stage keeps its name, count, parameters, FLOPs and non-weight bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from inferpath.explain.stage_formats import MatrixRun, bytes_per_value
+
+
+def gemv_rate(hardware, run: MatrixRun, activations: str) -> float:
+    """Bytes/s of ``run``'s GEMV: its shape's measured rate, its format's, or the bandwidth."""
+    rates = hardware.gemv_rates
+    return (rates.get(f"{run.format}/{activations}/{run.call_rows}x{run.cols}")
+            or rates.get(f"{run.format}/{activations}") or hardware.memory_bandwidth)
+
+
+def price_stages(stages: tuple, precision, hardware) -> tuple:
+    """``stages`` with each one ``precision.formats`` describes re-priced (module doc)."""
+    formats = dict(precision.formats)
+    if not formats:
+        return stages
+    return tuple(price_stage(s, formats[s.name], precision, hardware) if s.name in formats and s.flops else s
+                 for s in stages)
+
+
+def price_stage(stage, runs: tuple[MatrixRun, ...], precision, hardware):
+    values = sum(r.values for r in runs)
+    mean_bytes = values * precision.weight_bytes
+    share = min(1.0, stage.weight_bytes / mean_bytes) if mean_bytes else 1.0  # experts: those touched
+    activations = precision.activation_format
+    peak, bandwidth = hardware.flops_for(precision.compute_dtype), hardware.memory_bandwidth
+    weights = gemv_s = gemm_s = 0.0
+    for run in runs:
+        run_bytes = share * run.values * bytes_per_value(run.format)
+        weights += run_bytes
+        gemv_s += run_bytes / gemv_rate(hardware, run, activations)
+        gemm_s += stage.flops * run.values / values / (hardware.gemm_rates.get(f"{run.format}/{activations}") or peak)
+    rows = stage.flops / (2 * share * values) if values else 1.0  # activation rows per matrix read
+    other = stage.bytes_read - stage.weight_bytes + stage.bytes_written
+    compute_s = min(gemm_s, gemv_s) if rows < 1.5 else gemm_s  # one row: the GEMV's time is the time
+    return replace(stage, weight_bytes=weights, bytes_read=stage.bytes_read - stage.weight_bytes + weights,
+                   memory_time_s=gemv_s + other / bandwidth, compute_time_s=compute_s)
+
+
+def gemv_shapes(precision) -> list[str]:
+    """The rate keys of every call shape ``precision.formats`` runs (what the probe measures
+    for a model: probe_kernels.measure_gemv_shapes)."""
+    keys = {f"{r.format}/{precision.activation_format}/{r.call_rows}x{r.cols}"
+            for _, runs in precision.formats for r in runs}
+    return sorted(keys)

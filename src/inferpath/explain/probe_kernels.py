@@ -1,0 +1,195 @@
+"""The rate of each matmul kernel the engine runs, per weight format: what a stage costs here.
+
+A decode step's matmuls are one GEMV per weight (one row of activations), a prompt's are a
+GEMM over its rows, and each weight format has its own kernel (kernels/quantized.py for
+the GGUF blocks, kernels/modules.py ``CPULinear`` for float weights, kernels/bf16_weights.py
+for bf16 weights beside float32 activations). The same bytes cost a different time in
+each: on this 2-core AMD EPYC a Q4_1 GEMV streams ~4 GB/s where the float32 one streams
+~25. So the probe times every format through the module the engine builds for it:
+
+- GEMV: one row against a weight of ``GEMV_BYTES`` (larger than a last-level cache of
+  32 MB, so the weight streams from memory as a model's do), the weight's bytes over the
+  best time: bytes/s;
+- GEMM: ``GEMM_ROWS`` rows (a chat prompt's order of size) against a 1024 x 2048 weight:
+  FLOP/s.
+
+Keys are ``"FORMAT/ACTIVATIONS"``: ``"Q4_K/float32"``, ``"F32/float32"``, ``"BF16/float32"``
+(widened in the kernel), ``"BF16/bfloat16"``. Block weights are random bytes with their
+fp16 scale fields set to a small normal value (a kernel's time does not depend on the
+values, but NaN or subnormal scales could). Each figure is the best of ``REPEATS`` runs;
+the whole measurement takes a few seconds.
+
+Invariant: every rate recorded is positive; a format whose kernel does not run here
+(no native kernels) is left out, and the cost model falls back to bandwidth and peak.
+"""
+
+from __future__ import annotations
+
+import time
+
+GEMV_BYTES = 48 * 2**20
+GEMM_ROWS = 64
+IN_FEATURES = 2048  # a multiple of every block (256 values for the K formats)
+REPEATS = 4
+BLOCK_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+# byte offsets of each block's fp16 scale fields
+_SCALE_OFFSETS = {"Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,), "Q4_1": (0, 2), "Q5_1": (0, 2),
+                  "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+_SMALL_F16 = 0x2000  # 2 ** -7
+
+
+def rate_key(fmt: str, activations: str) -> str:
+    """e.g. rate_key("Q4_K", "float32") == "Q4_K/float32"."""
+    return f"{fmt}/{activations}"
+
+
+def measure_kernel_rates() -> dict[str, dict[str, float]]:
+    """{"gemv": {"FORMAT/ACTIVATIONS": bytes/s}, "gemm": {...: FLOP/s}} of every format whose
+    kernel runs on this CPU, GEMV over 1536 x 2048 weights (module doc)."""
+    import torch
+
+    from inferpath.kernels.quantized import quantized_kernels_available
+
+    keys = [rate_key("F32", "float32"), rate_key("BF16", "float32"), rate_key("BF16", "bfloat16")]
+    if quantized_kernels_available():
+        keys += [rate_key(fmt, "float32") for fmt in BLOCK_FORMATS]
+    gemv, gemm = {}, {}
+    with torch.inference_mode():
+        for key in keys:
+            fmt, act = key.split("/")
+            gemv[key] = measure_gemv(fmt, act, 1536, IN_FEATURES)
+            small = _linear(fmt, 1024, IN_FEATURES)
+            rows = torch.randn(GEMM_ROWS, IN_FEATURES).to(getattr(torch, act))  # (GEMM_ROWS, in)
+            gemm[key] = 2 * GEMM_ROWS * IN_FEATURES * 1024 / _best(lambda: small(rows))
+    return {"gemv": gemv, "gemm": gemm}
+
+
+def measure_module_call() -> float:
+    """Seconds of one call of a tiny stage through the engine's module (CPURMSNorm on one row
+    of 576): what a stage costs beyond its bytes when a step runs the module path — the
+    Python of ``forward``, the dispatch into the kernel, the threads' wake-up."""
+    import torch
+
+    from inferpath.kernels.modules import CPURMSNorm
+
+    norm = CPURMSNorm(576)
+    x = torch.randn(1, 576)  # (1, hidden)
+    with torch.inference_mode():
+        norm(x)
+
+        def run():
+            for _ in range(100):
+                norm(x)
+
+        return _best(run) / 100
+
+
+def measure_gemv(fmt: str, activations: str, rows: int, cols: int) -> float:
+    """Bytes/s of one activation row against (rows, cols) weights of ``fmt`` through the
+    engine's module for it: enough copies to pass GEMV_BYTES (64 at most; a matrix larger
+    than that is cut to GEMV_BYTES' worth of rows), each called once a round."""
+    import torch
+
+    per_matrix = rows * cols * _bytes_per_value(fmt)
+    if per_matrix > GEMV_BYTES:
+        rows = max(1, int(GEMV_BYTES / (cols * _bytes_per_value(fmt))))
+        copies = 1
+    else:
+        copies = min(64, -(-GEMV_BYTES // int(per_matrix)))
+    with torch.inference_mode():
+        linears = [_linear(fmt, rows, cols) for _ in range(copies)]
+        one = torch.randn(1, cols).to(getattr(torch, activations))  # (1, in)
+
+        def run():
+            for linear in linears:
+                linear(one)
+
+        return sum(_weight_bytes(linear) for linear in linears) / _best(run)
+
+
+def measure_gemv_key(key: str) -> float:
+    """``measure_gemv`` of a shape key "FORMAT/ACTIVATIONS/ROWSxCOLS"."""
+    fmt, act, shape = key.split("/")
+    rows, cols = (int(v) for v in shape.split("x"))
+    return measure_gemv(fmt, act, rows, cols)
+
+
+def _bytes_per_value(fmt: str) -> float:
+    from inferpath.explain.stage_formats import bytes_per_value
+
+    return bytes_per_value(fmt)
+
+
+def _linear(fmt: str, rows: int, cols: int):
+    import torch
+
+    if fmt in ("F32", "BF16", "F16"):
+        return _float_linear(rows, cols, {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}[fmt])
+    from inferpath.kernels.quantized import QuantLinear
+
+    return QuantLinear(random_blocks(fmt, rows, cols))
+
+
+def random_blocks(fmt: str, rows: int, cols: int):
+    """A QuantizedTensor (rows, cols) of ``fmt`` holding random blocks with sane scales."""
+    import torch
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from inferpath.weights.quantized import QuantizedTensor
+
+    qtype = GGMLQuantizationType[fmt]
+    block, size = GGML_QUANT_SIZES[qtype]
+    data = torch.randint(0, 256, (rows * cols // block, size), dtype=torch.uint8)  # (blocks, block bytes)
+    scale = torch.tensor([_SMALL_F16], dtype=torch.int16).view(torch.uint8)  # 2 bytes, little-endian
+    for offset in _SCALE_OFFSETS[fmt]:
+        data[:, offset:offset + 2] = scale
+    return QuantizedTensor.from_gguf(data.numpy(), qtype, (rows, cols))
+
+
+def _float_linear(rows: int, cols: int, dtype):
+    import torch
+
+    from inferpath.kernels.modules import CPULinear
+
+    linear = CPULinear(cols, rows, bias=False, device="meta")
+    linear.weight = torch.nn.Parameter(torch.randn(rows, cols).to(dtype), requires_grad=False)
+    return linear.prepare()
+
+
+def _weight_bytes(linear) -> int:
+    qweight = getattr(linear, "qweight", None)
+    return qweight.nbytes if qweight is not None else linear.weight.nbytes
+
+
+def _best(fn) -> float:
+    fn()  # warm up: first touch, kernel selection
+    best = float("inf")
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def with_gemv_shapes(hardware, keys: list[str], refresh: bool = False, cache_path=None):
+    """``hardware`` with the GEMV rates of the call shapes ``keys`` (kernel_cost.gemv_shapes)
+    measured and cached beside this machine's probe (``"shape_gemv"``: a re-probe drops them);
+    a preset is returned as it is. ``refresh`` measures them again."""
+    from dataclasses import replace
+
+    from inferpath.explain.hardware import THIS_MACHINE
+    from inferpath.explain.probe import cached_entry, store
+
+    if hardware.name != THIS_MACHINE or not keys:
+        return hardware
+    path, cached, key = cached_entry(cache_path=cache_path)
+    known = {} if refresh else dict(cached.get(key, {}).get("shape_gemv", {}))
+    missing = [k for k in keys if k not in known]
+    for k in missing:
+        known[k] = measure_gemv_key(k)
+    if missing:
+        path, cached, key = cached_entry(cache_path=cache_path)  # another process may have written
+        if key in cached:  # rates live beside the probe they belong to, never alone
+            cached[key].setdefault("shape_gemv", {}).update({k: known[k] for k in missing})
+            store(path, cached)
+    return replace(hardware, gemv_rates={**hardware.gemv_rates, **known})
