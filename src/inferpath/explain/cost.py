@@ -293,9 +293,9 @@ def pass_cost(config: ModelConfig, hardware: HardwareSpec, precision: Precision,
         raise ValueError(f"need 1 <= num_new_tokens ({num_new_tokens}) <= context_len ({context_len})")
     if batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
-    from inferpath.config_kinds import has_layer_kinds
+    from inferpath.explain.layer_cost import priced_by_kind
 
-    if has_layer_kinds(config):  # MLA, linear attention, dense + MoE layers: priced kind by kind
+    if priced_by_kind(config):  # MLA, linear attention, family stages (QK norm, sinks...): kind by kind
         from inferpath.explain.layer_cost import kinds_pass_cost
 
         cost = kinds_pass_cost(config, hardware, precision, num_new_tokens, context_len, batch, fused_attention)

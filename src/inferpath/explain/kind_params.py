@@ -60,6 +60,8 @@ def attention_params(config: ModelConfig, kind: LayerKind, absorbed: bool) -> di
            "k_proj": h * kv + bias_kv, "v_proj": h * kv + bias_kv}
     if config.qk_norm:
         out["qk_norm"] = 2 * config.head_dim if config.qk_norm == "head" else q + kv
+    if config.attention_sinks:  # gpt-oss: one learned logit per head in each softmax
+        out["attn_sinks"] = config.num_heads
     return out | {"o_proj": q * h + (h if config.o_proj_bias else 0)}
 
 
@@ -67,23 +69,36 @@ def ffn_params(config: ModelConfig, kind: LayerKind) -> dict[str, int]:
     h = config.hidden_size
     if kind.ffn == "dense":
         inter, pre = config.intermediate_size, ffn_prefix(config)
-        return {f"{pre}gate_proj": h * inter, f"{pre}up_proj": h * inter, f"{pre}down_proj": inter * h}
+        bias = (inter, h) if config.mlp_bias else (0, 0)
+        return {f"{pre}gate_proj": h * inter + bias[0], f"{pre}up_proj": h * inter + bias[0],
+                f"{pre}down_proj": inter * h + bias[1]}
     experts, width, shared = config.num_experts, config.expert_intermediate_size, shared_expert_size(config)
-    router = h * experts + (experts if config.router_correction_bias else 0)
-    if config.shared_expert_intermediate_size and not config.num_shared_experts:
-        router += h  # Qwen's sigmoid gate on the shared expert
-    out = {"router": router, "gate_proj": experts * h * width, "up_proj": experts * h * width,
-           "down_proj": experts * width * h}
+    # a bias beside the router: DeepSeek's and GLM-4's correction bias (choice only), gpt-oss's logit bias
+    biased = config.router_correction_bias or config.moe_router in ("sigmoid_grouped", "topk_softmax")
+    router = h * experts + (experts if biased else 0)
+    if config.shared_expert_intermediate_size and not config.num_shared_experts and config.moe_router == "softmax":
+        router += h  # Qwen's sigmoid gate on the shared expert (GLM-4 MoE's shared experts have none)
+    # gpt-oss's experts carry biases (gate/up: width each, down: hidden)
+    bias = (width, h) if config.moe_router == "topk_softmax" else (0, 0)
+    out = {"router": router, "gate_proj": experts * (h * width + bias[0]), "up_proj": experts * (h * width + bias[0]),
+           "down_proj": experts * (width * h + bias[1])}
     if shared:
         out |= {"shared_gate_proj": h * shared, "shared_up_proj": h * shared, "shared_down_proj": shared * h}
     return out
 
 
-def stage_params(config: ModelConfig, kind: LayerKind, absorbed: bool = True) -> dict[str, int]:
-    """One layer's parameters by stage name, its two RMSNorms included."""
+def norm_params(config: ModelConfig) -> dict[str, int]:
+    """A layer's RMSNorms by stage: before attention and the FFN (Llama); only after them,
+    on their outputs (OLMo 2's post_norms); both (Gemma's sandwich)."""
     h = config.hidden_size
-    return {"rmsnorm_attn": h, **attention_params(config, kind, absorbed), "rmsnorm_ffn": h,
-            **ffn_params(config, kind)}
+    pre = {} if config.post_norms else {"rmsnorm_attn": h, "rmsnorm_ffn": h}
+    post = {"post_attn_norm": h, "post_ffn_norm": h} if config.post_norms or config.sandwich_norms else {}
+    return pre | post
+
+
+def stage_params(config: ModelConfig, kind: LayerKind, absorbed: bool = True) -> dict[str, int]:
+    """One layer's parameters by stage name, its RMSNorms included."""
+    return {**norm_params(config), **attention_params(config, kind, absorbed), **ffn_params(config, kind)}
 
 
 def active_params(config: ModelConfig, kind: LayerKind) -> int:

@@ -44,18 +44,34 @@ from inferpath.explain.kind_params import ffn_prefix, stage_params
 
 CHUNK = 64  # the chunked delta rule's chunk length (transformers' and FLA's)
 STAGE_ORDER = (
-    "tokenize", "embedding", "rmsnorm_attn",
+    "tokenize", "embedding", "embedding_scale", "rmsnorm_attn",
     "q_proj", "k_proj", "v_proj", "qk_norm",  # attention (GQA)
     "q_a_proj", "q_a_norm", "q_b_proj", "kv_a_proj", "kv_a_norm",  # MLA's low-rank projections
-    "rope", "kv_write", "q_absorb", "kv_b_proj", "attn_scores", "softmax", "attn_weighted_sum", "v_up",
-    "attn_gate",
+    "rope", "kv_write", "q_absorb", "kv_b_proj", "attn_scores", "softmax", "attn_sinks", "attn_weighted_sum",
+    "v_up", "attn_gate",
     "gdn_in_proj", "gdn_conv", "gdn_gates", "gdn_recurrence", "gdn_norm_gate", "gdn_out_proj",
-    "o_proj", "residual_attn", "rmsnorm_ffn",
+    "o_proj", "post_attn_norm", "residual_scale", "residual_attn", "rmsnorm_ffn",
     "dense_gate_proj", "dense_up_proj", "dense_silu_mul", "dense_down_proj",
     "router", "gate_proj", "up_proj", "silu_mul", "down_proj",
     "shared_gate_proj", "shared_up_proj", "shared_silu_mul", "shared_down_proj",
-    "residual_ffn", "final_norm", "lm_head", "sampling",
+    "post_ffn_norm", "residual_ffn", "final_norm", "lm_head", "logit_scale", "logit_softcap", "sampling",
 )
+
+
+def priced_by_kind(config: ModelConfig) -> bool:
+    """True when a model's layers differ (config_kinds.has_layer_kinds) or carry a stage the
+    one-layer Llama table of cost.py has no row for: QK norms (Qwen3, OLMo 2, Gemma 3),
+    attention sinks (gpt-oss), sliding and full layers mixed (Gemma 2/3, gpt-oss), norms
+    after attention and the FFN (OLMo 2, Gemma), Granite's and Gemma's multipliers, logit
+    soft-capping, layers without RoPE (SmolLM3), partial rotary (GLM-4), biased routers and
+    experts (gpt-oss, GLM-4 MoE), MLP biases."""
+    from inferpath.config_kinds import has_layer_kinds
+
+    return bool(has_layer_kinds(config) or config.qk_norm or config.attention_sinks or config.layer_types
+                or config.sandwich_norms or config.post_norms or config.embedding_multiplier != 1.0
+                or config.residual_multiplier != 1.0 or config.logits_scaling != 1.0
+                or config.final_logit_softcapping or config.attn_logit_softcapping or config.no_rope_layers
+                or config.rotary_dim or config.moe_router != "softmax" or config.mlp_bias)
 
 
 class _Pass:
@@ -98,7 +114,8 @@ def _gqa(ps: _Pass, kind: LayerKind, count: int) -> None:
         ps.add(name, count, N * h * ab, N * kv * ab, 2 * N * h * kv + N * bias[1])
     if c.qk_norm:
         ps.norm("qk_norm", count, q + kv)
-    rotary = round((q + kv) * c.partial_rotary_factor)
+    share = c.rotary_dim / c.head_dim if c.rotary_dim else c.partial_rotary_factor
+    rotary = round((q + kv) * share)
     ps.add("rope", count, N * rotary * ab, N * rotary * ab, 3 * N * rotary)
     ps.add("kv_write", count, 2 * N * kv * ab, 2 * N * kv * kvb, 0)
     window = kind.window or None
@@ -106,7 +123,10 @@ def _gqa(ps: _Pass, kind: LayerKind, count: int) -> None:
     keys_read = B * min(ps.C, (window or ps.C) + ps.T - 1) * kv * kvb
     scores = 0 if ps.fused else pairs * heads * FP32
     ps.add("attn_scores", count, N * q * ab + keys_read, scores, 2 * pairs * heads * hd + pairs * heads)
-    ps.add("softmax", count, scores, scores, 5 * pairs * heads)
+    capped = 3 * pairs * heads if c.attn_logit_softcapping else 0  # cap * tanh(score / cap) on every score
+    ps.add("softmax", count, scores, scores, 5 * pairs * heads + capped)
+    if c.attention_sinks:  # each head's sink logit joins the max and the denominator of every query row
+        ps.add("attn_sinks", count, N * heads * FP32, N * heads * FP32, 3 * N * heads)
     ps.add("attn_weighted_sum", count, scores + keys_read, N * q * ab, 2 * pairs * heads * hd)
     if c.attn_output_gate:  # output x sigmoid(gate)
         ps.add("attn_gate", count, 2 * N * q * ab, N * q * ab, 5 * N * q)
@@ -204,22 +224,43 @@ def kinds_pass_cost(config: ModelConfig, hardware, precision, num_new_tokens: in
     ps = _Pass(config, precision, num_new_tokens, context_len, batch, fused_attention)
     h, vocab, N, B, ab, wb = config.hidden_size, config.vocab_size, ps.N, ps.B, ps.ab, ps.wb
     starts_request = num_new_tokens == context_len
+    pre_norms = not config.post_norms
+    post_norms = config.post_norms or config.sandwich_norms
     for kind, count in layer_kinds(config):
         ps.params = stage_params(config, kind, absorbed=num_new_tokens == 1)
-        ps.norm("rmsnorm_attn", count, h)
+        if pre_norms:
+            ps.norm("rmsnorm_attn", count, h)
         {"mla": lambda: _mla(ps, count), "linear": lambda: _gated_deltanet(ps, count),
          "gqa": lambda: _gqa(ps, kind, count)}[kind.attention]()
+        if post_norms:
+            ps.norm("post_attn_norm", count, h)
+        if config.residual_multiplier != 1.0:  # Granite: both blocks' outputs scaled before their adds
+            ps.add("residual_scale", count, 2 * N * h * ab, 2 * N * h * ab, 2 * N * h)
         ps.add("residual_attn", count, 2 * N * h * ab, N * h * ab, N * h)
-        ps.norm("rmsnorm_ffn", count, h)
+        if pre_norms:
+            ps.norm("rmsnorm_ffn", count, h)
         _ffn(ps, kind, count)
+        if post_norms:
+            ps.norm("post_ffn_norm", count, h)
         ps.add("residual_ffn", count, 2 * N * h * ab, N * h * ab, N * h)
-    ps.params = {"embedding": vocab * h, "final_norm": h, "lm_head": vocab * h}
+    if config.no_rope_layers and "rope" in ps.rows:  # SmolLM3: those layers rotate nothing
+        rope, skipped = ps.rows["rope"], len(config.no_rope_layers)
+        kept = (rope[0] - skipped) / rope[0]
+        ps.rows["rope"] = [rope[0] - skipped, rope[1], rope[2], rope[3] * kept, rope[4] * kept, rope[5] * kept]
+    ps.params = {"embedding": vocab * h, "final_norm": h, "lm_head": vocab * h, "embedding_scale": 0,
+                 "logit_scale": 0, "logit_softcap": 0}
     if starts_request:
         ps.params["tokenize"] = 0
         ps.add("tokenize", 1, 0, 0, 0)
     ps.add("embedding", 1, N * TOKEN_ID, N * h * ab, 0, N * h)  # one row read per token
+    if config.embedding_multiplier != 1.0:  # Gemma's sqrt(hidden), Granite's embedding_multiplier
+        ps.add("embedding_scale", 1, N * h * ab, N * h * ab, N * h)
     ps.norm("final_norm", 1, h)
     ps.add("lm_head", 1, B * h * ab, B * vocab * FP32, 2 * B * h * vocab)
+    if config.logits_scaling != 1.0:  # Granite: logits / logits_scaling
+        ps.add("logit_scale", 1, B * vocab * FP32, B * vocab * FP32, B * vocab)
+    if config.final_logit_softcapping:  # Gemma 2: cap * tanh(logits / cap)
+        ps.add("logit_softcap", 1, B * vocab * FP32, B * vocab * FP32, 3 * B * vocab)
     ps.params["sampling"] = 0
     ps.add("sampling", 1, B * vocab * FP32, B * TOKEN_ID, 5 * B * vocab)
     peak, bw = hardware.flops_for(precision.compute_dtype), hardware.memory_bandwidth

@@ -133,9 +133,9 @@ class WeightBreakdown:
 
 
 def weight_breakdown(config: ModelConfig, weight_bytes_per_param: float) -> WeightBreakdown:
-    from inferpath.config_kinds import has_layer_kinds
+    from inferpath.explain.layer_cost import priced_by_kind
 
-    if has_layer_kinds(config):  # layers differ (MLA, dense + MoE, linear attention)
+    if priced_by_kind(config):  # layers differ (MLA, dense + MoE, linear attention), or family stages
         from inferpath.explain.kind_params import kinds_weight_breakdown
 
         return kinds_weight_breakdown(config, weight_bytes_per_param)

@@ -72,7 +72,7 @@ def measure_module_call() -> float:
 
     from inferpath.kernels.modules import CPURMSNorm
 
-    norm = CPURMSNorm(576)
+    norm = CPURMSNorm(576, 1e-5).prepare()
     x = torch.randn(1, 576)  # (1, hidden)
     with torch.inference_mode():
         norm(x)

@@ -89,6 +89,8 @@ def summary_lines(cost: RequestCost) -> list[str]:
         lines.append(f"  mixture of experts: {fmt_params(w.total_params)} total, "
                      f"{fmt_params(w.active_params)} active per token "
                      f"({cfg.num_experts_per_tok} of {cfg.num_experts} experts)")
+        if cost.decode.first is not None:
+            lines.append("  " + experts_read_sentence(cost.decode.first, cfg, spec.batch))
     lines += [
         f"KV cache: {cost.kv_bytes_per_token:,} B per token; {fmt_bytes(cost.prompt_kv_bytes)} for the "
         f"prompt, {fmt_bytes(cost.final_kv_bytes)} at the end ({spec.final_kv_tokens} tokens"
@@ -124,6 +126,22 @@ def summary_lines(cost: RequestCost) -> list[str]:
         lines.append(f"NOTE: {fmt_bytes(w.total_bytes + cost.final_kv_bytes)} of weights and KV do not fit in "
                      f"{fmt_bytes(hw.memory_bytes)}; shard over more devices (--devices) or quantize (--dtype)")
     return lines
+
+
+def experts_read_sentence(p: PassCost, cfg, batch: int) -> str:
+    """What one decode step reads of the experts: the routed ones its tokens touch (top-k of
+    n a token, in each MoE layer) and the shared ones, which every token runs."""
+    routed = sum(p.stage(n).weight_bytes for n in ("gate_proj", "up_proj", "down_proj"))
+    every = sum(p.stage(n).count for n in ("gate_proj",))
+    names = {s.name for s in p.stages}
+    shared = sum(p.stage(n).weight_bytes for n in ("shared_gate_proj", "shared_up_proj", "shared_down_proj")
+                 if n in names)
+    tokens = "a token" if batch == 1 else f"a token, {batch} sequences (experts touched, expected under uniform routing)"
+    text = (f"a decode step reads the routed experts: top-{cfg.num_experts_per_tok} of {cfg.num_experts} {tokens} "
+            f"in each of {every} MoE layers, {fmt_bytes(routed, 4)} of expert weights")
+    if shared:
+        text += f", plus {fmt_bytes(shared, 4)} of shared experts (every token)"
+    return text
 
 
 def phase_sentence(p: PassCost, hw: HardwareSpec, dtype: str, phase: str) -> str:
