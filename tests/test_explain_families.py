@@ -156,3 +156,32 @@ def test_explain_names_the_routed_experts_of_a_qwen3_moe(tmp_path, capsys):
     assert "8 of 128 experts" in out
     assert "top-8 of 128 a token in each of 48 MoE layers, 3.624 GB of expert weights" in out
     assert "qk_norm" in out
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss", "gemma3_text", "olmo2", "granite"])
+def test_the_trace_prices_every_stage_of_the_family_in_one_row(family, tmp_path):
+    """A tiny model of the family served and traced: each cost-model stage of each step
+    falls in exactly one measured row (the routed and shared experts in the MoE's row), so
+    the rows' predictions add up to the step's."""
+    from gguf_convert import save_tiny
+
+    from inferpath import LLM, SamplingParams
+    from inferpath.engine.trace import trace
+    from inferpath.explain.trace import request_trace
+
+    hf = FAMILIES[family]()
+    hf.vocab_size = 128_256  # the Llama-3 tokenizer's
+    save_tiny(hf, tmp_path, "llama3")
+    llm = LLM(str(tmp_path), max_num_seqs=2)
+    with trace(llm.engine) as tracer:
+        (out,) = llm.generate("The capital of France is", SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    view = request_trace(tracer, out.request_id, llm.engine, H100)
+    for step in view["steps"]:
+        covered = [name for row in step["stages"] for name in row["covers"]]
+        expected = pass_cost(llm.engine.model_config, H100, Precision("fp32"), step["num_new_tokens"],
+                             step["context_len"], fused_attention=True)
+        assert sorted(covered) == sorted(s.name for s in expected.stages if s.name != "tokenize")
+        assert sum(r["predicted_s"] or 0 for r in step["stages"]) == pytest.approx(step["predicted_s"])
+    if family == "qwen3_moe":
+        moe = next(r for r in view["summary"] if "router" in r["covers"])
+        assert {"gate_proj", "up_proj", "down_proj"} <= set(moe["covers"])

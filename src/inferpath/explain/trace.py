@@ -64,12 +64,43 @@ def step_cost(config: ModelConfig, hardware: HardwareSpec, precision: Precision,
                     weight_bytes_per_param=first.weight_bytes_per_param)
 
 
-def row_prediction(row: str, predicted: PassCost, module_call_s: float = 0.0) -> dict:
+_MOE = ("router", "gate_proj", "up_proj", "silu_mul", "down_proj",
+        "shared_gate_proj", "shared_up_proj", "shared_silu_mul", "shared_down_proj")
+
+
+def family_covers(config: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """engine/trace_stages.py ``COVERS``, with each family's stages (explain/layer_cost.py)
+    put in the row whose clock holds their time: QK norms and the output gate inside
+    ``self_attn`` (qkv_proj), sinks in the attention kernel, the norm after attention in
+    ``post_attention_layernorm`` (rmsnorm_ffn), untimed norms and Granite's scales in the
+    layer (residual), an MoE under ``mlp`` (gate_up_silu) or ``block_sparse_moe``
+    (moe_ffn) with its shared experts, the dense layers of an MoE model as dense_*."""
+    covers = {row: tuple(stages) for row, stages in COVERS.items()}
+    covers["qkv_proj"] += ("qk_norm", "attn_gate")
+    covers["attention"] += ("attn_sinks",)
+    covers["embedding"] += ("embedding_scale",)
+    covers["lm_head"] += ("logit_scale", "logit_softcap")
+    covers["residual"] += ("residual_scale", "post_ffn_norm")
+    if config.sandwich_norms or config.post_norms:  # post_attention_layernorm norms attention's output
+        covers["rmsnorm_ffn"] = ("post_attn_norm",)
+        covers["residual"] += ("rmsnorm_ffn",) if config.sandwich_norms else ()  # Gemma's pre-FFN norm
+    if config.is_moe:
+        from inferpath.config import ROUTED_MOE_ARCHITECTURES
+
+        covers["moe_ffn"] = _MOE
+        under_mlp = config.architecture in (*ROUTED_MOE_ARCHITECTURES, "deepseek_v3", "qwen3_next")
+        covers["gate_up_silu"] = ("dense_gate_proj", "dense_up_proj", "dense_silu_mul") + (_MOE if under_mlp else ())
+        covers["down_proj"] = ("dense_down_proj",)
+    return covers
+
+
+def row_prediction(row: str, predicted: PassCost, module_call_s: float = 0.0,
+                   covers: dict[str, tuple[str, ...]] | None = None) -> dict:
     """Predicted seconds, bytes moved (read + written) and read, FLOPs, intensity (FLOPs per
     byte moved) and bound of one measured row. ``module_call_s``: what one module call costs
     beyond its kernel (a step on the module path: HardwareSpec.module_call_s), added once per
     instance of the row (per layer, or once) as ``calls_s``; ``kernel_s`` is the rest."""
-    stages = [s for s in predicted.stages if s.name in COVERS[row]]
+    stages = [s for s in predicted.stages if s.name in (covers or COVERS)[row]]
     if not stages:
         return {"predicted_s": None, "kernel_s": None, "calls_s": None, "bytes": None, "bytes_read": None,
                 "flops": None, "intensity": None, "bound": ""}
@@ -122,6 +153,7 @@ def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> di
     precision = precision_of(engine)
     kv_bytes_per_token = engine.kv_cache.bytes_per_token
     records = tracer.steps_of(request_id)
+    covers = family_covers(config)
     steps = []
     for record in records:
         mine = record.chunk_of(request_id)
@@ -135,8 +167,9 @@ def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> di
         for row in ROW_ORDER:
             if row not in record.stages:
                 continue
-            rows.append({"stage": row, "measured_s": record.stages[row], "covers": list(COVERS[row]),
-                         "note": tracer.fusions.get(row, ""), **row_prediction(row, predicted, call_s)})
+            rows.append({"stage": row, "measured_s": record.stages[row],
+                         "covers": [n for n in covers[row] if any(s.name == n for s in predicted.stages)],
+                         "note": tracer.fusions.get(row, ""), **row_prediction(row, predicted, call_s, covers)})
         token = None
         if mine.token_id is not None:
             token = {"id": mine.token_id, "text": tokenizer.decode([mine.token_id]),
