@@ -1,0 +1,139 @@
+"""Each matmul stage at the rate of its own kernel, in the format it runs (explain/kernel_cost.py).
+
+Against a second path of our own (the formats read from a GGUF index under its weight plan
+against those of the loaded model's modules), `gguf.quants.dequantize` (the probe's random
+blocks are valid blocks of their format), and figures computed by hand (a Q4_K_M stage of
+Q4_K and Q6_K layers at each format's size and rate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, quants
+
+from inferpath import LLM
+from inferpath.explain.cost import Precision, pass_cost
+from inferpath.explain.hardware import HARDWARE_PRESETS
+from inferpath.explain.kernel_cost import gemv_shapes
+from inferpath.explain.stage_formats import MatrixRun, bytes_per_value, formats_of_model, formats_of_plan
+from inferpath.models import resolve_model
+
+H100 = HARDWARE_PRESETS["h100-sxm"]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return LLM("smollm2-135m-instruct", max_num_seqs=2)
+
+
+def test_plan_and_model_agree_on_each_stage_format(smollm2):
+    engine = smollm2.engine
+    from_model = formats_of_model(engine.runner.model, engine.model_config)
+    from_plan = formats_of_plan(resolve_model("smollm2-135m-instruct"), engine.weight_plan, engine.model_config)
+    assert from_model == from_plan
+    runs = dict(from_model)
+    # SmolLM2's file: Q4_1 layers, its tied Q8_0 embedding as the head; Q, K and V one fused call
+    assert runs["lm_head"] == (MatrixRun("Q8_0", 49_152, 576, 49_152, 1),)
+    assert runs["k_proj"] == (MatrixRun("Q4_1", 192, 576, 576 + 2 * 192, 30),)
+    assert runs["gate_proj"] == (MatrixRun("Q4_1", 1536, 576, 2 * 1536, 30),)
+
+
+def test_a_stage_is_priced_at_its_formats_sizes_and_rates_by_hand():
+    """A 1.5B Q4_K_M v_proj: 14 layers Q4_K, 14 Q6_K, each read at its own GEMV rate."""
+    from inferpath.explain.presets import resolve_model_config
+
+    config = dataclasses.replace(resolve_model_config("llama-3-8b"), num_layers=28)
+    v = (MatrixRun("Q4_K", 1024, 4096, 6144, 14), MatrixRun("Q6_K", 1024, 4096, 6144, 14))
+    precision = Precision("fp32", 0.6, "Q4_K + Q6_K").with_formats((("v_proj", v),))
+    rates = {"Q4_K/float32/6144x4096": 10e9, "Q6_K/float32": 20e9}  # a shape's rate; a format's only
+    machine = dataclasses.replace(H100, name="machine", gemv_rates=rates, gemm_rates={"Q4_K/float32": 1e12})
+    stage = pass_cost(config, machine, precision, 1, 50).stage("v_proj")
+    q4k, q6k = 14 * 1024 * 4096 * 144 / 256, 14 * 1024 * 4096 * 210 / 256
+    assert stage.weight_bytes == pytest.approx(q4k + q6k)
+    activations = 4096 * 4 + 1024 * 4  # x read, y written, float32
+    assert stage.memory_time_s == pytest.approx(q4k / 10e9 + q6k / 20e9 + 28 * activations / H100.memory_bandwidth)
+    assert stage.bound == "memory" and stage.time_s == stage.memory_time_s  # one row: the GEMV's time
+    # on a preset (no kernel rates) only the bytes change
+    preset = pass_cost(config, H100, precision, 1, 50).stage("v_proj")
+    assert preset.weight_bytes == pytest.approx(q4k + q6k)
+    assert preset.memory_time_s == pytest.approx((q4k + q6k + 28 * activations) / H100.memory_bandwidth)
+    # an untouched stage keeps the mean bytes
+    assert pass_cost(config, machine, precision, 1, 50).stage("o_proj").weight_bytes == pytest.approx(
+        28 * 4096 * 4096 * 0.6)
+
+
+def test_experts_are_priced_at_the_share_the_pass_reads():
+    from inferpath.explain.presets import resolve_model_config
+
+    config = resolve_model_config("mixtral-8x7b")  # 8 experts, top-2
+    runs = (MatrixRun("Q4_K", 8 * config.intermediate_size, config.hidden_size, 8 * config.intermediate_size,
+                      config.num_layers),)
+    precision = Precision("fp32", 0.5625, "Q4_K").with_formats((("up_proj", runs),))
+    stage = pass_cost(config, H100, precision, 1, 20).stage("up_proj")
+    assert stage.weight_bytes == pytest.approx(config.num_layers * 2 * config.intermediate_size
+                                               * config.hidden_size * 144 / 256)
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"])
+def test_the_probes_random_blocks_are_valid_blocks(fmt):
+    from inferpath.explain.probe_kernels import random_blocks
+
+    weight = random_blocks(fmt, 8, 512)
+    values = quants.dequantize(weight.data.numpy(), GGMLQuantizationType[fmt])
+    assert values.shape == (8, 512) and np.isfinite(values).all() and np.abs(values).max() > 0
+    assert weight.nbytes == 8 * 512 * bytes_per_value(fmt)
+
+
+def test_shape_rates_are_measured_once_and_kept_beside_the_probe(monkeypatch, tmp_path, smollm2):
+    from inferpath.explain import probe, probe_kernels
+    from inferpath.explain.trace import precision_of
+
+    path = tmp_path / "probe.json"
+    _, _, key = probe.cached_entry(cache_path=path)
+    path.write_text(json.dumps({key: {"read_bandwidth": 1e10}}))
+    measured = []
+    monkeypatch.setattr(probe_kernels, "measure_gemv_key", lambda k: measured.append(k) or 5e9)
+    keys = gemv_shapes(precision_of(smollm2.engine))
+    assert "Q4_1/float32/3072x576" in keys and "Q8_0/float32/49152x576" in keys
+    machine = dataclasses.replace(H100, name="this-machine")
+    first = probe_kernels.with_gemv_shapes(machine, keys, cache_path=path)
+    assert sorted(measured) == keys and all(first.gemv_rates[k] == 5e9 for k in keys)
+    again = probe_kernels.with_gemv_shapes(machine, keys, cache_path=path)
+    assert len(measured) == len(keys) and again.gemv_rates == first.gemv_rates  # from the cache
+    assert probe_kernels.with_gemv_shapes(H100, keys, cache_path=path) is H100  # presets: nothing measured
+
+
+def test_a_small_gemv_measures_a_positive_rate(monkeypatch):
+    from inferpath.explain import probe_kernels
+
+    monkeypatch.setattr(probe_kernels, "GEMV_BYTES", 1 << 20)
+    monkeypatch.setattr(probe_kernels, "REPEATS", 1)
+    assert probe_kernels.measure_gemv("Q4_K", "float32", 256, 512) > 0
+    assert probe_kernels.measure_gemv("F32", "float32", 256, 512) > 0
+    assert probe_kernels.measure_module_call() > 0
+
+
+def test_the_trace_says_which_path_it_measured_and_prices_module_calls(smollm2):
+    from inferpath import SamplingParams
+    from inferpath.engine.trace import trace
+    from inferpath.explain.trace import request_trace
+
+    machine = dataclasses.replace(H100, module_call_s=1e-5)
+    with trace(smollm2.engine) as tracer:
+        (out,) = smollm2.generate("The capital of France is", SamplingParams(max_tokens=3, temperature=0,
+                                                                            ignore_eos=True))
+    view = request_trace(tracer, out.request_id, smollm2.engine, machine)
+    layers = smollm2.engine.model_config.num_layers
+    for step in view["steps"]:
+        native = step["path"] == "native"
+        for row in step["stages"]:
+            if row["predicted_s"] is not None:
+                calls = 0.0 if native else 1e-5 * (layers if row["stage"] not in ("embedding", "final_norm",
+                                                                                  "lm_head", "sampling") else 1)
+                assert row["calls_s"] == pytest.approx(calls)
+                assert row["predicted_s"] == pytest.approx(row["kernel_s"] + calls)
+    assert view["decode_path"] in ("native", "module", "native + module")
