@@ -101,7 +101,8 @@ def test_the_streamed_answer_is_the_apis_answer(server, page_after_answer):
 
 def test_the_stage_table_shows_the_trace_endpoints_numbers(page_after_answer):
     facts, trace, _ = page_after_answer
-    keys = {f"{phase}_{what}" for phase in ("prefill", "decode") for what in ("measured_s", "predicted_s", "intensity")}
+    keys = {f"{phase}_{what}" for phase in ("prefill", "decode")
+            for what in ("measured_s", "predicted_s", "ratio", "intensity")}
     keys |= {"bytes_read", "flops"}
     assert [row["stage"] for row in facts["table"]] == [row["stage"] for row in trace["summary"]]
     for shown, row in zip(facts["table"], trace["summary"]):
@@ -109,6 +110,9 @@ def test_the_stage_table_shows_the_trace_endpoints_numbers(page_after_answer):
         for key, value in shown["values"].items():
             assert (None if value is None else float(value)) == row[key], (row["stage"], key)
     assert facts["num_tokens"] == sum(1 for s in trace["steps"] if s["token"]) == MAX_TOKENS
+    for row in trace["summary"]:  # the ÷ column: measured over predicted
+        if row["decode_predicted_s"]:
+            assert row["decode_ratio"] == pytest.approx(row["decode_measured_s"] / row["decode_predicted_s"])
 
 
 def test_the_top5_popup_shows_five_probabilities(page_after_answer):

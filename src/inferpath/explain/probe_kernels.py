@@ -171,10 +171,12 @@ def _best(fn) -> float:
     return best
 
 
-def with_gemv_shapes(hardware, keys: list[str], refresh: bool = False, cache_path=None):
+def with_gemv_shapes(hardware, keys: list[str], refresh: bool = False, cache_path=None, measure: bool = True):
     """``hardware`` with the GEMV rates of the call shapes ``keys`` (kernel_cost.gemv_shapes)
     measured and cached beside this machine's probe (``"shape_gemv"``: a re-probe drops them);
-    a preset is returned as it is. ``refresh`` measures them again."""
+    a preset is returned as it is. ``refresh`` measures them again; ``measure=False`` takes
+    only those cached (a server, whose engine may be decoding: measuring beside it would
+    slow both and cache a rate of a shared machine)."""
     from dataclasses import replace
 
     from inferpath.explain.hardware import THIS_MACHINE
@@ -184,7 +186,7 @@ def with_gemv_shapes(hardware, keys: list[str], refresh: bool = False, cache_pat
         return hardware
     path, cached, key = cached_entry(cache_path=cache_path)
     known = {} if refresh else dict(cached.get(key, {}).get("shape_gemv", {}))
-    missing = [k for k in keys if k not in known]
+    missing = [k for k in keys if k not in known] if measure else []
     for k in missing:
         known[k] = measure_gemv_key(k)
     if missing:

@@ -132,15 +132,17 @@ def precision_of(engine) -> Precision:
     return Precision(base.weights, bytes_per_weight, weights.formats, formats)
 
 
-def machine_for(engine, refresh: bool = False) -> HardwareSpec:
+def machine_for(engine, refresh: bool = False, measure: bool = True) -> HardwareSpec:
     """``this-machine`` as the engine's trace is priced on it: the probe, with the GEMV rate of
     every call shape the engine's matmuls run (measured once per shape, then cached:
-    explain/probe_kernels.py). ``refresh`` measures both again."""
+    explain/probe_kernels.py; ``measure=False``: the cached ones only, the other shapes at
+    their format's rate). ``refresh`` measures both again."""
     from inferpath.explain.kernel_cost import gemv_shapes
     from inferpath.explain.probe import probe_this_machine
     from inferpath.explain.probe_kernels import with_gemv_shapes
 
-    return with_gemv_shapes(probe_this_machine(refresh=refresh), gemv_shapes(precision_of(engine)), refresh)
+    return with_gemv_shapes(probe_this_machine(refresh=refresh), gemv_shapes(precision_of(engine)), refresh,
+                            measure=measure)
 
 
 def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> dict:

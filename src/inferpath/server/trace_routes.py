@@ -68,9 +68,9 @@ def install_trace_routes(app: FastAPI, async_engine: Any, api_key: str | None = 
 
     async def hardware():
         if not hardware_holder:
-            from inferpath.explain.trace import machine_for  # the probe, with the model's GEMV shapes
+            from inferpath.explain.trace import machine_for  # the probe, with the GEMV shapes cached
 
-            hardware_holder.append(await asyncio.to_thread(machine_for, engine))
+            hardware_holder.append(await asyncio.to_thread(machine_for, engine, False, False))
         return hardware_holder[0]
 
     if tracer is not None:

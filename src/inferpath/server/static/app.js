@@ -169,6 +169,9 @@ function renderTable(trace) {
       (row.note ? "; " + row.note : "");
     for (const phase of ["prefill", "decode"]) {
       for (const key of [phase + "_measured_s", phase + "_predicted_s"]) cell(tr, fmtTime(row[key]), row[key], "", key);
+      const ratio = row[phase + "_ratio"];  // measured / predicted: 1.00 is a prediction that matched
+      const off = ratio === null || ratio === undefined ? "" : (Math.abs(ratio - 1) <= 0.3 ? "ratio-ok" : "ratio-off");
+      cell(tr, ratio === null || ratio === undefined ? "–" : ratio.toFixed(2) + "×", ratio, off, phase + "_ratio");
       cell(tr, fmtNum(row[phase + "_intensity"]), row[phase + "_intensity"], "", phase + "_intensity");
       cell(tr, row[phase + "_bound"], undefined, "bound-" + row[phase + "_bound"]);
     }
@@ -237,7 +240,8 @@ function renderShare(trace) {
   $("share-decode").style.width = (100 * (1 - p)) + "%";
   const decodes = trace.steps.filter((s) => s.phase === "decode").length;
   $("share-text").textContent = "prefill " + fmtTime(trace.prefill_s) + " (" + (100 * p).toFixed(1) +
-    "%), decode " + fmtTime(trace.decode_s) + " over " + decodes + " steps (" + (100 * (1 - p)).toFixed(1) + "%)";
+    "%), decode " + fmtTime(trace.decode_s) + " over " + decodes + " steps (" + (100 * (1 - p)).toFixed(1) + "%)" +
+    (trace.decode_path ? ", measured on the " + trace.decode_path + " path" : "");
 }
 
 function drawSteps(trace) {
