@@ -106,9 +106,16 @@ def _explain(args: argparse.Namespace) -> int:
     from inferpath.explain.report import explain_json, explain_text
     from inferpath.explain.request import RequestSpec, estimate_request
 
+    from inferpath.explain.kernel_cost import gemv_shapes
+    from inferpath.explain.probe_kernels import with_gemv_shapes
+
+    precision = _precision(args.dtype, args.model)
+    # this machine: the call shapes' GEMV rates a trace measured, where cached (nothing measured here)
+    hardware = with_gemv_shapes(get_hardware(args.hardware, refresh=args.reprobe), gemv_shapes(precision),
+                                measure=False)
     spec = RequestSpec(
-        config=resolve_model_config(args.model), hardware=get_hardware(args.hardware, refresh=args.reprobe),
-        precision=_precision(args.dtype, args.model), prompt_tokens=args.prompt_tokens,
+        config=resolve_model_config(args.model), hardware=hardware,
+        precision=precision, prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens, batch=args.batch, devices=args.devices,
         ends_with_stop=not args.no_stop_token, fused_attention=args.fused_attention,
     )

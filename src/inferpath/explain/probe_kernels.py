@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 
-GEMV_BYTES = 48 * 2**20
+GEMV_BYTES = 48 * 2**20  # at most: gemv_bytes()
 GEMM_ROWS = 64
 IN_FEATURES = 2048  # a multiple of every block (256 values for the K formats)
 REPEATS = 4
@@ -90,12 +90,13 @@ def measure_gemv(fmt: str, activations: str, rows: int, cols: int) -> float:
     than that is cut to GEMV_BYTES' worth of rows), each called once a round."""
     import torch
 
+    total = gemv_bytes()
     per_matrix = rows * cols * _bytes_per_value(fmt)
-    if per_matrix > GEMV_BYTES:
-        rows = max(1, int(GEMV_BYTES / (cols * _bytes_per_value(fmt))))
+    if per_matrix > total:
+        rows = max(1, int(total / (cols * _bytes_per_value(fmt))))
         copies = 1
     else:
-        copies = min(64, -(-GEMV_BYTES // int(per_matrix)))
+        copies = min(64, -(-total // int(per_matrix)))
     with torch.inference_mode():
         linears = [_linear(fmt, rows, cols) for _ in range(copies)]
         one = torch.randn(1, cols).to(getattr(torch, activations))  # (1, in)
@@ -105,6 +106,14 @@ def measure_gemv(fmt: str, activations: str, rows: int, cols: int) -> float:
                 linear(one)
 
         return sum(_weight_bytes(linear) for linear in linears) / _best(run)
+
+
+def gemv_bytes() -> int:
+    """GEMV_BYTES, or a quarter of the probe's bandwidth buffer where that is smaller (the
+    probe's sizes shrink together: a test's small probe times small GEMVs)."""
+    from inferpath.explain import probe
+
+    return min(GEMV_BYTES, probe.DEFAULT_BANDWIDTH_BYTES // 4)
 
 
 def measure_gemv_key(key: str) -> float:
