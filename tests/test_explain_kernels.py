@@ -97,6 +97,7 @@ def test_shape_rates_are_measured_once_and_kept_beside_the_probe(monkeypatch, tm
     path.write_text(json.dumps({key: {"read_bandwidth": 1e10}}))
     measured = []
     monkeypatch.setattr(probe_kernels, "measure_gemv_key", lambda k: measured.append(k) or 5e9)
+    monkeypatch.setattr(probe_kernels, "busy", lambda: False)
     keys = gemv_shapes(precision_of(smollm2.engine))
     assert "Q4_1/float32/3072x576" in keys and "Q8_0/float32/49152x576" in keys
     machine = dataclasses.replace(H100, name="this-machine")
@@ -105,6 +106,10 @@ def test_shape_rates_are_measured_once_and_kept_beside_the_probe(monkeypatch, tm
     again = probe_kernels.with_gemv_shapes(machine, keys, cache_path=path)
     assert len(measured) == len(keys) and again.gemv_rates == first.gemv_rates  # from the cache
     assert probe_kernels.with_gemv_shapes(H100, keys, cache_path=path) is H100  # presets: nothing measured
+    monkeypatch.setattr(probe_kernels, "busy", lambda: True)  # measured on a busy machine: used, not kept
+    busy = probe_kernels.with_gemv_shapes(machine, ["Q4_K/float32/256x512"], cache_path=path)
+    assert busy.gemv_rates["Q4_K/float32/256x512"] == 5e9
+    assert "Q4_K/float32/256x512" not in json.loads(path.read_text())[key]["shape_gemv"]
 
 
 def test_a_small_gemv_measures_a_positive_rate(monkeypatch):

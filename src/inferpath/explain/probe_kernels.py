@@ -108,6 +108,15 @@ def measure_gemv(fmt: str, activations: str, rows: int, cols: int) -> float:
         return sum(_weight_bytes(linear) for linear in linears) / _best(run)
 
 
+def busy() -> bool:
+    """More than probe_guard.BUSY_LOAD_PER_CPU runnable tasks a CPU now."""
+    import os
+
+    from inferpath.explain.probe_guard import BUSY_LOAD_PER_CPU, load_now
+
+    return load_now() / (os.cpu_count() or 1) > BUSY_LOAD_PER_CPU
+
+
 def gemv_bytes() -> int:
     """GEMV_BYTES, or a quarter of the probe's bandwidth buffer where that is smaller (the
     probe's sizes shrink together: a test's small probe times small GEMVs)."""
@@ -182,7 +191,8 @@ def _best(fn) -> float:
 
 def with_gemv_shapes(hardware, keys: list[str], refresh: bool = False, cache_path=None, measure: bool = True):
     """``hardware`` with the GEMV rates of the call shapes ``keys`` (kernel_cost.gemv_shapes)
-    measured and cached beside this machine's probe (``"shape_gemv"``: a re-probe drops them);
+    measured and cached beside this machine's probe (``"shape_gemv"``: a re-probe drops them;
+    none measured on a busy machine is kept);
     a preset is returned as it is. ``refresh`` measures them again; ``measure=False`` takes
     only those cached (a server, whose engine may be decoding: measuring beside it would
     slow both and cache a rate of a shared machine)."""
@@ -198,7 +208,7 @@ def with_gemv_shapes(hardware, keys: list[str], refresh: bool = False, cache_pat
     missing = [k for k in keys if k not in known] if measure else []
     for k in missing:
         known[k] = measure_gemv_key(k)
-    if missing:
+    if missing and not busy():  # a rate of a busy machine serves this run, and is not kept
         path, cached, key = cached_entry(cache_path=cache_path)  # another process may have written
         if key in cached:  # rates live beside the probe they belong to, never alone
             cached[key].setdefault("shape_gemv", {}).update({k: known[k] for k in missing})
