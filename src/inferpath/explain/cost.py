@@ -24,7 +24,11 @@ Conventions (documented so the numbers can be checked by hand):
 - MoE: the weights read are the experts the pass's tokens touch, expected under uniform
   routing: ``E * (1 - (1 - k/E) ** num_tokens)``; FLOPs count ``k`` experts per token.
 - Layers of several kinds (latent attention, linear attention, dense layers in an MoE
-  model, shared experts) are priced kind by kind in explain/layer_cost.py and summed.
+  model, shared experts) and the stages families add (QK norms, sinks, post norms,
+  multipliers: layer_cost.priced_by_kind) are priced kind by kind in explain/layer_cost.py.
+- A precision that knows each matmul stage's formats (``Precision.formats``) re-prices those
+  stages at their own formats' sizes and, where the hardware was probed, their kernels'
+  rates (explain/kernel_cost.py).
 
 Invariant: a PassCost's totals are the sums of its stages (tests check it).
 """

@@ -10,7 +10,11 @@ A step's prediction covers the whole batch the step ran, as the measurement does
 ``step_cost`` adds the cost of each chunk (one ``pass_cost`` per sequence) and counts the
 weights once, since every sequence of a step shares one read of them. A row's predicted
 figures are the sums of the cost-model stages it covers (engine/trace_stages.py
-``COVERS``); its bound is that of its longest stage.
+``COVERS``, with each family's stages placed by ``family_covers``); its bound is that of
+its longest stage. Matmuls are priced at their own kernels' rates in the formats the
+loaded model runs (explain/kernel_cost.py, ``precision_of``); a step that ran module by
+module (not the native decode call: ``StepRecord.native_decode``) adds the probe's cost of
+one module call per instance of each row (``calls_s``).
 """
 
 from __future__ import annotations
