@@ -108,7 +108,9 @@ def run_model(model: str, tokens: int, keep_shapes: bool, repeats: int) -> dict:
         ratio = statistics.median(ratios) if ratios else None
         targeted = share >= TARGET_SHARE and row["stage"] != "other"
         meets = None if not targeted else (ratio is not None and abs(ratio - 1) <= TARGET_ERROR)
+        predicted = [c["predicted_s"] for c in cells if c["predicted_s"] is not None]
         table.append({**row, "measured_s": statistics.median(c["measured_s"] for c in cells), "ratio": ratio,
+                      "predicted_s": statistics.median(predicted) if predicted else None,
                       "ratios": ratios, "share": share, "targeted": targeted, "meets": meets,
                       "left_out": LEFT_OUT.get(row["stage"], "") if meets is False else ""})
     steps = sum(s["phase"] == "decode" for s in result["steps"])
