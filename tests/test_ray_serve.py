@@ -250,3 +250,17 @@ def test_killed_replica_ends_its_streams_with_an_error_and_comes_back(cluster):
         model=MODEL, messages=[{"role": "user", "content": f"Hello {i}"}], max_tokens=2,
         temperature=0).headers["x-inferpath-replica"] for i in range(6)}
     assert "engine-0" in served
+
+
+def test_app_arguments_are_checked_before_anything_starts():
+    """No cluster needed: building the application validates its arguments."""
+    from inferpath.deploy.app import app_builder, build_app
+
+    assert isinstance(app_builder({"model": MODEL, "num_replicas": "2", "threads": "1"}),
+                      serve.Application)
+    with pytest.raises(ValueError, match=r"min_replicas \(3\) <= max_replicas \(2\)"):
+        build_app(MODEL, min_replicas=3, max_replicas=2)
+    with pytest.raises(ValueError, match="both --min-replicas and --max-replicas"):
+        build_app(MODEL, min_replicas=1)
+    with pytest.raises(ValueError, match="unknown argument.*replicas"):
+        app_builder({"model": MODEL, "replicas": "2"})
