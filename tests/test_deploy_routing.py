@@ -104,3 +104,12 @@ def test_merged_metrics_label_each_replica():
                for s in f.samples if s.name.endswith("_total")}
     assert samples == {"engine-0": 5.0, "engine-1": 7.0}
     assert merged.count("# TYPE inferpath:prefix_cache_hits_total counter") == 1
+
+
+def test_inferpath_and_its_cli_never_import_ray():
+    import subprocess
+    import sys
+
+    code = ("import sys, inferpath, inferpath.cli, inferpath.cli.serve, inferpath.deploy.routing; "
+            "assert 'ray' not in sys.modules, 'ray was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

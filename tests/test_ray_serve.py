@@ -124,6 +124,15 @@ def test_other_routes_and_streams_pass_through(cluster):
     assert streamed == text and text
     response = sync.responses.create(model=MODEL, input="Say hi", max_output_tokens=4, temperature=0)
     assert response.output_text
+    assert sync.responses.retrieve(response.id).output_text == response.output_text  # its replica's store
+    # the glass box across replicas: the trace says which replica served it and why
+    raw = sync.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hi"}], max_tokens=3, temperature=0,
+        extra_headers={"X-Inferpath-Trace": "1"})
+    trace = httpx.get(f"{cluster}/v1/trace/{raw.parse().id}", timeout=120).json()
+    assert trace["routing"]["replica"] == raw.headers["x-inferpath-replica"]
+    assert trace["routing"]["reason"] == raw.headers["x-inferpath-route"].split(";")[0]
+    assert trace["steps"], trace.keys()
     messages = httpx.post(cluster + "/v1/messages", timeout=300, json={
         "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "Say hi"}]})
     assert messages.status_code == 200 and messages.json()["type"] == "message"

@@ -9,7 +9,10 @@ the response streams back chunk by chunk. The ingress adds:
 - ``GET /health``: each replica's status and occupancy (503 when none is up);
 - ``GET /metrics``: every replica's metrics with a ``replica`` label, plus the router's
   own (requests routed by replica and reason, requests in flight, replicas up);
-- ``GET /v1/router``: the most recent routing decisions.
+- ``GET /v1/router``: the most recent routing decisions;
+- ``GET /v1/trace/{id}`` and ``GET``/``DELETE /v1/responses/{id}``: to the replica that
+  made response ``id`` (the ingress notes each response's id); a trace gains a
+  ``routing`` field: the replica, the reason, the prefix matched and its load.
 
 Faults. A replica that fails before the ingress forwarded any byte of its response (the
 request never started for the client) is marked down and the request is retried on
@@ -25,6 +28,7 @@ import asyncio
 import collections
 import json
 import logging
+import re
 import time
 from typing import Any, AsyncIterator
 
@@ -39,6 +43,7 @@ from inferpath.deploy.routing import POLICIES, RouteDecision, Router
 
 logger = logging.getLogger("inferpath.deploy")
 ingress_app = FastAPI(title="inferpath (replicas)")
+_FIRST_ID = re.compile(rb'"id"\s*:\s*"([^"]+)"')
 _REPLICA_GONE = (RayActorError, ActorUnavailableError)
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "host"}
 
@@ -84,6 +89,7 @@ class Ingress:
         self.probe_interval_s = probe_interval_s
         self.wait_timeout_s = wait_timeout_s
         self.decisions: collections.deque[dict[str, Any]] = collections.deque(maxlen=256)
+        self.owners: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._freed = asyncio.Condition()
         self._probe_task: asyncio.Task | None = None
 
@@ -174,9 +180,10 @@ class Ingress:
             return JSONResponse({"error": {"message": f"no replica could serve the request: {exc}",
                                            "type": "server_error", "param": None, "code": None}},
                                 status_code=503)
-        self.decisions.append({"time": time.time(), "path": request.url.path, "replica": decision.replica,
-                               "reason": decision.reason, "matched_chars": decision.matched_chars,
-                               "load": decision.load})
+        record = {"time": time.time(), "path": request.url.path, "replica": decision.replica,
+                  "reason": decision.reason, "matched_chars": decision.matched_chars,
+                  "load": decision.load}
+        self.decisions.append(record)
         headers = {k: v for k, v in head["headers"] if k.lower() not in _HOP_HEADERS}
         headers["x-inferpath-replica"] = decision.replica
         headers["x-inferpath-route"] = f"{decision.reason}; matched_chars={decision.matched_chars}; load={decision.load}"
@@ -191,9 +198,48 @@ class Ingress:
                                                "param": None, "code": None}}, status_code=502)
             finally:
                 await self._release(decision.replica)
+            self._remember(b"".join(chunks[:1]), record)
             return Response(b"".join(chunks), status_code=head["status"], headers=headers)
+        self._remember(b"".join(first), record)
         return StreamingResponse(self._relay(decision, first, stream, request.url.path),
                                  status_code=head["status"], headers=headers)
+
+    def _remember(self, first_bytes: bytes, record: dict[str, Any]) -> None:
+        """Note which replica made the response whose id opens ``first_bytes`` (the first
+        ``"id"`` of a body or of a stream's first event is the response's, in every API)."""
+        found = _FIRST_ID.search(first_bytes[:4096])
+        if found:
+            record["id"] = found.group(1).decode("utf-8", "replace")
+            self.owners[record["id"]] = record
+            while len(self.owners) > 4096:
+                self.owners.popitem(last=False)
+
+    async def _forward_owned(self, request: Request, response_id: str) -> Response:
+        """A request about one response (its trace, its stored Response): to the replica
+        that made it, or, unknown, to each replica until one does not answer 404."""
+        record = self.owners.get(response_id)
+        names = [record["replica"]] if record else [n for n in self.handles if n not in self.router.down]
+        status, headers, body = 404, [], b""
+        for name in names:
+            try:
+                parts = [part async for part in self.handles[name].options(stream=True).handle_http.remote(
+                    request.method, request.url.path, request.url.query,
+                    [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS], b"")]
+            except RayError as exc:
+                if isinstance(exc, _REPLICA_GONE):
+                    self._mark_down(name, exc)
+                continue
+            status, headers, body = parts[0]["status"], parts[0]["headers"], b"".join(parts[1:])
+            if status != 404:
+                break
+        out = {k: v for k, v in headers if k.lower() not in _HOP_HEADERS}
+        if record and request.url.path.startswith("/v1/trace/") and status == 200:
+            trace = json.loads(body)
+            trace["routing"] = {k: record[k] for k in ("replica", "reason", "matched_chars", "load")}
+            body = json.dumps(trace).encode()
+        if record:
+            out["x-inferpath-replica"] = record["replica"]
+        return Response(body, status_code=status, headers=out)
 
     async def _relay(self, decision: RouteDecision, first: list[bytes], stream: Any,
                      path: str) -> AsyncIterator[bytes]:
@@ -250,6 +296,18 @@ class Ingress:
     @ingress_app.get("/v1/router")
     async def recent_decisions(self) -> dict[str, Any]:
         return {"policy": self.router.policy, "decisions": list(self.decisions)}
+
+    @ingress_app.get("/v1/trace/{response_id}")
+    async def trace(self, response_id: str, request: Request) -> Response:
+        return await self._forward_owned(request, response_id)
+
+    @ingress_app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
+    async def stored_response(self, response_id: str, request: Request) -> Response:
+        return await self._forward_owned(request, response_id)
+
+    @ingress_app.get("/v1/responses/{response_id}/input_items")
+    async def stored_input_items(self, response_id: str, request: Request) -> Response:
+        return await self._forward_owned(request, response_id)
 
     @ingress_app.api_route("/{path:path}", methods=["GET", "POST", "DELETE"])
     async def forward(self, request: Request) -> Response:
