@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from inferpath.cli.engine_flags import add_engine_flags, engine_config_from_args
+from inferpath.deploy.cli import add_replica_flags, run_replicas, wants_replicas
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -38,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
                         help="enable CORS for these browser origins ('*' for any; default: off)")
     add_engine_flags(parser)
+    add_replica_flags(parser)
     parser.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug"))
     parser.set_defaults(func=run_serve)
@@ -57,8 +59,17 @@ def run_serve(args: argparse.Namespace) -> int:
     from inferpath.server.app import build_app
     from inferpath.server.launch import bind_socket, serve_forever
 
+    from inferpath.parallel.launch import launched_by_torchrun, launched_rank
+
     model = model_argument(args)
     config = engine_config_from_args(args)
+    if wants_replicas(args):
+        return run_replicas(args, model, config)
+    if launched_by_torchrun() and launched_rank()[0] != 0:  # torchrun across hosts: rank 0 serves
+        from inferpath.parallel.tp_model import run_launched_worker
+
+        run_launched_worker(config.threads)
+        return 0
     try:
         sock = bind_socket(args.host, args.port)  # before the minutes of loading
     except OSError as exc:

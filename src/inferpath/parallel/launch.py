@@ -3,6 +3,12 @@
 ``run_parallel(fn, world_size, *args)`` spawns ``world_size`` processes that each call
 ``fn(rank, world_size, *args)`` inside an initialised default process group, and returns
 rank 0's result. It binds the rendezvous to 127.0.0.1 on a free port.
+
+Across hosts the processes are started by torch.distributed's own launcher instead
+(``torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint HOST:PORT
+-m inferpath serve MODEL --tp 2``): ``launched_by_torchrun()`` sees its environment
+(``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and ``init_launched_group``
+joins the group it describes, so nothing here picks an address or starts a process.
 """
 
 from __future__ import annotations
@@ -28,6 +34,34 @@ def init_local_group(rank: int, world_size: int, port: int, backend: str = "gloo
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group(backend, rank=rank, world_size=world_size)
+
+
+_LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launched_by_torchrun() -> bool:
+    """True when this process is one rank of a group a launcher (torchrun) started."""
+    return all(name in os.environ for name in _LAUNCHER_ENV) and int(os.environ["WORLD_SIZE"]) > 1
+
+
+def launched_rank() -> tuple[int, int]:
+    """(rank, world size) from the launcher's environment."""
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+def init_launched_group(expected_world_size: int, backend: str = "gloo") -> int:
+    """Join the launcher's group (``env://``: MASTER_ADDR/PORT, RANK, WORLD_SIZE); return
+    this rank. The group must have ``expected_world_size`` ranks (``--tp``): a mismatch is an
+    error naming both, never a silently different sharding. gloo, as for local ranks: the
+    engine's tensors live on the CPU."""
+    rank, world_size = launched_rank()
+    if world_size != expected_world_size:
+        raise ValueError(f"the launcher started WORLD_SIZE={world_size} ranks but the tensor "
+                         f"parallel size is {expected_world_size}; give --tp {world_size} or "
+                         f"start {expected_world_size} ranks (--nnodes x --nproc-per-node)")
+    if not dist.is_initialized():
+        dist.init_process_group(backend, init_method="env://")
+    return rank
 
 
 def _worker(rank: int, world_size: int, port: int, backend: str, fn: Callable, args: tuple, results) -> None:

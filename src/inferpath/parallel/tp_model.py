@@ -1,6 +1,7 @@
 """A model sharded over N local processes that the engine drives like any other model.
 
-Rank 0 is the engine's own process; ranks 1..N-1 are spawned workers. Each rank loads the
+Rank 0 is the engine's own process; ranks 1..N-1 are spawned workers, or, under torchrun
+(across hosts), processes the launcher started that run ``run_launched_worker``. Each rank loads the
 checkpoint, keeps its shard (``apply_tensor_parallel``) and its own slice of the KV cache
 (``num_kv_heads / N`` heads, same block ids). Every ``forward`` / ``compute_logits`` call
 on rank 0 is first broadcast to the workers, which make the same call on their shard, so
@@ -23,7 +24,13 @@ import torch.distributed as dist
 from torch import nn
 
 from inferpath.cache.kv import KVCache
-from inferpath.parallel.launch import free_port, init_local_group
+from inferpath.parallel.launch import (
+    free_port,
+    init_launched_group,
+    init_local_group,
+    launched_by_torchrun,
+    launched_rank,
+)
 from inferpath.parallel.tp import apply_tensor_parallel, check_shardable, shard_config
 
 _FORWARD, _LOGITS, _STOP = "forward", "logits", "stop"
@@ -43,10 +50,27 @@ def _build_shard(checkpoint, plan, rank: int, world_size: int, cpu_kernels: bool
 
 def _worker_main(rank: int, world_size: int, port: int, path: str, plan, num_threads: int,
                  cpu_kernels: bool) -> None:
-    """Rank r > 0: load by rank 0's weight plan, then mirror rank 0's calls until it says
-    stop."""
+    """A spawned rank r > 0: join rank 0's local group, then serve as a worker."""
     torch.set_num_threads(num_threads)
     init_local_group(rank, world_size, port)
+    _mirror_rank0(rank, world_size, path, plan, cpu_kernels)
+
+
+def run_launched_worker(num_threads: int | None = None) -> None:
+    """A rank r > 0 that torchrun started: join the launcher's group, receive the model's
+    path and weight plan from rank 0, then mirror rank 0's calls until it says stop."""
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    rank, world_size = launched_rank()
+    init_launched_group(world_size)
+    message = [None]
+    dist.broadcast_object_list(message, src=0)
+    path, plan, cpu_kernels = message[0]
+    _mirror_rank0(rank, world_size, path, plan, cpu_kernels)
+
+
+def _mirror_rank0(rank: int, world_size: int, path: str, plan, cpu_kernels: bool) -> None:
+    """Load this rank's shard by rank 0's weight plan, then make each call rank 0 makes."""
     from inferpath.engine.load import load_by_plan
 
     dtype = plan.kv_dtype
@@ -85,18 +109,28 @@ class TensorParallelModel(nn.Module):
         world_size = plan.tensor_parallel_size
         check_shardable(config, world_size)
         self.world_size = world_size
-        port = free_port()
-        ctx = multiprocessing.get_context("spawn")
-        threads = max(1, torch.get_num_threads() // world_size)
-        self._workers = [
-            ctx.Process(target=_worker_main, daemon=True,
-                        args=(rank, world_size, port, str(checkpoint.path), plan, threads, cpu_kernels))
-            for rank in range(1, world_size)
-        ]
-        for worker in self._workers:
-            worker.start()
-        torch.set_num_threads(threads)
-        init_local_group(0, world_size, port)
+        self._workers = []
+        if launched_by_torchrun():
+            # the ranks were started by the launcher, on this host or others: join its group
+            # and tell the workers (run_launched_worker) what to load
+            if launched_rank()[0] != 0:
+                raise RuntimeError("only rank 0 builds the engine; other ranks run "
+                                   "run_launched_worker()")
+            init_launched_group(world_size)
+            dist.broadcast_object_list([(str(checkpoint.path), plan, cpu_kernels)], src=0)
+        else:
+            port = free_port()
+            ctx = multiprocessing.get_context("spawn")
+            threads = max(1, torch.get_num_threads() // world_size)
+            self._workers = [
+                ctx.Process(target=_worker_main, daemon=True,
+                            args=(rank, world_size, port, str(checkpoint.path), plan, threads, cpu_kernels))
+                for rank in range(1, world_size)
+            ]
+            for worker in self._workers:
+                worker.start()
+            torch.set_num_threads(threads)
+            init_local_group(0, world_size, port)
         self.shard = _build_shard(checkpoint, plan, 0, world_size, cpu_kernels)
         self.config = config
         self._closed = False

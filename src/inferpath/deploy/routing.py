@@ -1,0 +1,188 @@
+"""Which replica serves a request: prefix affinity balanced against load, or round-robin.
+
+Imports neither Ray nor torch, so the policy is tested on its own.
+
+The router keeps, per replica, an approximate set of the prompt prefixes it has sent there
+(as SGLang's cache-aware router does, over text rather than token ids, so the ingress needs
+no tokenizer): a prompt's text is cut into chunks of ``chunk_chars`` characters and each
+chunk gets a hash chained over its parent's, the way the engine's prefix cache hashes
+blocks of token ids. A replica "holds" a prefix of ``k`` chunks when the k-th chained hash
+is in its set. The set is an LRU bounded by ``max_chunks_per_replica``, standing in for
+the replica's own eviction (oldest freed blocks first).
+
+Replicas ``spill_after..`` (when set) are spares that autoscale from zero: they take
+requests only when the others are ``spill_at`` deep (see ``candidates``).
+
+Choice, for a request with text chunks h_1..h_n:
+
+    candidates   healthy replicas with fewer than ``max_inflight`` requests in flight
+    match(r)     the longest k with h_k in replica r's set
+    load(r)      requests in flight at r (the ingress sees every one of them)
+    prefix       the replica with the longest match, when that match covers at least
+                 ``min_match_chars`` and its load is within ``balance_slack`` of the least
+                 loaded candidate's (a hot prefix must not pile every request on one
+                 replica); ties to the less loaded
+    load         otherwise, the least loaded candidate; ties by round-robin order
+
+``RouteDecision`` says which replica and why, for the trace and the response headers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+POLICIES = ("prefix", "round_robin")
+
+
+def chunk_hashes(text: str, chunk_chars: int) -> list[bytes]:
+    """Chained hashes of the full ``chunk_chars``-character chunks of ``text``, in order.
+
+    hash_k depends on chunks 1..k, so equal hashes mean equal prefixes (up to collisions,
+    which only cost a worse routing choice, never a wrong answer: the engine compares
+    token ids before it reuses a block)."""
+    hashes, parent = [], b""
+    for start in range(0, len(text) - chunk_chars + 1, chunk_chars):
+        parent = hashlib.blake2b(parent + text[start:start + chunk_chars].encode("utf-8", "surrogatepass"),
+                                 digest_size=12).digest()
+        hashes.append(parent)
+    return hashes
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    """The replica chosen for one request and why (``reason``: prefix, load or round_robin)."""
+
+    replica: str
+    reason: str
+    matched_chars: int  # of the prompt's text, found in the replica's prefix set
+    load: int  # requests in flight at the replica when it was chosen
+
+    def describe(self) -> str:
+        return f"{self.replica} ({self.reason}, {self.matched_chars} chars matched, load {self.load})"
+
+
+class PrefixIndex:
+    """One replica's approximate set of prefix chunk hashes, least recently used evicted."""
+
+    def __init__(self, max_chunks: int) -> None:
+        if max_chunks < 1:
+            raise ValueError(f"max_chunks must be >= 1, got {max_chunks}")
+        self.max_chunks = max_chunks
+        self._hashes: OrderedDict[bytes, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+    def match(self, hashes: Sequence[bytes]) -> int:
+        """How many leading hashes of ``hashes`` this replica holds (a binary search would
+        do since the chain is prefix-closed; a linear scan keeps it obvious)."""
+        count = 0
+        for digest in hashes:
+            if digest not in self._hashes:
+                break
+            count += 1
+        return count
+
+    def insert(self, hashes: Iterable[bytes]) -> None:
+        for digest in hashes:
+            self._hashes[digest] = None
+            self._hashes.move_to_end(digest)
+        while len(self._hashes) > self.max_chunks:
+            self._hashes.popitem(last=False)
+
+    def clear(self) -> None:
+        self._hashes.clear()
+
+
+class Router:
+    """Chooses replicas and counts requests in flight per replica (see the module docstring).
+
+    Invariant: ``inflight[r]`` is the number of requests ``choose`` gave to ``r`` minus those
+    ``release``d; a replica marked down is never chosen until marked up again, and its prefix
+    set is dropped (a restarted replica's cache is empty).
+    """
+
+    def __init__(self, replicas: Sequence[str], policy: str = "prefix", chunk_chars: int = 64,
+                 max_chunks_per_replica: int = 4096, min_match_chars: int = 64,
+                 balance_slack: int = 4, max_inflight: int = 32, spill_after: int | None = None,
+                 spill_at: int = 8) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"routing policy {policy!r} is not one of {', '.join(POLICIES)}")
+        if not replicas:
+            raise ValueError("a router needs at least one replica")
+        self.policy = policy
+        self.replicas = list(replicas)
+        self.chunk_chars = chunk_chars
+        self.min_match_chars = min_match_chars
+        self.balance_slack = balance_slack
+        self.max_inflight = max_inflight
+        self.spill_after = spill_after
+        self.spill_at = spill_at
+        self.inflight = {name: 0 for name in self.replicas}
+        self.down: set[str] = set()
+        self._indexes = {name: PrefixIndex(max_chunks_per_replica) for name in self.replicas}
+        self._order = itertools.cycle(range(len(self.replicas)))
+        self.num_routed = {(name, reason): 0 for name in self.replicas
+                           for reason in ("prefix", "load", "round_robin")}
+
+    def candidates(self, exclude: Iterable[str] = ()) -> list[str]:
+        """Healthy replicas with room. With ``spill_after`` k, replicas k.. are spares
+        (autoscaled from zero): an idle spare is a candidate only once every other candidate
+        has ``spill_at`` requests in flight (the queue is deep)."""
+        excluded = set(exclude) | self.down
+        free = [r for r in self.replicas if r not in excluded and self.inflight[r] < self.max_inflight]
+        if self.spill_after is None:
+            return free
+        spares = set(self.replicas[self.spill_after:])
+        busy = [r for r in free if r not in spares or self.inflight[r] > 0]
+        if all(self.inflight[r] >= self.spill_at for r in busy):
+            return free
+        return busy
+
+    def choose(self, text: str, exclude: Iterable[str] = ()) -> RouteDecision | None:
+        """The replica for a request whose prompt reads ``text``, or None when every healthy
+        replica is full (the caller waits and asks again). Counts it in flight."""
+        candidates = self.candidates(exclude)
+        if not candidates:
+            return None
+        hashes = chunk_hashes(text, self.chunk_chars)
+        start = next(self._order)
+        rotated = self.replicas[start:] + self.replicas[:start]
+        order = [r for r in rotated if r in candidates]  # round-robin order among candidates
+        if self.policy == "round_robin":
+            decision = self._decide(order[0], "round_robin", hashes)
+        else:
+            least = min(self.inflight[r] for r in order)
+            matches = {r: self._indexes[r].match(hashes) for r in order}
+            best = max(order, key=lambda r: (matches[r], -self.inflight[r]))
+            affine = (matches[best] * self.chunk_chars >= self.min_match_chars
+                      and self.inflight[best] <= least + self.balance_slack)
+            if affine:
+                decision = self._decide(best, "prefix", hashes, matches[best])
+            else:
+                decision = self._decide(min(order, key=lambda r: self.inflight[r]), "load", hashes,
+                                        matches[min(order, key=lambda r: self.inflight[r])])
+        self._indexes[decision.replica].insert(hashes)
+        return decision
+
+    def _decide(self, replica: str, reason: str, hashes: list[bytes], matched: int | None = None) -> RouteDecision:
+        if matched is None:
+            matched = self._indexes[replica].match(hashes)
+        decision = RouteDecision(replica, reason, matched * self.chunk_chars, self.inflight[replica])
+        self.inflight[replica] += 1
+        self.num_routed[(replica, reason)] += 1
+        return decision
+
+    def release(self, replica: str) -> None:
+        self.inflight[replica] = max(0, self.inflight[replica] - 1)
+
+    def mark_down(self, replica: str) -> None:
+        self.down.add(replica)
+        self._indexes[replica].clear()
+
+    def mark_up(self, replica: str) -> None:
+        self.down.discard(replica)

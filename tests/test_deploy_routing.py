@@ -1,0 +1,115 @@
+"""The replica router, prompt-text extraction and metrics merge of inferpath.deploy, alone
+(no Ray): prefix affinity, the load bound on it, round-robin, spares, replicas down."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from inferpath.deploy.metrics_merge import merge_metrics
+from inferpath.deploy.prompt_text import routing_text
+from inferpath.deploy.routing import Router, chunk_hashes
+
+SYSTEM_A = "You are a careful assistant for gardeners. " * 8
+SYSTEM_B = "You answer questions about railway timetables. " * 8
+
+
+def test_chunk_hashes_are_chained_prefixes():
+    a = chunk_hashes(SYSTEM_A + "question one", 64)
+    b = chunk_hashes(SYSTEM_A + "another question", 64)
+    assert len(a) == len(SYSTEM_A + "question one") // 64
+    shared = len(SYSTEM_A) // 64
+    assert a[:shared] == b[:shared]
+    # a chunk equal in text but after a different prefix hashes differently
+    assert chunk_hashes("x" * 64 + "y" * 64, 64)[1] != chunk_hashes("z" * 64 + "y" * 64, 64)[1]
+
+
+def test_same_prefix_goes_to_the_same_replica():
+    router = Router(["r0", "r1"], policy="prefix")
+    first_a = router.choose(SYSTEM_A + "q1")
+    first_b = router.choose(SYSTEM_B + "q1")
+    assert first_a.reason == first_b.reason == "load" and first_a.replica != first_b.replica
+    for i in range(6):
+        again = router.choose(SYSTEM_A + f"q{i + 2}")
+        assert (again.replica, again.reason) == (first_a.replica, "prefix")
+        assert again.matched_chars == len(SYSTEM_A) // 64 * 64
+        router.release(again.replica)
+
+
+def test_a_hot_prefix_spills_to_the_less_loaded_replica():
+    router = Router(["r0", "r1"], policy="prefix", balance_slack=2)
+    home = router.choose(SYSTEM_A + "q0").replica
+    reasons = [router.choose(SYSTEM_A + f"q{i}") for i in range(1, 6)]  # never released
+    assert [d.reason for d in reasons[:2]] == ["prefix", "prefix"]
+    spilled = [d for d in reasons if d.replica != home]
+    assert spilled and spilled[0].reason == "load"  # then it holds the prefix too
+    assert max(router.inflight.values()) - min(router.inflight.values()) <= 3
+
+
+def test_round_robin_alternates_and_ignores_prefixes():
+    router = Router(["r0", "r1", "r2"], policy="round_robin")
+    chosen = [router.choose(SYSTEM_A).replica for _ in range(6)]
+    assert chosen == ["r0", "r1", "r2", "r0", "r1", "r2"]
+
+
+def test_full_and_down_replicas_are_skipped():
+    router = Router(["r0", "r1"], max_inflight=1)
+    router.mark_down("r1")
+    assert router.choose(SYSTEM_A).replica == "r0"
+    assert router.choose(SYSTEM_A) is None  # r0 full, r1 down: the caller waits
+    router.mark_up("r1")
+    decision = router.choose(SYSTEM_A)
+    assert decision.replica == "r1" and decision.matched_chars == 0  # its set was dropped
+
+
+def test_spare_replicas_start_only_when_the_queue_is_deep():
+    router = Router(["r0", "r1", "r2"], spill_after=1, spill_at=2, policy="round_robin")
+    assert [router.choose("a").replica for _ in range(2)] == ["r0", "r0"]
+    third = router.choose("a").replica
+    assert third in ("r1", "r2")  # r0 is 2 deep: a spare takes it
+
+
+def test_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="round_robin"):
+        Router(["r0"], policy="random")
+
+
+def test_routing_text_reads_each_api_in_template_order():
+    chat = json.dumps({"messages": [{"role": "system", "content": "S"},
+                                    {"role": "user", "content": [{"type": "text", "text": "U"}]}]})
+    assert routing_text("/v1/chat/completions", chat.encode()) == "system:S\x1euser:U"
+    assert routing_text("/v1/completions", json.dumps({"prompt": ["P", "Q"]}).encode()) == "P"
+    messages = json.dumps({"system": "S", "messages": [{"role": "user", "content": "U"}]})
+    assert routing_text("/v1/messages", messages.encode()) == "S\x1euser:U"
+    responses = json.dumps({"instructions": "I", "input": "U"})
+    assert routing_text("/v1/responses", responses.encode()) == "I\x1eU"
+    assert routing_text("/v1/chat/completions", b"{not json") == ""
+
+
+def _page(value: float) -> str:
+    """A replica's page as prometheus_client writes it (server/metrics.py)."""
+    registry = CollectorRegistry()
+    counter = Counter("inferpath:prefix_cache_hits", "Prompt tokens found.", ["model_name"],
+                      registry=registry)
+    counter.labels("m").inc(value)
+    return generate_latest(registry).decode()
+
+
+def test_merged_metrics_label_each_replica():
+    merged = merge_metrics({"engine-0": _page(5), "engine-1": _page(7)})
+    samples = {s.labels["replica"]: s.value for f in text_string_to_metric_families(merged)
+               for s in f.samples if s.name.endswith("_total")}
+    assert samples == {"engine-0": 5.0, "engine-1": 7.0}
+    assert merged.count("# TYPE inferpath:prefix_cache_hits_total counter") == 1
+
+
+def test_inferpath_and_its_cli_never_import_ray():
+    import subprocess
+    import sys
+
+    code = ("import sys, inferpath, inferpath.cli, inferpath.cli.serve, inferpath.deploy.routing; "
+            "assert 'ray' not in sys.modules, 'ray was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
