@@ -55,6 +55,16 @@ def test_round_robin_alternates_and_ignores_prefixes():
     assert chosen == ["r0", "r1", "r2", "r0", "r1", "r2"]
 
 
+def test_a_continued_response_goes_to_its_owner_while_it_is_healthy():
+    router = Router(["r0", "r1"], max_inflight=1)
+    decision = router.choose_owner("r1", SYSTEM_A)
+    assert (decision.replica, decision.reason) == ("r1", "owner")
+    assert router.choose_owner("r1", SYSTEM_A) is None  # full: the caller routes as usual
+    router.release("r1")
+    router.mark_down("r1")
+    assert router.choose_owner("r1", SYSTEM_A) is None  # down: its store is gone with it
+
+
 def test_full_and_down_replicas_are_skipped():
     router = Router(["r0", "r1"], max_inflight=1)
     router.mark_down("r1")

@@ -125,6 +125,12 @@ def test_other_routes_and_streams_pass_through(cluster):
     response = sync.responses.create(model=MODEL, input="Say hi", max_output_tokens=4, temperature=0)
     assert response.output_text
     assert sync.responses.retrieve(response.id).output_text == response.output_text  # its replica's store
+    for _ in range(3):  # a continuation goes to the replica whose store holds its previous response
+        raw = sync.responses.with_raw_response.create(model=MODEL, input="And again",
+                                                      previous_response_id=response.id,
+                                                      max_output_tokens=4, temperature=0)
+        assert raw.headers["x-inferpath-route"].startswith("owner"), raw.headers["x-inferpath-route"]
+        assert raw.parse().output_text
     # the glass box across replicas: the trace says which replica served it and why
     raw = sync.chat.completions.with_raw_response.create(
         model=MODEL, messages=[{"role": "user", "content": "Say hi"}], max_tokens=3, temperature=0,

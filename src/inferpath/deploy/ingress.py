@@ -94,12 +94,17 @@ class Ingress:
         self._probe_task: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ routing
-    async def _acquire(self, text: str, exclude: set[str]) -> RouteDecision:
-        """A replica for ``text``, waiting while every healthy one is full."""
+    async def _acquire(self, text: str, exclude: set[str], owner: str | None = None) -> RouteDecision:
+        """A replica for ``text``, waiting while every healthy one is full; ``owner`` (the
+        replica that made the response this request continues) first while it is healthy."""
         self._ensure_probe()
         deadline = time.monotonic() + self.wait_timeout_s
         async with self._freed:
             while True:
+                if owner is not None and owner not in exclude and owner not in self.router.down:
+                    decision = self.router.choose_owner(owner, text)
+                    if decision is not None:
+                        return decision
                 # a replica tried already is taken again only when no other is free
                 decision = self.router.choose(text, exclude) or self.router.choose(text)
                 if decision is not None:
@@ -144,11 +149,12 @@ class Ingress:
         """Send the request to a replica; return its decision, head, the rest of its stream
         and the first body chunks read (the stream has started once they are forwarded)."""
         text = routing_text(request.url.path, body) if request.method == "POST" else ""
+        owner = self._owner_of_previous(request.url.path, body)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS]
         tried: set[str] = set()
         last_error: BaseException | None = None
         for _ in range(self.max_attempts):
-            decision = await self._acquire(text, tried)
+            decision = await self._acquire(text, tried, owner)
             tried.add(decision.replica)
             stream = self.handles[decision.replica].options(stream=True).handle_http.remote(
                 request.method, request.url.path, request.url.query, headers, body)
@@ -203,6 +209,19 @@ class Ingress:
         self._remember(b"".join(first), record)
         return StreamingResponse(self._relay(decision, first, stream, request.url.path),
                                  status_code=head["status"], headers=headers)
+
+    def _owner_of_previous(self, path: str, body: bytes) -> str | None:
+        """The replica holding the stored response a Responses request continues
+        (``previous_response_id``), if this ingress routed it; else None (routed by text:
+        a replica that does not hold the id answers a clear 404)."""
+        if path != "/v1/responses" or b"previous_response_id" not in body:
+            return None
+        try:
+            previous = json.loads(body).get("previous_response_id")
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            return None
+        record = self.owners.get(previous) if isinstance(previous, str) else None
+        return record["replica"] if record else None
 
     def _remember(self, first_bytes: bytes, record: dict[str, Any]) -> None:
         """Note which replica made the response whose id opens ``first_bytes`` (the first

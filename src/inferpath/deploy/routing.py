@@ -127,7 +127,7 @@ class Router:
         self._indexes = {name: PrefixIndex(max_chunks_per_replica) for name in self.replicas}
         self._order = itertools.cycle(range(len(self.replicas)))
         self.num_routed = {(name, reason): 0 for name in self.replicas
-                           for reason in ("prefix", "load", "round_robin")}
+                           for reason in ("prefix", "load", "round_robin", "owner")}
 
     def candidates(self, exclude: Iterable[str] = ()) -> list[str]:
         """Healthy replicas with room. With ``spill_after`` k, replicas k.. are spares
@@ -167,6 +167,17 @@ class Router:
                 decision = self._decide(min(order, key=lambda r: self.inflight[r]), "load", hashes,
                                         matches[min(order, key=lambda r: self.inflight[r])])
         self._indexes[decision.replica].insert(hashes)
+        return decision
+
+    def choose_owner(self, replica: str, text: str) -> RouteDecision | None:
+        """``replica`` itself, for a request that continues a response it made (a Responses
+        ``previous_response_id``: the stored conversation lives in that replica's store), or
+        None when it is down or full (the caller then routes as usual or waits)."""
+        if replica not in self.candidates():
+            return None
+        hashes = chunk_hashes(text, self.chunk_chars)
+        decision = self._decide(replica, "owner", hashes)
+        self._indexes[replica].insert(hashes)
         return decision
 
     def _decide(self, replica: str, reason: str, hashes: list[bytes], matched: int | None = None) -> RouteDecision:
