@@ -1,0 +1,176 @@
+"""Reasoning separated from the answer: which parser a model gets, and the ``<think>`` one.
+
+A reasoning model writes its thinking before the answer, in a syntax its family was
+trained on. The server splits the answer text into pieces, ``("reasoning", text)`` and
+``("content", text)`` (and, for harmony, ``("call", ToolCall)``), so the thinking goes to
+``message.reasoning_content`` / ``message.reasoning`` and never into ``content``.
+
+The parsers, by vLLM's names (``inferpath serve --reasoning-parser NAME``):
+
+- ``qwen3``: ``<think>…</think>`` at the start of the answer (Qwen3, QwQ, SmolLM3). With no
+  ``<think>`` the whole answer is content, unless the prompt itself ended inside an open
+  think block (templates that write ``<think>`` into the generation prompt): then the
+  answer starts as reasoning and ``</think>`` ends it.
+- ``deepseek_r1``: the same tags, but the answer always starts inside the reasoning
+  (DeepSeek-R1's template opens it in the prompt): text before ``</think>`` is reasoning.
+- ``gpt_oss``: the harmony format's channels (reasoning_harmony.py).
+- ``none``: no separation.
+
+Chosen from the model (``choose_reasoning_parser``) unless the flag names one. Every parser
+is incremental: ``add(text)`` returns the pieces that are certain, holding back a tail that
+could still be the start of a tag, so a tag split across tokens never leaks into content;
+``finish()`` returns the rest. Invariant (tested with hypothesis): any split of a text
+into ``add`` calls gives the same concatenated reasoning, content and calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+#: The parser names ``--reasoning-parser`` accepts.
+REASONING_PARSERS = ("qwen3", "deepseek_r1", "gpt_oss", "none")
+THINK_START, THINK_END = "<think>", "</think>"
+
+Piece = tuple[str, Any]  # ("reasoning" | "content", str) or ("call", ToolCall)
+
+
+class ReasoningParser(Protocol):
+    def add(self, text: str) -> list[Piece]: ...
+
+    def finish(self) -> list[Piece]: ...
+
+
+def choose_reasoning_parser(architecture: str, chat_template: str | None,
+                            override: str | None = None) -> str:
+    """The parser for a model: ``override`` if given (one of REASONING_PARSERS), else
+    ``gpt_oss`` for gpt-oss or a template that writes harmony channels, ``deepseek_r1``
+    for DeepSeek families whose template thinks, ``qwen3`` for any other template that
+    writes ``<think>``, else ``none``."""
+    if override is not None:
+        if override not in REASONING_PARSERS:
+            raise ValueError(f"reasoning parser {override!r} is not one of "
+                             f"{', '.join(REASONING_PARSERS)}")
+        return override
+    template = chat_template or ""
+    if architecture == "gpt_oss" or "<|channel|>" in template:
+        return "gpt_oss"
+    if THINK_START not in template and THINK_END not in template:
+        return "none"
+    if architecture.startswith("deepseek"):
+        return "deepseek_r1"
+    return "qwen3"
+
+
+def prompt_opens_think(prompt_tail: str) -> bool:
+    """True when a rendered prompt ends inside an open ``<think>`` block (the answer
+    starts as reasoning); ``prompt_tail`` is the end of the prompt's text."""
+    start = prompt_tail.rfind(THINK_START)
+    return start >= 0 and THINK_END not in prompt_tail[start:] \
+        and not prompt_tail[start + len(THINK_START):].strip()
+
+
+def new_reasoning_parser(name: str, starts_inside: bool = False) -> ReasoningParser | None:
+    """A fresh parser for one answer (None for ``none``)."""
+    if name == "none":
+        return None
+    if name == "gpt_oss":
+        from inferpath.server.reasoning_harmony import HarmonyParser
+        return HarmonyParser()
+    return ThinkParser(starts_inside=starts_inside or name == "deepseek_r1")
+
+
+def split_reasoning(parser: ReasoningParser | None, text: str) -> tuple[str | None, str, list[Any]]:
+    """(reasoning or None if there was none, content, harmony calls) of a whole answer."""
+    if parser is None:
+        return None, text, []
+    return join_pieces(parser.add(text) + parser.finish())
+
+
+def join_pieces(pieces: list[Piece]) -> tuple[str | None, str, list[Any]]:
+    reasoning = [p for kind, p in pieces if kind == "reasoning"]
+    content = "".join(p for kind, p in pieces if kind == "content")
+    calls = [p for kind, p in pieces if kind == "call"]
+    return ("".join(reasoning) if reasoning else None), content, calls
+
+
+def possible_prefix_len(text: str, tags: tuple[str, ...]) -> int:
+    """How many trailing characters of ``text`` could be the start of one of ``tags``."""
+    longest = max(len(tag) for tag in tags) - 1
+    for n in range(min(longest, len(text)), 0, -1):
+        tail = text[-n:]
+        if any(tag.startswith(tail) for tag in tags):
+            return n
+    return 0
+
+
+class ThinkParser:
+    """``<think>reasoning</think>content`` (see the module docstring).
+
+    The reasoning is stripped of the whitespace around it, the content of the whitespace
+    that follows ``</think>``: held back until something else follows, dropped at the end.
+    """
+
+    def __init__(self, starts_inside: bool = False) -> None:
+        self.state = "start"  # start -> reasoning -> content
+        self.starts_inside = starts_inside
+        self.held = ""  # text not yet certain
+        self.num_reasoning = 0  # reasoning characters sent (leading whitespace is dropped)
+        self.saw_think = False
+
+    def add(self, text: str) -> list[Piece]:
+        self.held += text
+        return self._advance(final=False)
+
+    def finish(self) -> list[Piece]:
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> list[Piece]:
+        pieces: list[Piece] = []
+        if self.state == "start":
+            stripped = self.held.lstrip()
+            if stripped.startswith(THINK_START):
+                self.held = stripped[len(THINK_START):]
+                self.state, self.saw_think = "reasoning", True
+            elif THINK_START.startswith(stripped) and not final:
+                return pieces  # nothing yet, or the start of the tag
+            else:
+                self.state = "reasoning" if self.starts_inside else "content"
+                if self.starts_inside:
+                    self.saw_think = True
+        if self.state == "reasoning":
+            end = self.held.find(THINK_END)
+            if end >= 0:
+                body, self.held = self.held[:end], self.held[end + len(THINK_END):]
+                pieces += self._reasoning(body.rstrip())
+                self.state = "after_think"
+            else:
+                hold = 0 if final else possible_prefix_len(self.held, (THINK_END,))
+                body = self.held[:len(self.held) - hold]
+                certain = body if final else body.rstrip()  # trailing space: maybe the end
+                pieces += self._reasoning(certain.rstrip() if final else certain)
+                self.held = self.held[len(certain):]
+                if final:
+                    self.held = ""
+                    if self.saw_think and not any(k == "reasoning" for k, _ in pieces) \
+                            and self.num_reasoning == 0:
+                        pieces.append(("reasoning", ""))
+                return pieces
+        if self.state == "after_think":
+            if self.saw_think and self.num_reasoning == 0 and not any(k == "reasoning" for k, _ in pieces):
+                pieces.append(("reasoning", ""))  # an empty think block is still reasoning
+            stripped = self.held.lstrip()
+            if not stripped and not final:
+                return pieces
+            self.held, self.state = stripped, "content"
+        if self.state == "content" and self.held:
+            pieces.append(("content", self.held))
+            self.held = ""
+        return pieces
+
+    def _reasoning(self, text: str) -> list[Piece]:
+        if self.num_reasoning == 0:
+            text = text.lstrip()
+        if not text:
+            return []
+        self.num_reasoning += len(text)
+        return [("reasoning", text)]
