@@ -113,3 +113,51 @@ def test_parser_choice():
     with pytest.raises(ValueError, match="deepseek_r1"):
         choose_reasoning_parser("llama", "", "r1")
     assert json.dumps(THINK_CASES)  # the cases are plain data
+
+
+TOOL_CASES = [
+    # (fmt, text, content, calls)
+    ("hermes", 'Sure.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>', "Sure.",
+     [("f", '{"x": 1}')]),
+    ("hermes", '<tool_call>\n{"name": "f", "argu', '<tool_call>\n{"name": "f", "argu', []),
+    ("llama4", '[get_weather(city="Paris", days=2), now()]', "",
+     [("get_weather", '{"city": "Paris", "days": 2}'), ("now", "{}")]),
+    ("llama4", '<|python_start|>[f(a=[1, {"b": None}])]<|python_end|>', "",
+     [("f", '{"a": [1, {"b": null}]}')]),
+    ("llama4", '{"name": "f", "parameters": {"q": "x"}}', "", [("f", '{"q": "x"}')]),
+    ("llama4", "[f(__import__('os'))]", "[f(__import__('os'))]", []),  # not literals: text
+    ("llama4", "[1, 2] is a list", "[1, 2] is a list", []),
+    ("llama4", "Plain answer.", "Plain answer.", []),
+]
+
+
+@pytest.mark.parametrize("fmt, text, content, calls", TOOL_CASES)
+def test_tool_syntax_whole(fmt, text, content, calls):
+    from inferpath.server.tools import parse_tool_calls
+
+    got_content, got_calls = parse_tool_calls(text, fmt)
+    assert (got_content if got_calls else text, _calls(got_calls)) == (content, calls)
+
+
+@settings(max_examples=100, deadline=None)
+@given(case=st.sampled_from(TOOL_CASES), data=st.data())
+def test_tool_stream_any_split(case, data):
+    from inferpath.server.tool_stream import ToolCallStream
+
+    fmt, text, content, calls = case
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, len(text)), max_size=12)))) + [len(text)]
+    stream, deltas, last = ToolCallStream(fmt), [], 0
+    for cut in cuts:
+        deltas += stream.add(text[last:cut])
+        last = cut
+    tail, has_calls = stream.finish()
+    deltas += tail
+    assert "".join(d.get("content", "") for d in deltas) == content
+    assert has_calls == bool(calls)
+    streamed: dict[int, list[str]] = {}
+    for delta in deltas:
+        for call in delta.get("tool_calls", ()):
+            entry = streamed.setdefault(call["index"], ["", ""])
+            entry[0] += call.get("function", {}).get("name", "")
+            entry[1] += call.get("function", {}).get("arguments", "")
+    assert [tuple(streamed[i]) for i in sorted(streamed)] == calls
