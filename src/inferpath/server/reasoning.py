@@ -174,3 +174,44 @@ class ThinkParser:
             return []
         self.num_reasoning += len(text)
         return [("reasoning", text)]
+
+
+def template_variables(chat_template: str | None, chat_template_kwargs: dict[str, Any] | None,
+                       reasoning_effort: str | None, effort_param: str = "reasoning_effort",
+                       kwargs_param: str = "chat_template_kwargs") -> dict[str, Any]:
+    """The extra variables a request gives the chat template: its ``chat_template_kwargs``
+    and ``reasoning_effort`` (gpt-oss's template reads it). A variable the template never
+    names would change nothing, so it is refused (ValueError naming the field) rather
+    than ignored."""
+    from inferpath.server.protocol_extras import ParamError
+
+    template = chat_template or ""
+    variables = dict(chat_template_kwargs or {})
+    for name in variables:
+        if not isinstance(name, str) or name not in template:
+            raise ParamError(f"{kwargs_param} sets {name!r}, which this model's chat template "
+                             "does not read", kwargs_param)
+    if reasoning_effort is not None:
+        if "reasoning_effort" not in template:
+            raise ParamError(f"{effort_param} is {reasoning_effort!r}, but this model's chat "
+                             "template takes no reasoning effort; leave it out", effort_param)
+        variables.setdefault("reasoning_effort", reasoning_effort)
+    return variables
+
+
+def history_reasoning(messages: list[dict[str, Any]], chat_template: str | None) -> list[dict[str, Any]]:
+    """Messages whose earlier reasoning (``reasoning_content``) is under the key the
+    template reads: ``reasoning_content`` (Qwen3), ``thinking`` (gpt-oss), or dropped for a
+    template that shows no earlier reasoning."""
+    template = chat_template or ""
+    key = "reasoning_content" if "reasoning_content" in template else \
+        "thinking" if "thinking" in template else None
+    rendered = []
+    for message in messages:
+        if "reasoning_content" in message:
+            message = dict(message)
+            reasoning = message.pop("reasoning_content")
+            if key is not None and reasoning:
+                message[key] = reasoning
+        rendered.append(message)
+    return rendered
