@@ -151,10 +151,10 @@ def claude(qwen):
 
 
 def test_messages_thinking_blocks(claude):
-    message = claude.messages.create(model="tiny", max_tokens=20, temperature=0, messages=USER)
+    message = claude.messages.create(model="tiny", max_tokens=20, messages=USER)
     assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in message.content] \
         == [("thinking", REASONING), ("text", CONTENT)]
-    with claude.messages.stream(model="tiny", max_tokens=20, temperature=0, messages=USER) as stream:
+    with claude.messages.stream(model="tiny", max_tokens=20, messages=USER) as stream:
         thinking = "".join(e.delta.thinking for e in stream
                            if e.type == "content_block_delta" and e.delta.type == "thinking_delta")
         final = stream.get_final_message()
@@ -163,7 +163,7 @@ def test_messages_thinking_blocks(claude):
 
 
 def test_messages_thinking_disabled(claude):
-    message = claude.messages.create(model="tiny", max_tokens=20, temperature=0, messages=USER,
+    message = claude.messages.create(model="tiny", max_tokens=20, messages=USER,
                                      thinking={"type": "disabled"})
     assert [(b.type, b.text) for b in message.content] == [("text", "Hello")]
 
