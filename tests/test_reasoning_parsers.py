@@ -161,3 +161,17 @@ def test_tool_stream_any_split(case, data):
             entry[0] += call.get("function", {}).get("name", "")
             entry[1] += call.get("function", {}).get("arguments", "")
     assert [tuple(streamed[i]) for i in sorted(streamed)] == calls
+
+
+def test_harmony_stop_tokens_a_gguf_lacks_are_added(tmp_path):
+    from inferpath.server.reasoning import format_stop_token_ids
+    from inferpath.tokenizer import load_tokenizer
+    from reasoning_model import _tokenizer_json
+
+    _tokenizer_json(tmp_path / "tokenizer.json")
+    tokenizer = load_tokenizer(tmp_path / "tokenizer.json")
+    ret, call = (tokenizer.encode(t, allow_special=True, add_bos=False)[0]
+                 for t in ("<|return|>", "<|call|>"))
+    assert format_stop_token_ids("gpt_oss", tokenizer, frozenset({ret})) == (call,)
+    assert format_stop_token_ids("gpt_oss", tokenizer, frozenset({ret, call})) == ()
+    assert format_stop_token_ids("qwen3", tokenizer, frozenset()) == ()

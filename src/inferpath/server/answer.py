@@ -13,6 +13,7 @@ With ``include_reasoning`` false the reasoning is parsed out and dropped.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,18 @@ class AnswerFormat:
     def needs_special_tokens(self) -> bool:
         """Harmony's channels are special tokens: decode with skip_special_tokens=False."""
         return self.reasoning_parser == "gpt_oss"
+
+
+def format_params(params: Any, fmt: "AnswerFormat", context: Any) -> Any:
+    """``params`` as the answer format needs them: harmony decoded with its control
+    tokens, and the format's stop tokens (reasoning.FORMAT_STOP_TOKENS) added."""
+    changes: dict[str, Any] = {}
+    if fmt.needs_special_tokens:
+        changes["skip_special_tokens"] = False
+    extra = [i for i in context.format_stop_token_ids if i not in params.stop_token_ids]
+    if extra:
+        changes["stop_token_ids"] = tuple(params.stop_token_ids) + tuple(extra)
+    return dataclasses.replace(params, **changes) if changes else params
 
 
 def answer_format(tokenizer: Any, reasoning_parser: str, tool_format: str, prompt_ids: list[int],

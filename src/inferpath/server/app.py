@@ -56,7 +56,7 @@ from inferpath.server.responses import (
     get_response,
     list_input_items,
 )
-from inferpath.server.reasoning import choose_reasoning_parser
+from inferpath.server.reasoning import choose_reasoning_parser, format_stop_token_ids
 from inferpath.server.responses_protocol import ResponsesRequest
 from inferpath.server.trace_routes import install_trace_routes
 
@@ -88,6 +88,8 @@ def build_app(async_engine: Any, api_key: str | None = None,
         reasoning_parser=choose_reasoning_parser(engine.model_config.architecture,
                                                  engine.tokenizer.chat_template, reasoning_parser),
     )
+    context.format_stop_token_ids = format_stop_token_ids(
+        context.reasoning_parser, engine.tokenizer, frozenset(engine.eos_token_ids))
     created = int(time.time())
 
     @asynccontextmanager

@@ -37,7 +37,13 @@ from inferpath.server.errors import APIError
 from inferpath.server.logprobs import chat_logprobs
 from inferpath.server.protocol import ChatCompletionRequest, ParamError
 from inferpath.server.sse import sse_response
-from inferpath.server.answer import AnswerFormat, AnswerStream, answer_format, read_answer
+from inferpath.server.answer import (
+    AnswerFormat,
+    AnswerStream,
+    answer_format,
+    format_params,
+    read_answer,
+)
 from inferpath.server.reasoning import history_reasoning, template_variables
 from inferpath.server.tools import tool_call_grammar, tool_format
 
@@ -88,8 +94,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                            parses_tool_calls=body.parses_tool_calls,
                            live_calls=body.stream and forced is not None and fmt == "hermes",
                            include_reasoning=body.include_reasoning)
-    if answer.needs_special_tokens:
-        params = dataclasses.replace(params, skip_special_tokens=False)
+    params = format_params(params, answer, context)
     renames = {"max_tokens": "max_completion_tokens"} if body.max_completion_tokens is not None else {}
     submission = await submit(context, "chatcmpl", [prompt_ids], params, prompt_param="messages",
                               renames=renames)

@@ -61,6 +61,23 @@ def choose_reasoning_parser(architecture: str, chat_template: str | None,
     return "qwen3"
 
 
+#: End-of-answer tokens each format needs, by text: gpt-oss ends an answer with
+#: ``<|return|>`` and a tool call with ``<|call|>``. A Hugging Face directory lists both in
+#: generation_config.json; a GGUF file names one EOS id, so the other is added here.
+FORMAT_STOP_TOKENS = {"gpt_oss": ("<|return|>", "<|call|>")}
+
+
+def format_stop_token_ids(parser: str, tokenizer: Any, eos_token_ids: frozenset[int]) -> tuple[int, ...]:
+    """Ids of the parser's stop tokens (FORMAT_STOP_TOKENS) that the model's own EOS ids
+    lack and its vocabulary has."""
+    ids = []
+    for text in FORMAT_STOP_TOKENS.get(parser, ()):
+        encoded = tokenizer.encode(text, allow_special=True, add_bos=False)
+        if len(encoded) == 1 and encoded[0] not in eos_token_ids:
+            ids.append(encoded[0])
+    return tuple(ids)
+
+
 def prompt_opens_think(prompt_tail: str) -> bool:
     """True when a rendered prompt ends inside an open ``<think>`` block (the answer
     starts as reasoning); ``prompt_tail`` is the end of the prompt's text."""

@@ -27,7 +27,13 @@ from inferpath.server.chat import encode_messages
 from inferpath.server.engine_client import ServingContext, Submission, submit, usage
 from inferpath.server.errors import APIError
 from inferpath.server.protocol_extras import ParamError
-from inferpath.server.answer import AnswerFormat, AnswerStream, answer_format, read_answer
+from inferpath.server.answer import (
+    AnswerFormat,
+    AnswerStream,
+    answer_format,
+    format_params,
+    read_answer,
+)
 from inferpath.server.tools import (
     FunctionDefinition,
     ToolCall,
@@ -152,8 +158,7 @@ async def start_turn(context: ServingContext, prefix: str, messages: list[dict[s
                            parses_tool_calls=tools.parses_tool_calls,
                            live_calls=stream and forced is not None and fmt == "hermes",
                            include_reasoning=include_reasoning)
-    if answer.needs_special_tokens:
-        params = dataclasses.replace(params, skip_special_tokens=False)
+    params = format_params(params, answer, context)
     submission = await submit(context, prefix, [prompt_ids], params, prompt_param=prompt_param,
                               renames=renames)
     return Turn(submission, answer, prompt_ids)
