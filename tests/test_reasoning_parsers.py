@@ -175,3 +175,43 @@ def test_harmony_stop_tokens_a_gguf_lacks_are_added(tmp_path):
     assert format_stop_token_ids("gpt_oss", tokenizer, frozenset({ret})) == (call,)
     assert format_stop_token_ids("gpt_oss", tokenizer, frozenset({ret, call})) == ()
     assert format_stop_token_ids("qwen3", tokenizer, frozenset()) == ()
+
+
+ANSWER_CASES = [
+    # (reasoning parser, tool syntax, text, (reasoning, content, calls))
+    ("qwen3", "hermes", '<think>\nI need f.\n</think>\n\n<tool_call>\n{"name": "f", "arguments": '
+     '{"x": 1}}\n</tool_call>', ("I need f.", "", [("f", '{"x": 1}')])),
+    ("qwen3", "hermes", "<think>no call</think>Answer <tool_call> not json </tool_call>",
+     ("no call", "Answer <tool_call> not json </tool_call>", [])),
+    ("gpt_oss", "harmony", HARMONY_CALL, ("Need the weather.", "", [("get_weather", '{"city": "Paris"}')])),
+    ("none", "llama4", '[f(a=1)]', (None, "", [("f", '{"a": 1}')])),
+]
+
+
+@settings(max_examples=100, deadline=None)
+@given(case=st.sampled_from(ANSWER_CASES), data=st.data())
+def test_answer_stream_agrees_with_the_whole_answer(case, data):
+    """Reasoning, then tool calls in the content: streamed on any split as read whole."""
+    from inferpath.server.answer import AnswerFormat, AnswerStream, read_answer
+
+    parser, syntax, text, (reasoning, content, calls) = case
+    fmt = AnswerFormat(parser, tool_format=syntax, parses_tool_calls=True)
+    whole = read_answer(fmt, text)
+    assert (whole.reasoning, whole.content, _calls(whole.calls)) == (reasoning, content, calls)
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, len(text)), max_size=12)))) + [len(text)]
+    stream, deltas, last = AnswerStream(fmt), [], 0
+    for cut in cuts:
+        deltas += stream.add(text[last:cut])
+        last = cut
+    tail, has_calls = stream.finish()
+    deltas += tail
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == (reasoning or "")
+    assert all(d.get("reasoning") == d.get("reasoning_content") for d in deltas)
+    assert "".join(d.get("content", "") for d in deltas) == content
+    streamed: dict[int, list[str]] = {}
+    for delta in deltas:
+        for call in delta.get("tool_calls", ()):
+            entry = streamed.setdefault(call["index"], ["", ""])
+            entry[0] += call.get("function", {}).get("name", "")
+            entry[1] += call.get("function", {}).get("arguments", "")
+    assert [tuple(streamed[i]) for i in sorted(streamed)] == calls and has_calls == bool(calls)
