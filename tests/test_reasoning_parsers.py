@@ -77,7 +77,7 @@ def test_harmony_parser_whole(text, reasoning, content, calls):
     assert (got_reasoning, got_content, _calls(got_calls)) == (reasoning, content, calls)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(case=st.sampled_from(THINK_CASES), data=st.data())
 def test_think_parser_any_split(case, data):
     text, starts_inside, reasoning, content = case
@@ -87,7 +87,7 @@ def test_think_parser_any_split(case, data):
     assert join_pieces(pieces)[:2] == (reasoning, content)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(case=st.sampled_from(HARMONY_CASES), data=st.data())
 def test_harmony_parser_any_split(case, data):
     text, reasoning, content, calls = case

@@ -125,14 +125,15 @@ class ThinkParser:
 
     The reasoning is stripped of the whitespace around it, the content of the whitespace
     that follows ``</think>``: held back until something else follows, dropped at the end.
+    An answer that reasoned yields at least one reasoning piece (``""`` for an empty think
+    block), so "reasoned about nothing" and "did not reason" stay apart.
     """
 
     def __init__(self, starts_inside: bool = False) -> None:
-        self.state = "start"  # start -> reasoning -> content
+        self.state = "start"  # start -> reasoning -> after_think -> content
         self.starts_inside = starts_inside
         self.held = ""  # text not yet certain
         self.num_reasoning = 0  # reasoning characters sent (leading whitespace is dropped)
-        self.saw_think = False
 
     def add(self, text: str) -> list[Piece]:
         self.held += text
@@ -146,35 +147,26 @@ class ThinkParser:
         if self.state == "start":
             stripped = self.held.lstrip()
             if stripped.startswith(THINK_START):
-                self.held = stripped[len(THINK_START):]
-                self.state, self.saw_think = "reasoning", True
+                self.held, self.state = stripped[len(THINK_START):], "reasoning"
             elif THINK_START.startswith(stripped) and not final:
                 return pieces  # nothing yet, or the start of the tag
             else:
                 self.state = "reasoning" if self.starts_inside else "content"
-                if self.starts_inside:
-                    self.saw_think = True
+            if self.state == "reasoning":
+                pieces.append(("reasoning", ""))
         if self.state == "reasoning":
             end = self.held.find(THINK_END)
-            if end >= 0:
-                body, self.held = self.held[:end], self.held[end + len(THINK_END):]
-                pieces += self._reasoning(body.rstrip())
-                self.state = "after_think"
-            else:
-                hold = 0 if final else possible_prefix_len(self.held, (THINK_END,))
-                body = self.held[:len(self.held) - hold]
-                certain = body if final else body.rstrip()  # trailing space: maybe the end
-                pieces += self._reasoning(certain.rstrip() if final else certain)
+            if end < 0 and not final:
+                hold = possible_prefix_len(self.held, (THINK_END,))
+                certain = self.held[:len(self.held) - hold].rstrip()  # trailing space: held
+                pieces += self._reasoning(certain)
                 self.held = self.held[len(certain):]
-                if final:
-                    self.held = ""
-                    if self.saw_think and not any(k == "reasoning" for k, _ in pieces) \
-                            and self.num_reasoning == 0:
-                        pieces.append(("reasoning", ""))
                 return pieces
+            body = self.held[:end] if end >= 0 else self.held
+            pieces += self._reasoning(body.rstrip())
+            self.held = self.held[end + len(THINK_END):] if end >= 0 else ""
+            self.state = "after_think"
         if self.state == "after_think":
-            if self.saw_think and self.num_reasoning == 0 and not any(k == "reasoning" for k, _ in pieces):
-                pieces.append(("reasoning", ""))  # an empty think block is still reasoning
             stripped = self.held.lstrip()
             if not stripped and not final:
                 return pieces
