@@ -35,6 +35,10 @@ QWEN_CHAIN = ["\n", "<think>", "Hmm", " ok", "</think>", "Hi", " there", "<|im_e
 NO_THINK_CHAIN = ["\n\n", "Hello", "<|im_end|>"]
 HARMONY_CHAIN = ["assistant", "<|channel|>", "analysis", "<|message|>", "Sure", ",", "<|end|>",
                  "<|return|>"]
+#: A second model (same tokenizer and template as gpt_oss) that calls a tool in harmony.
+HARMONY_CALL = ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+                '{"city": "Paris"}<|call|>')
+HARMONY_CALL_CHAIN = ["assistant", HARMONY_CALL]
 #: A template variable of the test's own (added to the real Qwen3 template): the prompt
 #: opens the think block, as DeepSeek-R1's and Qwen3-thinking-2507's templates do.
 OPEN_THINK = "open_think"
@@ -62,36 +66,25 @@ def _qwen3_template() -> str:
                                            "{{- '<think>' }}{%- endif %}")
 
 
-def build_thinking_models(root: Path) -> dict[str, Path]:
-    """Directories ``qwen3`` (Qwen3's template) and ``gpt_oss`` (gpt-oss's template) of the
-    same tiny model; built once under ``root``."""
-    dirs = {"qwen3": root / "qwen3", "gpt_oss": root / "gpt_oss"}
-    if all((d / "config.json").is_file() for d in dirs.values()):
-        return dirs
-    base = root / "base"
-    base.mkdir(parents=True, exist_ok=True)
-    vocab_size = _tokenizer_json(base / "tokenizer.json")
-    from inferpath.tokenizer import load_tokenizer
-    tokenizer = load_tokenizer(base / "tokenizer.json")
-
-    def token_id(text: str) -> int:
-        ids = tokenizer.encode(text, allow_special=True, add_bos=False)
-        assert len(ids) == 1, (text, ids)
-        return ids[0]
-
-    chains = [QWEN_CHAIN, NO_THINK_CHAIN, HARMONY_CHAIN]
+def _successors(tokenizer, chains: list[list[str]]) -> dict[int, int]:
+    """token id -> the id that must follow it, from chains of texts (each text's tokens in
+    order); a token with two successors is an error."""
     successors: dict[int, int] = {}
     for chain in chains:
-        for a, b in zip(chain, chain[1:]):
-            pair = token_id(a), token_id(b)
-            assert successors.get(pair[0], pair[1]) == pair[1], f"{a!r} has two successors"
-            successors[pair[0]] = pair[1]
+        ids = [i for text in chain for i in tokenizer.encode(text, allow_special=True, add_bos=False)]
+        for a, b in zip(ids, ids[1:]):
+            assert successors.get(a, b) == b, f"token {a} has two successors"
+            successors[a] = b
+    return successors
+
+
+def _save_model(target: Path, vocab_size: int, successors: dict[int, int], eos_id: int) -> None:
     hidden = 32
     assert len(successors) <= hidden
     config = transformers.Qwen3Config(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=32, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=4096,
-        tie_word_embeddings=False, bos_token_id=None, eos_token_id=token_id("<|im_end|>"))
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=eos_id)
     torch.manual_seed(0)
     model = transformers.Qwen3ForCausalLM(config).eval()
     with torch.no_grad():
@@ -103,16 +96,44 @@ def build_thinking_models(root: Path) -> dict[str, Path]:
         for layer in model.model.layers:  # nothing is added to the residual stream
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
-    model.save_pretrained(base)
+    model.save_pretrained(target)
+
+
+def build_thinking_models(root: Path) -> dict[str, Path]:
+    """Directories ``qwen3`` (Qwen3's template), ``gpt_oss`` (gpt-oss's template) of one
+    tiny model, and ``gpt_oss_call`` (gpt-oss's template, a model that calls a tool);
+    built once under ``root``."""
+    dirs = {"qwen3": root / "qwen3", "gpt_oss": root / "gpt_oss", "gpt_oss_call": root / "gpt_oss_call"}
+    if all((d / "config.json").is_file() for d in dirs.values()):
+        return dirs
+    root.mkdir(parents=True, exist_ok=True)
+    tokenizer_json = root / "tokenizer.json"
+    vocab_size = _tokenizer_json(tokenizer_json)
+    from inferpath.tokenizer import load_tokenizer
+    tokenizer = load_tokenizer(tokenizer_json)
+
+    def token_id(text: str) -> int:
+        ids = tokenizer.encode(text, allow_special=True, add_bos=False)
+        assert len(ids) == 1, (text, ids)
+        return ids[0]
+
+    models = {
+        "base": _successors(tokenizer, [QWEN_CHAIN, NO_THINK_CHAIN, HARMONY_CHAIN]),
+        "call": _successors(tokenizer, [HARMONY_CALL_CHAIN]),
+    }
+    for name, successors in models.items():
+        _save_model(root / name, vocab_size, successors, token_id("<|im_end|>"))
     eos = {"qwen3": [token_id("<|im_end|>")], "gpt_oss": [token_id("<|return|>"), token_id("<|call|>")]}
     templates = {"qwen3": _qwen3_template(), "gpt_oss": llama_cpp_template("openai-gpt-oss-120b.jinja")}
     for name, target in dirs.items():
+        family = "qwen3" if name == "qwen3" else "gpt_oss"
         staging = target.with_name(target.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(base, staging)
-        (staging / "chat_template.jinja").write_text(templates[name], encoding="utf-8")
+        shutil.copytree(root / ("call" if name == "gpt_oss_call" else "base"), staging)
+        shutil.copy(tokenizer_json, staging / "tokenizer.json")
+        (staging / "chat_template.jinja").write_text(templates[family], encoding="utf-8")
         (staging / "tokenizer_config.json").write_text(json.dumps(
-            {"eos_token": "<|im_end|>" if name == "qwen3" else "<|return|>"}), encoding="utf-8")
-        (staging / "generation_config.json").write_text(json.dumps({"eos_token_id": eos[name]}))
+            {"eos_token": "<|im_end|>" if family == "qwen3" else "<|return|>"}), encoding="utf-8")
+        (staging / "generation_config.json").write_text(json.dumps({"eos_token_id": eos[family]}))
         staging.rename(target)
     return dirs

@@ -199,3 +199,41 @@ def test_harmony_analysis_channel_is_reasoning(gpt_oss):
                                     reasoning={"effort": "high"})
     assert response.reasoning.effort == "high" and not response.warnings
     assert response.output[0].content[0].text == "Sure,"
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_call(models):
+    server = _serve(models["gpt_oss_call"])
+    yield server
+    server.stop()
+
+
+def test_harmony_tool_call(gpt_oss_call):
+    """``<|channel|>commentary to=functions.get_weather ...<|message|>{...}<|call|>``: a
+    tool call (ended by gpt-oss's <|call|> stop token), streamed and not, and a Responses
+    function_call item."""
+    oai = client(gpt_oss_call)
+    function = {"name": "get_weather", "description": "Weather.",  # gpt-oss's template needs one
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    tools = [{"type": "function", "function": function}]
+    choice = oai.chat.completions.create(model="tiny", messages=USER, max_tokens=40,
+                                         tools=tools).choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] \
+        == [("get_weather", '{"city": "Paris"}')]
+    names, arguments, finish = "", "", None
+    for chunk in oai.chat.completions.create(model="tiny", messages=USER, max_tokens=40,
+                                             tools=tools, stream=True):
+        for call in chunk.choices[0].delta.tool_calls or ():
+            names += call.function.name or ""
+            arguments += call.function.arguments or ""
+        assert not chunk.choices[0].delta.content
+        finish = chunk.choices[0].finish_reason or finish
+    assert (names, arguments, finish) == ("get_weather", '{"city": "Paris"}', "tool_calls")
+    response = oai.responses.create(model="tiny", input="hi", max_output_tokens=40,
+                                    tools=[{"type": "function", **tools[0]["function"]}])
+    assert [(i.type, i.name, i.arguments) for i in response.output] \
+        == [("function_call", "get_weather", '{"city": "Paris"}')]
+    # without tools the call is not parsed: its text is the answer
+    plain = oai.chat.completions.create(model="tiny", messages=USER, max_tokens=40).choices[0]
+    assert plain.message.content == '{"city": "Paris"}' and plain.finish_reason == "stop"
