@@ -11,6 +11,7 @@ import sys
 
 from inferpath.cli.engine_flags import add_engine_flags, engine_config_from_args
 from inferpath.deploy.cli import add_replica_flags, run_replicas, wants_replicas
+from inferpath.server.reasoning import REASONING_PARSERS
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -38,6 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "file's stem; a folder's name)")
     parser.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
                         help="enable CORS for these browser origins ('*' for any; default: off)")
+    parser.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
+                        help="how answers' reasoning is split from their content (vLLM's "
+                             "names; default: chosen from the model and its chat template)")
     add_engine_flags(parser)
     add_replica_flags(parser)
     parser.add_argument("--log-level", default="info",
@@ -80,7 +84,8 @@ def run_serve(args: argparse.Namespace) -> int:
     names = args.served_model_name or served_model_names(model)
     name = names[0]
     app = build_app(AsyncEngine(engine), api_key=args.api_key, served_model_name=names,
-                    max_n=args.max_n, allowed_origins=args.allowed_origins)
+                    max_n=args.max_n, allowed_origins=args.allowed_origins,
+                    reasoning_parser=args.reasoning_parser)
     print(f"inferpath serve: {name} (max_model_len {engine.max_model_len}) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr)
     serve_forever(app, sock, log_level=args.log_level)

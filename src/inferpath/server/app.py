@@ -56,6 +56,7 @@ from inferpath.server.responses import (
     get_response,
     list_input_items,
 )
+from inferpath.server.reasoning import choose_reasoning_parser, format_stop_token_ids
 from inferpath.server.responses_protocol import ResponsesRequest
 from inferpath.server.trace_routes import install_trace_routes
 
@@ -63,10 +64,13 @@ from inferpath.server.trace_routes import install_trace_routes
 def build_app(async_engine: Any, api_key: str | None = None,
               served_model_name: str | list[str] | None = None, max_n: int = DEFAULT_MAX_N,
               allowed_origins: list[str] | None = None,
-              response_store: ResponseStore | None = None) -> FastAPI:
+              response_store: ResponseStore | None = None,
+              reasoning_parser: str | None = None) -> FastAPI:
     """An app serving ``async_engine`` (an ``inferpath.engine.AsyncEngine``) as
     ``served_model_name`` (default: the engine's model name); stored Responses live in
-    ``response_store`` (default: a ResponseStore with its default bounds)."""
+    ``response_store`` (default: a ResponseStore with its default bounds); answers'
+    reasoning is split off by ``reasoning_parser`` (default: chosen from the model,
+    server/reasoning.py)."""
     engine = async_engine.engine
     # several names (vLLM's --served-model-name A B): the first is reported, all accepted
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or ())
@@ -81,7 +85,11 @@ def build_app(async_engine: Any, api_key: str | None = None,
         api_key=api_key,
         max_n=max_n,
         other_names=tuple(names[1:]),
+        reasoning_parser=choose_reasoning_parser(engine.model_config.architecture,
+                                                 engine.tokenizer.chat_template, reasoning_parser),
     )
+    context.format_stop_token_ids = format_stop_token_ids(
+        context.reasoning_parser, engine.tokenizer, frozenset(engine.eos_token_ids))
     created = int(time.time())
 
     @asynccontextmanager

@@ -9,6 +9,12 @@ with the finish reason.
 With ``tools`` the tools are rendered by the template, ``tool_choice`` ``required`` or a
 named function is enforced by a grammar (server/tools.py), and the answer is parsed back
 into ``message.tool_calls`` (finish_reason ``tool_calls``), streamed as in tool_stream.py.
+
+A reasoning model's thinking (server/reasoning.py) comes back apart from the content, in
+``message.reasoning_content`` and ``message.reasoning`` (null when it wrote none; both
+fields present whenever the server has a reasoning parser), streamed as
+``delta.reasoning_content`` / ``delta.reasoning``; ``include_reasoning: false`` drops it.
+``reasoning_effort`` and ``chat_template_kwargs`` are variables for the chat template.
 """
 
 from __future__ import annotations
@@ -31,24 +37,35 @@ from inferpath.server.errors import APIError
 from inferpath.server.logprobs import chat_logprobs
 from inferpath.server.protocol import ChatCompletionRequest, ParamError
 from inferpath.server.sse import sse_response
-from inferpath.server.tool_stream import LiveHermesStream, ToolCallStream
-from inferpath.server.tools import parse_tool_calls, tool_call_grammar, tool_format
+from inferpath.server.answer import (
+    AnswerFormat,
+    AnswerStream,
+    answer_format,
+    format_params,
+    read_answer,
+)
+from inferpath.server.reasoning import history_reasoning, template_variables
+from inferpath.server.tools import tool_call_grammar, tool_format
 
 
 async def encode_messages(context: ServingContext, messages: list[dict[str, Any]],
-                          add_generation_prompt: bool, tools: list[dict] | None = None) -> list[int]:
-    """Token ids of the rendered chat (and ``tools``, the template's ``tools`` variable),
-    rendered and tokenized off the event loop; 400 naming ``messages`` if the template
-    refuses or the text is not valid Unicode."""
-    if not context.tokenizer.chat_template:
+                          add_generation_prompt: bool, tools: list[dict] | None = None,
+                          template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """Token ids of the rendered chat (and ``tools``, the template's ``tools`` variable;
+    ``template_kwargs``, more variables), rendered and tokenized off the event loop; 400
+    naming ``messages`` if the template refuses or the text is not valid Unicode. Earlier
+    reasoning goes under the key the template reads (reasoning.history_reasoning)."""
+    template = context.tokenizer.chat_template
+    if not template:
         raise APIError(400, f"model {context.model_name!r} has no chat template; "
                        "use /v1/completions", param="messages")
     for message in messages:
         check_text(message["content"], "messages")
+    messages = history_reasoning(messages, template)
     try:
         return await context.run_off_loop(
             context.tokenizer.encode_chat, messages, add_generation_prompt=add_generation_prompt,
-            tools=tools)
+            tools=tools, template_kwargs=template_kwargs or None)
     except ValueError as exc:
         raise APIError(400, f"chat template failed: {exc}", param="messages") from None
 
@@ -60,6 +77,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     try:
         params = body.to_sampling_params()
         messages = body.chat_messages()
+        variables = template_variables(context.tokenizer.chat_template, body.chat_template_kwargs,
+                                       body.reasoning_effort)
         forced = body.forced_tools()
         if forced is not None:
             if params.structured is not None:
@@ -70,14 +89,18 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     except ParamError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
     prompt_ids = await encode_messages(context, messages, body.add_generation_prompt,
-                                       body.tools_for_template())
+                                       body.tools_for_template(), variables)
+    answer = answer_format(context.tokenizer, context.reasoning_parser, fmt, prompt_ids,
+                           parses_tool_calls=body.parses_tool_calls,
+                           live_calls=body.stream and forced is not None and fmt == "hermes",
+                           include_reasoning=body.include_reasoning)
+    params = format_params(params, answer, context)
     renames = {"max_tokens": "max_completion_tokens"} if body.max_completion_tokens is not None else {}
     submission = await submit(context, "chatcmpl", [prompt_ids], params, prompt_param="messages",
                               renames=renames)
     num_top = body.top_logprobs or 0
     if body.stream:
-        live_calls = forced is not None and fmt == "hermes"  # well-formed by the grammar
-        chunks = _stream_chunks(body, context, submission, num_top, fmt, live_calls)
+        chunks = _stream_chunks(body, context, submission, num_top, answer)
         if body.usage_in_every_chunk:
             chunks = with_usage_so_far(chunks, submission)
         return sse_response(chunks, submission.abort_unfinished)
@@ -87,14 +110,15 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
         logprobs = None
         if body.logprobs:
             logprobs = chat_logprobs(context.tokenizer, list(completion.logprobs or ()), num_top)
-        message: dict[str, Any] = {"role": "assistant", "content": completion.text}
+        read = read_answer(answer, completion.text)
+        message: dict[str, Any] = {"role": "assistant", "content": read.content}
+        if answer.reasoning_parser != "none":
+            message["reasoning_content"] = message["reasoning"] = read.reasoning
         finish_reason = completion.finish_reason
-        if body.parses_tool_calls:
-            content, calls = parse_tool_calls(completion.text, fmt)
-            if calls:
-                message = {"role": "assistant", "content": content or None,
-                           "tool_calls": [call.as_openai() for call in calls]}
-                finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+        if read.calls:
+            message["content"] = read.content or None
+            message["tool_calls"] = [call.as_openai() for call in read.calls]
+            finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
         choices.append({
             "index": completion.index,
             "message": message,
@@ -114,16 +138,13 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
 
 async def _stream_chunks(body: ChatCompletionRequest, context: ServingContext,
                          submission: Submission, num_top: int,
-                         fmt: str, live_calls: bool) -> AsyncIterator[dict[str, Any]]:
+                         answer: AnswerFormat) -> AsyncIterator[dict[str, Any]]:
     base = {"id": submission.id, "object": "chat.completion.chunk",
             "created": submission.created, "model": context.model_name}
     for index in range(body.n):
         opening = {"role": "assistant", "content": ""}
         yield {**base, "choices": [_choice(index, opening, None, None)]}
-    tool_streams: dict[int, ToolCallStream | LiveHermesStream] = {}
-    if body.parses_tool_calls:
-        tool_streams = {i: LiveHermesStream() if live_calls else ToolCallStream(fmt)
-                        for i in range(body.n)}
+    streams = {i: AnswerStream(answer) for i in range(body.n)}
     num_tokens_sent: dict[int, int] = {}  # choice index -> tokens whose logprobs were sent
     done: set[int] = set()  # choice indices whose finish chunk was sent
     final = None
@@ -142,19 +163,18 @@ async def _stream_chunks(body: ChatCompletionRequest, context: ServingContext,
                 num_tokens_sent[index] = start + len(entries)
                 logprobs = chat_logprobs(context.tokenizer, entries, num_top)
             finish_reason = completion.finish_reason
-            if index in tool_streams:
-                for delta in tool_streams[index].add(delta_text):
-                    yield {**base, "choices": [_choice(index, delta, logprobs, None)]}
-                    logprobs = None
-                if finish_reason is not None:
-                    deltas, has_calls = tool_streams[index].finish()
-                    for delta in deltas:
-                        yield {**base, "choices": [_choice(index, delta, None, None)]}
-                    if has_calls and finish_reason == "stop":
-                        finish_reason = "tool_calls"
-            elif delta_text or logprobs and logprobs["content"]:
-                yield {**base, "choices": [_choice(index, {"content": delta_text}, logprobs, None)]}
+            deltas = streams[index].add(delta_text)
+            if logprobs and logprobs["content"] and not deltas:
+                deltas = [{"content": ""}]  # the tokens' logprobs go out even if their text waits
+            for delta in deltas:
+                yield {**base, "choices": [_choice(index, delta, logprobs, None)]}
+                logprobs = None
             if finish_reason is not None:
+                deltas, has_calls = streams[index].finish()
+                for delta in deltas:
+                    yield {**base, "choices": [_choice(index, delta, None, None)]}
+                if has_calls and finish_reason == "stop":
+                    finish_reason = "tool_calls"
                 done.add(index)
                 yield {**base, "choices": [_choice(index, {}, None, finish_reason)]}
     if body.include_usage_in_stream and final is not None:

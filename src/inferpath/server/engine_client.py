@@ -47,6 +47,8 @@ class ServingContext:
     api_key: str | None = None
     max_n: int = DEFAULT_MAX_N
     other_names: tuple[str, ...] = ()  # further ids the model answers to (vLLM: several names)
+    reasoning_parser: str = "none"  # server/reasoning.py: how answers' thinking is split off
+    format_stop_token_ids: tuple[int, ...] = ()  # stops the answer format needs beyond EOS
     # CPU work on request input (tokenizing, chat templates) runs here, never on the
     # event loop: /health and every stream stay responsive during a 1 MB prompt
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(

@@ -2,7 +2,8 @@
 
 A translation onto the chat path (turn.py), like the Responses API: the request's
 ``system``, ``messages`` and ``tools`` become chat messages and function tools
-(messages_protocol.py); the answer comes back as ``text`` and ``tool_use`` blocks, with
+(messages_protocol.py); the answer comes back as ``thinking`` (a reasoning model's
+reasoning, server/reasoning.py), ``text`` and ``tool_use`` blocks, with
 ``stop_reason`` ``end_turn``, ``max_tokens``, ``stop_sequence`` (and which one) or
 ``tool_use``. Streamed as Anthropic's events (messages_stream.py).
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI, Request
@@ -82,7 +84,18 @@ async def _answer(request: Request, context: ServingContext, check_api_key: Call
         return JSONResponse(anthropic_error_body(exc.status, message), status_code=exc.status)
 
 
-def _translate(body: MessagesRequest, context: ServingContext) -> tuple[list[dict[str, Any]], Any, list[str]]:
+@dataclass
+class Translation:
+    """A Messages request as the chat path takes it."""
+
+    messages: list[dict[str, Any]]
+    fields: Any  # ToolFields
+    notes: list[str]
+    template_kwargs: dict[str, Any]  # enable_thinking, where the template reads it
+    include_reasoning: bool  # false with thinking disabled
+
+
+def _translate(body: MessagesRequest, context: ServingContext) -> Translation:
     context.check_model(body.model)
     try:
         messages, block_notes = body.chat_messages()
@@ -90,29 +103,39 @@ def _translate(body: MessagesRequest, context: ServingContext) -> tuple[list[dic
         tool_choice, parallel = body.chat_tool_choice()
         fields = function_tools(body.functions(), tool_choice, parallel)
         fields.forced_tools()  # an unknown tool name is refused here too
+        mode = body.thinking_mode()
     except ParamError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
     notes += [f"tools[{i}].cache_control is not needed: the prefix cache works by "
                             "itself" for i, t in enumerate(body.tools or ()) if t.cache_control]
-    return messages, fields, notes
+    template_kwargs = {}
+    if mode is not None and "enable_thinking" in (context.tokenizer.chat_template or ""):
+        template_kwargs["enable_thinking"] = mode == "enabled"
+    elif mode == "enabled" and context.reasoning_parser == "none":
+        notes.append("thinking is enabled, but this model writes no separable reasoning")
+    return Translation(messages, fields, notes, template_kwargs, mode != "disabled")
 
 
 async def count_message_tokens(body: MessagesRequest, request: Request,
                                context: ServingContext) -> Response:
-    messages, fields, _ = _translate(body, context)
-    prompt_ids = await encode_messages(context, messages, True, fields.tools_for_template())
+    t = _translate(body, context)
+    prompt_ids = await encode_messages(context, t.messages, True, t.fields.tools_for_template(),
+                                       t.template_kwargs)
     return JSONResponse({"input_tokens": len(prompt_ids)})
 
 
 async def create_message(body: MessagesRequest, request: Request, context: ServingContext) -> Response:
-    messages, fields, notes = _translate(body, context)
+    t = _translate(body, context)
+    messages, fields, notes = t.messages, t.fields, t.notes
     try:
         params = body.to_sampling_params()
     except ParamError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
     turn = await start_turn(context, "msg", messages, fields, params, stream=body.stream,
                             tool_param="tool_choice", prompt_param="messages",
-                            renames={"stop": "stop_sequences"})
+                            renames={"stop": "stop_sequences"},
+                            template_kwargs=t.template_kwargs,
+                            include_reasoning=t.include_reasoning)
     message_id = turn.submission.id.replace("msg-", "msg_", 1)
     if notes:
         log.warning("%s: accepted without effect: %s", message_id, "; ".join(dict.fromkeys(notes)))
@@ -122,6 +145,8 @@ async def create_message(body: MessagesRequest, request: Request, context: Servi
                                     lambda exc: anthropic_error_body(getattr(exc, "status", 500), str(exc)))
     result = await turn.result(request)
     content: list[dict[str, Any]] = []
+    if result.reasoning:
+        content.append(thinking_block(result.reasoning))
     if result.content:
         content.append({"type": "text", "text": result.content})
     content += [{"type": "tool_use", "id": tool_use_id(call.id), "name": call.name,
@@ -133,6 +158,11 @@ async def create_message(body: MessagesRequest, request: Request, context: Servi
         "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
         "usage": message_usage(result.final),
     })
+
+
+def thinking_block(text: str) -> dict[str, Any]:
+    """A ``thinking`` block; its signature is empty (this server signs nothing)."""
+    return {"type": "thinking", "thinking": text, "signature": ""}
 
 
 def tool_use_id(call_id: str) -> str:

@@ -10,12 +10,17 @@ Fields:
   (``auto``, ``any``, ``tool`` with ``name``, ``none``; ``disable_parallel_tool_use``):
   ``any`` and ``tool`` are enforced by the grammar of tools.py; ``output_config.format``
   (``json_schema``: enforced by the grammar engine);
-- accepted without effect, logged: ``metadata``, ``thinking`` (this server writes no
-  thinking blocks), ``service_tier``, ``speed``, ``inference_geo``,
+- reasoning (server/reasoning.py): the model's reasoning comes back as a ``thinking``
+  block (``signature`` empty: nothing is signed) before the text, streamed as
+  ``thinking_delta``; ``thinking: {"type": "disabled"}`` drops it and sets the template's
+  ``enable_thinking`` false where the template reads it (``enabled`` / ``adaptive`` set it
+  true); ``thinking`` blocks of earlier assistant turns are given to the template as
+  those turns' reasoning;
+- accepted without effect, logged: ``metadata``, ``thinking.budget_tokens`` (not
+  enforced), ``service_tier``, ``speed``, ``inference_geo``,
   ``output_config.effort``, ``context_management`` with ``clear_thinking_*`` edits only
   (no thinking is kept to clear), ``cache_control`` (top level, or on any block or tool: the
-  prefix cache reuses shared prefixes by itself), and ``thinking`` / ``redacted_thinking``
-  blocks of earlier assistant turns (templates drop earlier reasoning);
+  prefix cache reuses shared prefixes by itself), and ``redacted_thinking`` blocks;
 - anything else is a 400 naming it (unknown fields, block types, server tools).
 
 A user message's ``tool_result`` blocks become chat ``tool`` messages (in order, before
@@ -120,9 +125,27 @@ class MessagesRequest(BaseModel):
             notes.append("context_management: there is no thinking to clear")
         if self.output_config is not None and self.output_config.effort is not None:
             notes.append("output_config.effort is accepted and not used")
-        if self.thinking is not None and self.thinking.get("type") != "disabled":
-            notes.append("thinking is accepted; this server writes no thinking blocks")
+        if self.thinking is not None and self.thinking.get("budget_tokens") is not None:
+            notes.append("thinking.budget_tokens is not enforced: max_tokens bounds thinking "
+                         "and answer together")
         return notes
+
+    def thinking_mode(self) -> str | None:
+        """``enabled``, ``disabled`` or None (not sent); ParamError for another shape."""
+        if self.thinking is None:
+            return None
+        kind = self.thinking.get("type")
+        unknown = sorted(set(self.thinking) - {"type", "budget_tokens", "display"})
+        if unknown:
+            raise ParamError(f"thinking.{unknown[0]} is not supported", f"thinking.{unknown[0]}")
+        if kind not in ("enabled", "disabled", "adaptive"):
+            raise ParamError(f"thinking.type must be enabled, disabled or adaptive, got {kind!r}",
+                             "thinking.type")
+        budget = self.thinking.get("budget_tokens")
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+            raise ParamError(f"thinking.budget_tokens must be a positive integer, got {budget!r}",
+                             "thinking.budget_tokens")
+        return "disabled" if kind == "disabled" else "enabled"
 
     def to_sampling_params(self) -> SamplingParams:
         if self.max_tokens is None:
@@ -171,7 +194,7 @@ class MessagesRequest(BaseModel):
             where = f"messages[{i}].content"
             blocks = [{"type": "text", "text": message.content}] \
                 if isinstance(message.content, str) else message.content
-            texts, calls, results = [], [], []
+            texts, calls, results, thinking = [], [], [], []
             for j, block in enumerate(blocks):
                 kind = _check_block(block, f"{where}[{j}]", notes)
                 if kind == "text":
@@ -189,6 +212,11 @@ class MessagesRequest(BaseModel):
                         content = f"Error: {content}"
                     results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                                     "content": content})
+                elif kind == "thinking" and message.role == "assistant":
+                    if not isinstance(block["thinking"], str):
+                        raise ParamError(f"{where}[{j}].thinking must be a string",
+                                         f"{where}[{j}].thinking")
+                    thinking.append(block["thinking"])
                 elif kind in ("tool_use", "tool_result"):
                     raise ParamError(f"{where}[{j}] is a {kind} block in a {message.role} message",
                                      f"{where}[{j}].type")
@@ -199,6 +227,8 @@ class MessagesRequest(BaseModel):
                 chat: dict[str, Any] = {"role": message.role, "content": "".join(texts)}
                 if calls:
                     chat["tool_calls"] = calls
+                if thinking:  # the template shows it where it shows earlier reasoning
+                    chat["reasoning_content"] = "".join(thinking)
                 messages.append(chat)
         return messages, notes
 

@@ -3,8 +3,9 @@
     message_start        (the message, no content; usage: the prompt's tokens)
     ping
     per content block, index 0, 1, ...:
-      content_block_start  (text "" | tool_use with id, name, input {})
-      content_block_delta  (text_delta | input_json_delta: fragments of the input JSON)
+      content_block_start  (thinking "" | text "" | tool_use with id, name, input {})
+      content_block_delta  (thinking_delta | text_delta | input_json_delta: fragments of
+                            the input JSON)
       content_block_stop
     message_delta        (stop_reason, stop_sequence; usage: the final counts)
     message_stop
@@ -70,10 +71,10 @@ class MessageEvents:
         self.turn = turn
         self.stop_sequences = stop_sequences
         self.num_blocks = 0
-        self.open_kind: str | None = None  # "text" | "tool_use" | None
+        self.open_kind: str | None = None  # "thinking" | "text" | "tool_use" | None
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
-        from inferpath.server.messages import message_usage, stop_details, tool_use_id
+        from inferpath.server.messages import message_usage, stop_details, thinking_block, tool_use_id
 
         yield {"type": "message_start", "message": {
             "id": self.message_id, "type": "message", "role": "assistant", "model": self.model,
@@ -85,6 +86,11 @@ class MessageEvents:
             if delta is None:
                 yield {"type": "ping"}
                 continue
+            if delta.get("reasoning"):
+                if self.open_kind != "thinking":
+                    for event in self._open(thinking_block("")):
+                        yield event
+                yield self._delta({"type": "thinking_delta", "thinking": delta["reasoning"]})
             if delta.get("content"):
                 if self.open_kind != "text":
                     for event in self._open({"type": "text", "text": ""}):

@@ -163,6 +163,9 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[ToolCallMessage] | None = None
     tool_call_id: str | None = None
+    # an earlier answer's reasoning, as this server (llama.cpp, vLLM) returned it
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @model_validator(mode="after")
     def _no_unknown_values(self) -> "ChatMessage":
@@ -194,6 +197,11 @@ class ChatCompletionRequest(_SamplingFields, ToolFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    # reasoning models (server/reasoning.py): vLLM's include_reasoning, OpenAI's
+    # reasoning_effort (to templates that read it), vLLM's chat_template_kwargs
+    include_reasoning: bool = True
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def chat_messages(self) -> list[dict[str, str]]:
         """Messages as plain dicts for the tokenizer's chat template."""
@@ -242,6 +250,12 @@ def messages_as_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             message["tool_call_id"] = m.tool_call_id
         if m.name is not None:
             message["name"] = m.name
+        reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+        if reasoning is not None and m.role == "assistant":
+            message["reasoning_content"] = reasoning  # reasoning.history_reasoning renames it
+        elif reasoning is not None:
+            raise ParamError(f"reasoning_content is only for assistant messages, not {m.role!r}",
+                             "messages")
         rendered.append(message)
     return rendered
 

@@ -3,8 +3,9 @@
 A translation onto the chat path (turn.py): ``instructions`` become the system message,
 the conversation of ``previous_response_id`` (response_store.py) comes next, then the
 input items (responses_protocol.py); the answer comes back as output items: a
-``message`` with one ``output_text`` part, and one ``function_call`` item per call (with
-its ``call_id``). A length stop is status ``incomplete`` (reason ``max_output_tokens``).
+``reasoning`` item when the model reasoned (server/reasoning.py; its text in one
+``reasoning_text`` part), a ``message`` with one ``output_text`` part, and one
+``function_call`` item per call (with its ``call_id``). A length stop is status ``incomplete`` (reason ``max_output_tokens``).
 Streamed as the typed events of responses_stream.py.
 
 Fields accepted without effect (hosted tools, Codex's extras) are listed in the
@@ -27,6 +28,7 @@ from inferpath.server.engine_client import ServingContext
 from inferpath.server.errors import APIError
 from inferpath.server.event_stream import named_event_response
 from inferpath.server.protocol_extras import ParamError
+from inferpath.server.reasoning import template_variables
 from inferpath.server.response_store import ResponseNotFound, ResponseStore, StoredResponse
 from inferpath.server.responses_protocol import (
     ResponsesRequest,
@@ -56,6 +58,7 @@ class ResponseDraft:
     created_at: int
     warnings: list[str]
     tools: ResponseTools
+    effort: str | None = None  # reasoning.effort, echoed
 
     def response(self, status: str, output: list[dict[str, Any]],
                  usage: dict[str, Any] | None, finish_reason: str | None = None) -> dict[str, Any]:
@@ -72,7 +75,7 @@ class ResponseDraft:
             "metadata": body.metadata or {}, "model": self.context.model_name,
             "output": output, "parallel_tool_calls": body.parallel_tool_calls is not False,
             "previous_response_id": body.previous_response_id,
-            "reasoning": {"effort": None, "summary": None}, "store": body.store,
+            "reasoning": {"effort": self.effort, "summary": None}, "store": body.store,
             "temperature": body.temperature, "text": {"format": text_format},
             "tool_choice": body.tool_choice or "auto", "tools": body.tools or [],
             "top_p": body.top_p, "truncation": "disabled", "usage": usage,
@@ -90,12 +93,24 @@ class ResponseDraft:
         return item
 
 
-def response_usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
+def response_usage(chat_usage: dict[str, Any], reasoning_tokens: int = 0) -> dict[str, Any]:
     return {"input_tokens": chat_usage["prompt_tokens"],
             "input_tokens_details": {"cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"]},
             "output_tokens": chat_usage["completion_tokens"],
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": chat_usage["total_tokens"]}
+
+
+def count_reasoning_tokens(context: ServingContext, reasoning: str | None) -> int:
+    """Tokens of the reasoning text, re-encoded (the engine counts tokens, not channels;
+    the tags around the reasoning are not counted)."""
+    return len(context.tokenizer.encode(reasoning, add_bos=False)) if reasoning else 0
+
+
+def reasoning_item(text: str, status: str = "completed") -> dict[str, Any]:
+    """A ``reasoning`` output item holding the whole reasoning text (no summary)."""
+    return {"id": new_item_id("rs"), "type": "reasoning", "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}]}
 
 
 def message_item(text: str, status: str = "completed") -> dict[str, Any]:
@@ -123,25 +138,37 @@ async def create_response(body: ResponsesRequest, request: Request, context: Ser
         if not tools.functions and tool_choice == "auto":
             tool_choice = None  # every tool was a hosted one: nothing to choose from
         fields = function_tools(tools.functions, tool_choice, body.parallel_tool_calls)
+        effort = body.reasoning_effort()
+        effort_warnings = []
+        if effort is not None and "reasoning_effort" not in (context.tokenizer.chat_template or ""):
+            effort_warnings.append(f"reasoning.effort {effort!r} is not used: this model's chat "
+                                   "template takes no reasoning effort")
+            effort = None
+        variables = template_variables(context.tokenizer.chat_template, None, effort,
+                                       effort_param="reasoning.effort")
     except ParamError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
     if not history and not new_messages:
         raise APIError(400, "input holds no message", param="input")
-    warnings = body.warnings() + tools.warnings() + item_warnings
+    warnings = body.warnings() + tools.warnings() + item_warnings + effort_warnings
     instructions = [{"role": "system", "content": body.instructions}] if body.instructions else []
     turn = await start_turn(context, "resp", instructions + history + new_messages, fields, params,
                             stream=body.stream, tool_param="tool_choice", prompt_param="input",
-                            renames={"max_tokens": "max_output_tokens"})
+                            renames={"max_tokens": "max_output_tokens"},
+                            template_kwargs=variables)
     draft = ResponseDraft(body, context, turn.submission.id.replace("resp-", "resp_", 1),
-                          turn.submission.created, warnings, tools)
+                          turn.submission.created, warnings, tools, effort)
     if warnings:
         log.warning("%s: accepted without effect: %s", draft.id, "; ".join(warnings))
     stored_items = [_stored_item(item) for item in items]
 
-    def keep(response: dict[str, Any], content: str, calls: list[ToolCall]) -> None:
+    def keep(response: dict[str, Any], content: str, calls: list[ToolCall],
+             reasoning: str | None) -> None:
         if not body.store or response["status"] not in ("completed", "incomplete"):
             return
         answer: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning:
+            answer["reasoning_content"] = reasoning
         if calls:
             answer["tool_calls"] = [{"id": c.id, "type": "function",
                                      "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
@@ -157,11 +184,15 @@ async def create_response(body: ResponsesRequest, request: Request, context: Ser
     result: TurnResult = await turn.result(request)
     output = []
     status = response_status(result.finish_reason)
+    item_status = "incomplete" if status == "incomplete" else "completed"
+    if result.reasoning is not None:
+        output.append(reasoning_item(result.reasoning, item_status))
     if result.content or not result.calls:
-        output.append(message_item(result.content, "incomplete" if status == "incomplete" else "completed"))
+        output.append(message_item(result.content, item_status))
     output += [draft.function_call_item(c.id, c.name, c.arguments) for c in result.calls]
-    response = draft.response(status, output, response_usage(result.usage), result.finish_reason)
-    keep(response, result.content, result.calls)
+    usage = response_usage(result.usage, count_reasoning_tokens(context, result.reasoning))
+    response = draft.response(status, output, usage, result.finish_reason)
+    keep(response, result.content, result.calls, result.reasoning)
     return JSONResponse(response)
 
 

@@ -14,9 +14,14 @@ Fields, as the README's Responses section lists them:
 - accepted with a warning (``NOTED_FIELDS``; the response's ``warnings`` list and a log
   line say each time): the hosted tools only OpenAI's servers run (``HOSTED_TOOL_TYPES``:
   not offered to the model), ``client_metadata``, ``prompt_cache_key`` (the prefix cache
-  needs no key), ``include``, ``reasoning``, ``service_tier``, ``prompt_cache_retention``,
-  ``max_tool_calls``, ``stream_options``, ``text.verbosity``, and ``reasoning`` input items
-  (no template here renders earlier reasoning);
+  needs no key), ``include``, ``service_tier``, ``prompt_cache_retention``,
+  ``max_tool_calls``, ``stream_options``, ``text.verbosity``, ``reasoning.summary`` (the
+  reasoning item holds the whole text, no summary), ``reasoning.effort`` for a template that
+  takes none, and ``reasoning`` input items that hold only ``encrypted_content``;
+- reasoning (server/reasoning.py): ``reasoning.effort`` goes to a chat template that reads
+  ``reasoning_effort`` (gpt-oss's); the answer's reasoning comes back as a ``reasoning``
+  output item (``content: [{"type": "reasoning_text"}]``); a ``reasoning`` input item's
+  text is given to the next assistant turn as its earlier reasoning;
 - anything else is a 400 naming it (unknown fields, item types, content part types).
 
 Namespace functions reach the model as ``namespace.name`` (a dot is not allowed in an
@@ -51,13 +56,13 @@ NOTED_FIELDS = {
                         "prompt prefix by itself",
     "include": "include is accepted; none of its extra outputs (reasoning.encrypted_content, "
                "logprobs...) are produced",
-    "reasoning": "reasoning is accepted; this server produces no reasoning items",
     "service_tier": "service_tier is accepted and not used",
     "prompt_cache_retention": "prompt_cache_retention is accepted; cached prefixes live as "
                               "long as their KV blocks are not needed",
     "max_tool_calls": "max_tool_calls limits hosted tool calls, which this server does not run",
     "stream_options": "stream_options is accepted and not used",
 }
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 _FUNCTION_KEYS = {"type", "name", "description", "parameters", "strict"}
 _ITEM_KEYS = {
     "message": {"type", "role", "content", "id", "status", "phase"},
@@ -126,7 +131,23 @@ class ResponsesRequest(BaseModel):
         notes = [note for name, note in NOTED_FIELDS.items() if getattr(self, name) is not None]
         if self.text is not None and self.text.verbosity is not None:
             notes.append("text.verbosity is accepted and not used")
+        if self.reasoning is not None and self.reasoning.get("summary") is not None:
+            notes.append("reasoning.summary: no summaries are written; the reasoning item's "
+                         "content holds the whole reasoning text")
         return notes
+
+    def reasoning_effort(self) -> str | None:
+        """``reasoning.effort`` (ParamError for a reasoning field OpenAI does not define)."""
+        if self.reasoning is None:
+            return None
+        unknown = sorted(set(self.reasoning) - {"effort", "summary", "generate_summary"})
+        if unknown:
+            raise ParamError(f"reasoning.{unknown[0]} is not supported", f"reasoning.{unknown[0]}")
+        effort = self.reasoning.get("effort")
+        if effort is not None and effort not in REASONING_EFFORTS:
+            raise ParamError(f"reasoning.effort must be one of {', '.join(REASONING_EFFORTS)}, "
+                             f"got {effort!r}", "reasoning.effort")
+        return effort
 
     def to_sampling_params(self) -> SamplingParams:
         kwargs: dict[str, Any] = {"max_tokens": self.max_output_tokens, "seed": self.seed,
@@ -234,6 +255,14 @@ def items_as_messages(items: list[dict[str, Any]], tools: ResponseTools,
     function calls become one assistant message's ``tool_calls``."""
     messages: list[dict[str, Any]] = []
     warnings: list[str] = []
+    pending_reasoning: list[str] = []  # reasoning items' text, for the next assistant turn
+
+    def assistant_turn(message: dict[str, Any]) -> dict[str, Any]:
+        if pending_reasoning:
+            message["reasoning_content"] = "".join(pending_reasoning)
+            pending_reasoning.clear()
+        return message
+
     for i, item in enumerate(items):
         where = f"{param}[{i}]"
         kind = item.get("type", "message" if "role" in item else None)
@@ -248,23 +277,47 @@ def items_as_messages(items: list[dict[str, Any]], tools: ResponseTools,
             if role not in ("user", "system", "developer", "assistant"):
                 raise ParamError(f"{where}.role must be user, system, developer or assistant, "
                                  f"got {role!r}", f"{where}.role")
-            messages.append({"role": "system" if role == "developer" else role,
-                             "content": _text(item.get("content"), f"{where}.content")})
+            message = {"role": "system" if role == "developer" else role,
+                       "content": _text(item.get("content"), f"{where}.content")}
+            messages.append(assistant_turn(message) if role == "assistant" else message)
         elif kind == "function_call":
             call = _history_call(item, where, tools)
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
+            if last is not None and last["role"] == "assistant" and not pending_reasoning:
                 last.setdefault("tool_calls", []).append(call)
             else:
-                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                messages.append(assistant_turn({"role": "assistant", "content": "",
+                                                "tool_calls": [call]}))
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
                 raise ParamError(f"{where}.call_id is required", f"{where}.call_id")
             messages.append({"role": "tool", "tool_call_id": item["call_id"],
                              "content": _text(item.get("output"), f"{where}.output")})
-        else:  # reasoning: never produced here; templates drop earlier reasoning
-            warnings.append(f"{where} is a reasoning item; it is not shown to the model")
+        else:  # reasoning: its text goes with the next assistant turn (reasoning_content)
+            text = _reasoning_text(item, where)
+            if text is None:
+                warnings.append(f"{where} is a reasoning item with no readable text "
+                                "(encrypted_content only); it is not shown to the model")
+            else:
+                pending_reasoning.append(text)
     return messages, warnings
+
+
+def _reasoning_text(item: dict[str, Any], where: str) -> str | None:
+    """The text of a reasoning item: its ``reasoning_text`` parts, else its summary."""
+    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key) or []
+        if not isinstance(parts, list):
+            raise ParamError(f"{where}.{key} must be a list of parts", f"{where}.{key}")
+        texts = []
+        for j, part in enumerate(parts):
+            if not isinstance(part, dict) or part.get("type") != kind or not isinstance(part.get("text"), str):
+                raise ParamError(f"{where}.{key}[{j}] must be a {kind} part with text",
+                                 f"{where}.{key}[{j}]")
+            texts.append(part["text"])
+        if texts:
+            return "".join(texts)
+    return None
 
 
 def _history_call(item: dict[str, Any], where: str, tools: ResponseTools) -> dict[str, Any]:

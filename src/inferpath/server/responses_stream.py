@@ -6,6 +6,11 @@ accumulates it::
     response.created            (status in_progress, no output)
     response.in_progress
     per output item, in output_index order:
+      reasoning:      response.output_item.added (status in_progress, no content)
+                      response.content_part.added (reasoning_text, "")
+                      response.reasoning_text.delta ...
+                      response.reasoning_text.done, response.content_part.done
+                      response.output_item.done
       message:        response.output_item.added (status in_progress, no content)
                       response.content_part.added (output_text, "")
                       response.output_text.delta ...
@@ -38,7 +43,7 @@ class ResponseEvents:
     """One streamed response: ``events()`` yields its event payloads in order."""
 
     def __init__(self, draft: "ResponseDraft", turn: "Turn",
-                 keep: Callable[[dict[str, Any], str, list[ToolCall]], None]) -> None:
+                 keep: Callable[[dict[str, Any], str, list[ToolCall], str | None], None]) -> None:
         self.draft = draft
         self.turn = turn
         self.keep = keep  # stores the finished response (store: true)
@@ -46,6 +51,8 @@ class ResponseEvents:
         self.output: list[dict[str, Any]] = []  # items in output_index order
         self.message: dict[str, Any] | None = None  # the open message item
         self.message_text = ""
+        self.reasoning: dict[str, Any] | None = None  # the reasoning item, once opened
+        self.reasoning_text = ""
         self.calls: dict[int, dict[str, Any]] = {}  # chat call index -> open function_call item
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -58,12 +65,23 @@ class ResponseEvents:
                            message=str(exc), param=getattr(exc, "param", None))
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
-        from inferpath.server.responses import message_item, response_status, response_usage
+        from inferpath.server.responses import (
+            count_reasoning_tokens,
+            message_item,
+            response_status,
+            response_usage,
+        )
 
         opening = self.draft.response("in_progress", [], None)
         yield self._event("response.created", response=opening)
         yield self._event("response.in_progress", response=opening)
         async for delta in self.turn.deltas():
+            if "reasoning" in delta:
+                for event in self._reasoning_delta(delta["reasoning"]):
+                    yield event
+            if "content" in delta or "tool_calls" in delta:
+                for event in self._close_reasoning("completed"):
+                    yield event
             if "content" in delta:
                 if self.message is None:
                     self.message = message_item("", "in_progress")
@@ -78,6 +96,9 @@ class ResponseEvents:
             for call in delta.get("tool_calls", ()):
                 for event in self._call_delta(call):
                     yield event
+        if self.reasoning is None and self.turn.reasoning is not None:  # reasoned, but empty
+            for event in self._reasoning_delta(""):
+                yield event
         if self.message is None and not self.calls:  # an empty answer is an empty message
             self.message = message_item("", "in_progress")
             self.message["content"] = []
@@ -86,6 +107,8 @@ class ResponseEvents:
             yield self._event("response.content_part.added", **self._where(self.message),
                               content_index=0, part=self._part(""))
         status = response_status(self.turn.finish_reason)
+        for event in self._close_reasoning("incomplete" if status == "incomplete" else "completed"):
+            yield event
         for event in self._close_message("incomplete" if status == "incomplete" else "completed"):
             yield event
         calls = []
@@ -99,11 +122,45 @@ class ResponseEvents:
             flat = f"{item['namespace']}.{item['name']}" if "namespace" in item else item["name"]
             calls.append(ToolCall(flat, item["arguments"], item["call_id"]))
         output = [self._public(item) for item in self.output]
-        final = self.draft.response(status, output, response_usage(self.turn.final_usage()),
-                                    self.turn.finish_reason)
-        self.keep(final, self.message_text, calls)
+        usage = response_usage(self.turn.final_usage(),
+                               count_reasoning_tokens(self.draft.context, self.turn.reasoning))
+        final = self.draft.response(status, output, usage, self.turn.finish_reason)
+        self.keep(final, self.message_text, calls, self.turn.reasoning)
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
         yield self._event(kind, response=final)
+
+    def _reasoning_delta(self, text: str) -> list[dict[str, Any]]:
+        from inferpath.server.responses import reasoning_item
+
+        events = []
+        if self.reasoning is None:
+            self.reasoning = reasoning_item("", "in_progress")
+            self.reasoning["content"] = []
+            events += self._open(self.reasoning)
+            events.append(self._event("response.content_part.added", **self._where(self.reasoning),
+                                      content_index=0, part=self._reasoning_part("")))
+        if text:
+            self.reasoning_text += text
+            events.append(self._event("response.reasoning_text.delta", **self._where(self.reasoning),
+                                      content_index=0, delta=text))
+        return events
+
+    def _close_reasoning(self, status: str) -> list[dict[str, Any]]:
+        if self.reasoning is None or self.reasoning["status"] != "in_progress":
+            return []
+        item, text = self.reasoning, self.reasoning_text
+        item["status"] = status
+        item["content"] = [self._reasoning_part(text)]
+        return [self._event("response.reasoning_text.done", **self._where(item), content_index=0,
+                            text=text),
+                self._event("response.content_part.done", **self._where(item), content_index=0,
+                            part=self._reasoning_part(text)),
+                self._event("response.output_item.done", output_index=item["_index"],
+                            item=self._public(item))]
+
+    @staticmethod
+    def _reasoning_part(text: str) -> dict[str, Any]:
+        return {"type": "reasoning_text", "text": text}
 
     def _call_delta(self, call: dict[str, Any]) -> list[dict[str, Any]]:
         events = []

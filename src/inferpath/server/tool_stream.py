@@ -1,7 +1,8 @@
 """Streaming a chat answer that may hold tool calls, as OpenAI streams it.
 
 Content is streamed as it comes until the model starts a call (``<tool_call>`` for the
-hermes syntax; for llama3_json an answer that opens with ``{`` or ``<|python_tag|>``);
+hermes syntax; for llama3_json an answer that opens with ``{`` or ``<|python_tag|>``, for
+llama4 also ``[`` or ``<|python_start|>``);
 from there the text is held until the choice finishes, then parsed, and each call goes out
 as OpenAI sends it: one delta with the call's index, id, type, name and empty arguments,
 then the arguments in fragments (``delta.tool_calls[].function.arguments``), which
@@ -21,6 +22,7 @@ import re
 import uuid
 from typing import Any
 
+from inferpath.server.tool_pythonic import starts_pythonic
 from inferpath.server.tools import parse_tool_calls
 
 #: Characters of arguments JSON per streamed fragment.
@@ -56,6 +58,8 @@ class ToolCallStream:
             end = start
         else:
             end = len(self.text) - self._possible_open_tag_len()
+        if self.fmt == "hermes":  # whitespace before a call is not content: held back
+            end = len(self.text[:end].rstrip())
         return self._content_until(end)
 
     def finish(self) -> tuple[list[dict[str, Any]], bool]:
@@ -87,6 +91,8 @@ class ToolCallStream:
             return None if found < 0 else found
         stripped = self.text.lstrip()
         if stripped.startswith("{") or stripped.startswith("<|python_tag|>"):
+            return 0
+        if self.fmt == "llama4" and starts_pythonic(stripped):
             return 0
         return None
 

@@ -2,14 +2,19 @@
 parsers that turn the model's tool-call syntax back into OpenAI ``tool_calls``.
 
 The tools reach the model through its own chat template (the ``tools`` variable), and the
-model answers in the syntax it was trained on. Two syntaxes are known:
+model answers in the syntax it was trained on (``TOOL_FORMATS``):
 
-- ``hermes`` (Hermes, Qwen2.5): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
+- ``hermes`` (Hermes, Qwen2.5, Qwen3): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
   one block per call; text before the first block is the message's content.
 - ``llama3_json`` (Llama-3.1/3.2): the whole answer is ``{"name": ..., "parameters": {...}}``
   (optionally after ``<|python_tag|>``; several calls separated by ``;``).
+- ``llama4`` (Llama 4): a pythonic list ``[name(key=value, ...)]``, optionally inside
+  ``<|python_start|>``…``<|python_end|>`` (tool_pythonic.py), or llama3_json's JSON.
+- ``harmony`` (gpt-oss): messages sent ``to=functions.NAME``; parsed with the reasoning
+  channels by reasoning_harmony.py, not here.
 
-The syntax is chosen from the template (``<tool_call>`` in it: hermes; ``<|python_tag|>``
+The syntax is chosen from the template (``tool_format``: harmony channels; ``<tool_call>``:
+hermes; Llama 4's ``<|header_start|>`` / ``<|python_start|>``: llama4; ``<|python_tag|>``
 or ``"parameters"``: llama3_json; else hermes). ``tool_choice`` ``"required"`` or a named
 function is enforced by a grammar in that syntax (llguidance Lark with ``%json`` schemas):
 the name is one of the tools (or the named one), the arguments valid against its
@@ -93,19 +98,33 @@ class ToolFields(BaseModel):
         return bool(self.tools) and self.tool_choice != "none"
 
 
+#: The tool-call syntaxes and what in a chat template marks each, in the order checked.
+TOOL_FORMATS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("harmony", ("<|channel|>",)),
+    ("hermes", ("<tool_call>",)),
+    ("llama4", ("<|header_start|>", "<|python_start|>")),
+    ("llama3_json", ("<|python_tag|>", '"parameters"')),
+)
+
+
 def tool_format(chat_template: str | None) -> str:
-    """The tool-call syntax of a chat template: ``hermes`` or ``llama3_json``."""
+    """The tool-call syntax of a chat template (``TOOL_FORMATS``; hermes if none marks it)."""
     template = chat_template or ""
-    if "<tool_call>" in template:
-        return "hermes"
-    if "<|python_tag|>" in template or '"parameters"' in template:
-        return "llama3_json"
+    for fmt, marks in TOOL_FORMATS:
+        if any(mark in template for mark in marks):
+            return fmt
     return "hermes"
 
 
 def tool_call_grammar(functions: list[FunctionDefinition], fmt: str, parallel: bool) -> StructuredOutput:
     """A grammar whose every output is a well-formed call (or calls, with ``parallel``) of
-    one of ``functions``, in the syntax ``fmt``, arguments valid against their schemas."""
+    one of ``functions``, in the syntax ``fmt``, arguments valid against their schemas
+    (Llama 4: its JSON form). ParamError for harmony, whose calls need control tokens."""
+    if fmt == "harmony":
+        raise ParamError("tool_choice 'required' or a named function is not supported for "
+                         "gpt-oss's harmony format (its calls are written with control tokens "
+                         "the grammar cannot force); use 'auto'", "tool_choice")
+    fmt = "llama3_json" if fmt == "llama4" else fmt
     arguments_key = "parameters" if fmt == "llama3_json" else "arguments"
     calls = [{"type": "object",
               "properties": {"name": {"const": f.name},
@@ -140,9 +159,15 @@ class ToolCall:
 
 def parse_tool_calls(text: str, fmt: str) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a finished output. Text that is not a well-formed call stays
-    content (an ``auto`` answer may be plain text)."""
+    content (an ``auto`` answer may be plain text). Harmony calls come from the reasoning
+    parser: here its text is content."""
+    if fmt == "llama4":
+        from inferpath.server.tool_pythonic import parse_pythonic
+        return parse_pythonic(text) or _parse_llama3_json(text)
     if fmt == "llama3_json":
         return _parse_llama3_json(text)
+    if fmt == "harmony":
+        return text, []
     return _parse_hermes(text)
 
 

@@ -9,8 +9,9 @@ enforced by the grammar of tools.py, one engine request submitted, and the text 
 back into content and tool calls (streamed through tool_stream.py). There is no second
 engine loop: a turn is one ``Submission``.
 
-``Turn.deltas()`` yields chat-style deltas (``{"content": ...}`` and ``{"tool_calls":
-[...]}`` as tool_stream.py makes them); ``Turn.result()`` waits for the whole answer.
+``Turn.deltas()`` yields chat-style deltas (``{"reasoning_content": ..., "reasoning": ...}``,
+``{"content": ...}`` and ``{"tool_calls": [...]}``, answer.py); ``Turn.result()`` waits
+for the whole answer, its reasoning apart.
 """
 
 from __future__ import annotations
@@ -26,13 +27,18 @@ from inferpath.server.chat import encode_messages
 from inferpath.server.engine_client import ServingContext, Submission, submit, usage
 from inferpath.server.errors import APIError
 from inferpath.server.protocol_extras import ParamError
-from inferpath.server.tool_stream import LiveHermesStream, ToolCallStream
+from inferpath.server.answer import (
+    AnswerFormat,
+    AnswerStream,
+    answer_format,
+    format_params,
+    read_answer,
+)
 from inferpath.server.tools import (
     FunctionDefinition,
     ToolCall,
     ToolDefinition,
     ToolFields,
-    parse_tool_calls,
     tool_call_grammar,
     tool_format,
 )
@@ -40,8 +46,10 @@ from inferpath.server.tools import (
 
 @dataclass
 class TurnResult:
-    """A finished turn: its text (outside tool calls), calls, and why it stopped."""
+    """A finished turn: its reasoning (None: none written), text (outside tool calls),
+    calls, and why it stopped."""
 
+    reasoning: str | None
     content: str
     calls: list[ToolCall]
     finish_reason: str  # stop | length | tool_calls | abort | error
@@ -58,41 +66,35 @@ class Turn:
     """One submitted engine request and how to read its answer."""
 
     submission: Submission
-    fmt: str  # the tool-call syntax (tools.tool_format)
-    parses_tool_calls: bool
-    live_calls: bool  # grammar-enforced hermes calls: streamed as they are written
+    answer: AnswerFormat  # reasoning parser and tool-call syntax
     prompt_ids: list[int]
     final: Any = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     has_calls: bool = False
     text: str = ""
+    reasoning: str | None = None  # after deltas(): all the reasoning (even if not included)
 
     async def deltas(self) -> AsyncIterator[dict[str, Any]]:
-        """Chat deltas as the engine writes the answer; afterwards ``finish_reason``,
-        ``final`` and ``has_calls`` are set. Unfinished engine requests are aborted if the
-        consumer stops early (Submission.outputs)."""
-        stream: ToolCallStream | LiveHermesStream | None = None
-        if self.parses_tool_calls:
-            stream = LiveHermesStream() if self.live_calls else ToolCallStream(self.fmt)
+        """Chat deltas as the engine writes the answer (answer.py: reasoning, content,
+        tool calls); afterwards ``finish_reason``, ``final``, ``has_calls`` and
+        ``reasoning`` are set. Unfinished engine requests are aborted if the consumer stops
+        early (Submission.outputs)."""
+        stream = AnswerStream(self.answer)
         async for _, output in self.submission.outputs():
             completion = output.outputs[0]
             delta_text = completion.delta_text or ""
             self.text += delta_text
-            if stream is None:
-                if delta_text:
-                    yield {"content": delta_text}
-            else:
-                for delta in stream.add(delta_text):
-                    yield delta
+            for delta in stream.add(delta_text):
+                yield delta
             if completion.finish_reason is not None:
                 self.final = output
                 self.stop_reason = completion.stop_reason
                 self.finish_reason = completion.finish_reason
-                if stream is not None:
-                    deltas, self.has_calls = stream.finish()
-                    for delta in deltas:
-                        yield delta
+                deltas, self.has_calls = stream.finish()
+                self.reasoning = stream.reasoning_text
+                for delta in deltas:
+                    yield delta
                 if self.has_calls and self.finish_reason == "stop":
                     self.finish_reason = "tool_calls"
                 return
@@ -105,13 +107,11 @@ class Turn:
         """The whole answer (aborted with a 499 if the client goes away first)."""
         (final,) = await self.submission.final_outputs(request)
         completion = final.outputs[0]
-        content, calls = completion.text, []
-        if self.parses_tool_calls:
-            content, calls = parse_tool_calls(completion.text, self.fmt)
+        read = read_answer(self.answer, completion.text)
         finish_reason = completion.finish_reason
-        if calls and finish_reason == "stop":
+        if read.calls and finish_reason == "stop":
             finish_reason = "tool_calls"
-        return TurnResult(content if calls else completion.text, calls, finish_reason,
+        return TurnResult(read.reasoning, read.content, read.calls, finish_reason,
                           completion.stop_reason, final)
 
 
@@ -127,10 +127,13 @@ def function_tools(functions: list[FunctionDefinition], tool_choice: Any,
 async def start_turn(context: ServingContext, prefix: str, messages: list[dict[str, Any]],
                      tools: ToolFields, params: SamplingParams, *, stream: bool,
                      tool_param: str, prompt_param: str,
-                     renames: dict[str, str] | None = None) -> Turn:
-    """Render ``messages`` (and the tools) with the chat template, enforce a forced
-    ``tool_choice`` by grammar, and submit one engine request (``params.n`` must be 1).
-    ParamErrors and template failures are 400s naming ``tool_param`` / ``prompt_param``."""
+                     renames: dict[str, str] | None = None,
+                     template_kwargs: dict[str, Any] | None = None,
+                     include_reasoning: bool = True) -> Turn:
+    """Render ``messages`` (and the tools, and ``template_kwargs``) with the chat
+    template, enforce a forced ``tool_choice`` by grammar, and submit one engine request
+    (``params.n`` must be 1). ParamErrors and template failures are 400s naming
+    ``tool_param`` / ``prompt_param``."""
     fmt = tool_format(context.tokenizer.chat_template)
     try:
         forced = tools.forced_tools()
@@ -145,12 +148,17 @@ async def start_turn(context: ServingContext, prefix: str, messages: list[dict[s
         raise APIError(400, str(exc), param=tool_param if exc.param == "tool_choice" else exc.param
                        ) from None
     try:
-        prompt_ids = await encode_messages(context, messages, True, tools.tools_for_template())
+        prompt_ids = await encode_messages(context, messages, True, tools.tools_for_template(),
+                                           template_kwargs)
     except APIError as exc:  # named after chat's field: rename to this API's
         if exc.param == "messages":
             exc.param = prompt_param
         raise
+    answer = answer_format(context.tokenizer, context.reasoning_parser, fmt, prompt_ids,
+                           parses_tool_calls=tools.parses_tool_calls,
+                           live_calls=stream and forced is not None and fmt == "hermes",
+                           include_reasoning=include_reasoning)
+    params = format_params(params, answer, context)
     submission = await submit(context, prefix, [prompt_ids], params, prompt_param=prompt_param,
                               renames=renames)
-    live = stream and forced is not None and fmt == "hermes"
-    return Turn(submission, fmt, tools.parses_tool_calls, live, prompt_ids)
+    return Turn(submission, answer, prompt_ids)
