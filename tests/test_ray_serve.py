@@ -38,6 +38,8 @@ MODEL = "smollm2-135m-instruct"
 ENGINE = {"batch_invariant": True, "num_kv_blocks": 40, "max_num_seqs": 8}
 MAX_INFLIGHT = 4  # per replica, at the ingress: the rest wait there, not yet started
 APP = "inferpath"
+KEY = "replica-key"  # --api-key reaches every replica's app (the ingress forwards the header)
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def _free_port() -> int:
@@ -57,7 +59,7 @@ def cluster():
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         app = build_app(MODEL, num_replicas=2, engine_config=ENGINE, num_cpus=0.5, threads=1,
-                        max_inflight_per_replica=MAX_INFLIGHT)
+                        max_inflight_per_replica=MAX_INFLIGHT, app_options={"api_key": KEY})
         serve.run(app, name=APP, route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -66,7 +68,7 @@ def cluster():
 
 
 def _client(url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=300)
 
 
 def _replica_metrics(url: str, name: str) -> dict[str, float]:
@@ -106,7 +108,7 @@ def test_64_requests_complete_on_both_replicas_and_equal_one_engine(cluster):
 
     engine = LLMEngine.from_model(MODEL, EngineConfig(**ENGINE, threads=1))
     with ServerThread(build_server_app(AsyncEngine(engine), served_model_name=served_model_names(MODEL))) as single:
-        reference = openai.OpenAI(base_url=single.url + "/v1", api_key="unused", max_retries=0)
+        reference = openai.OpenAI(base_url=single.url + "/v1", api_key=KEY, max_retries=0)
         expected = {q: reference.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": q}], max_tokens=6,
             temperature=0).choices[0].message.content for q in QUESTIONS}
@@ -115,7 +117,7 @@ def test_64_requests_complete_on_both_replicas_and_equal_one_engine(cluster):
 
 
 def test_other_routes_and_streams_pass_through(cluster):
-    sync = openai.OpenAI(base_url=cluster + "/v1", api_key="unused", max_retries=0, timeout=300)
+    sync = openai.OpenAI(base_url=cluster + "/v1", api_key=KEY, max_retries=0, timeout=300)
     text = sync.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4,
                                    temperature=0).choices[0].text
     streamed = "".join(chunk.choices[0].text for chunk in sync.completions.create(
@@ -135,11 +137,13 @@ def test_other_routes_and_streams_pass_through(cluster):
     raw = sync.chat.completions.with_raw_response.create(
         model=MODEL, messages=[{"role": "user", "content": "Say hi"}], max_tokens=3, temperature=0,
         extra_headers={"X-Inferpath-Trace": "1"})
-    trace = httpx.get(f"{cluster}/v1/trace/{raw.parse().id}", timeout=120).json()
+    trace = httpx.get(f"{cluster}/v1/trace/{raw.parse().id}", timeout=120, headers=AUTH).json()
     assert trace["routing"]["replica"] == raw.headers["x-inferpath-replica"]
     assert trace["routing"]["reason"] == raw.headers["x-inferpath-route"].split(";")[0]
     assert trace["steps"], trace.keys()
-    messages = httpx.post(cluster + "/v1/messages", timeout=300, json={
+    assert httpx.post(cluster + "/v1/chat/completions", timeout=60, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).status_code == 401
+    messages = httpx.post(cluster + "/v1/messages", timeout=300, headers={"x-api-key": KEY}, json={
         "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "Say hi"}]})
     assert messages.status_code == 200 and messages.json()["type"] == "message"
     health = httpx.get(cluster + "/health", timeout=60).json()
@@ -168,7 +172,7 @@ def _hit_rate_of(cluster: str, policy: str, systems: list[str]) -> tuple[float, 
     handle.set_policy.remote(policy).result()
     before = (_replica_metrics(cluster, "inferpath:prefix_cache_hits_total"),
               _replica_metrics(cluster, "inferpath:prefix_cache_queries_total"))
-    sync = openai.OpenAI(base_url=cluster + "/v1", api_key="unused", max_retries=0, timeout=300)
+    sync = openai.OpenAI(base_url=cluster + "/v1", api_key=KEY, max_retries=0, timeout=300)
     reasons = []
     for round_index in range(8):
         for k in range(8):
@@ -202,7 +206,7 @@ async def _stream(url: str, index: int, streaming_on: dict[str, asyncio.Event]) 
     result = {"index": index, "replica": None, "events": 0, "done": False, "error": None,
               "finish_reason": None}
     async with httpx.AsyncClient(timeout=httpx.Timeout(180)) as client:
-        async with client.stream("POST", url + "/v1/chat/completions", json={
+        async with client.stream("POST", url + "/v1/chat/completions", headers=AUTH, json={
                 "model": MODEL, "stream": True, "max_tokens": 64, "temperature": 0, "ignore_eos": True,
                 "messages": [{"role": "user", "content": f"Count slowly to {index + 40}."}]}) as response:
             result["status"] = response.status_code
@@ -260,7 +264,7 @@ def test_killed_replica_ends_its_streams_with_an_error_and_comes_back(cluster):
             break
         assert time.monotonic() < deadline, f"engine-0 did not come back: {health}"
         time.sleep(1)
-    sync = openai.OpenAI(base_url=cluster + "/v1", api_key="unused", max_retries=0, timeout=300)
+    sync = openai.OpenAI(base_url=cluster + "/v1", api_key=KEY, max_retries=0, timeout=300)
     served = {sync.chat.completions.with_raw_response.create(
         model=MODEL, messages=[{"role": "user", "content": f"Hello {i}"}], max_tokens=2,
         temperature=0).headers["x-inferpath-replica"] for i in range(6)}

@@ -31,11 +31,13 @@ def build_app(model: str, num_replicas: int | None = 2, engine_config: dict[str,
               min_replicas: int | None = None, max_replicas: int | None = None,
               target_ongoing_requests: int = 8, max_inflight_per_replica: int = 32,
               served_model_name: list[str] | None = None,
-              router_options: dict[str, Any] | None = None) -> serve.Application:
+              router_options: dict[str, Any] | None = None,
+              app_options: dict[str, Any] | None = None) -> serve.Application:
     """The application: ``num_replicas`` replicas of ``model`` (or between ``min_replicas``
     and ``max_replicas``, autoscaled), each with ``EngineConfig(**engine_config,
     threads=threads)`` on ``num_cpus`` Ray CPUs, routed by ``policy`` ("prefix" or
-    "round_robin")."""
+    "round_robin"); ``app_options`` are ``server.app.build_app``'s keywords for every
+    replica's app (``api_key``, ``max_n``, ``allowed_origins``, ``reasoning_parser``)."""
     if (min_replicas is None) != (max_replicas is None):
         raise ValueError("give both --min-replicas and --max-replicas, or neither")
     if min_replicas is not None:
@@ -67,7 +69,8 @@ def build_app(model: str, num_replicas: int | None = 2, engine_config: dict[str,
                 "upscale_delay_s": 0.0, "downscale_delay_s": 60.0,
             }
         names.append(name)
-        replicas.append(EngineReplica.options(**options).bind(name, model, config, served_model_name))
+        replicas.append(EngineReplica.options(**options).bind(name, model, config, served_model_name,
+                                                             app_options))
     router = {"policy": policy, "max_inflight": max_inflight_per_replica,
               "spill_after": num_always if num_always < num_total else None,
               "spill_at": target_ongoing_requests, **(router_options or {})}

@@ -55,7 +55,10 @@ def run_replicas(args: argparse.Namespace, model: str, engine_config) -> int:
         app = build_app(model, num_replicas=args.replicas, engine_config=config, policy=args.routing,
                         num_cpus=args.replica_cpus, threads=threads, min_replicas=args.min_replicas,
                         max_replicas=args.max_replicas, target_ongoing_requests=args.target_queue_depth,
-                        served_model_name=args.served_model_name)
+                        served_model_name=args.served_model_name,
+                        app_options={"api_key": args.api_key, "max_n": args.max_n,
+                                     "allowed_origins": args.allowed_origins,
+                                     "reasoning_parser": args.reasoning_parser})
     except ValueError as exc:
         print(f"inferpath serve: {exc}", file=sys.stderr)
         return 1

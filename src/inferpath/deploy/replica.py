@@ -26,7 +26,8 @@ class EngineReplica:
     ``name`` (the ``replica`` label in metrics, traces and headers)."""
 
     def __init__(self, name: str, model: str, engine_config: dict[str, Any],
-                 served_model_name: list[str] | None = None) -> None:
+                 served_model_name: list[str] | None = None,
+                 app_options: dict[str, Any] | None = None) -> None:
         import torch
 
         from inferpath.config import EngineConfig
@@ -40,8 +41,11 @@ class EngineReplica:
         self.name = name
         engine = LLMEngine.from_model(model, config)
         self.async_engine = AsyncEngine(engine)
+        # the serve flags of the app itself (api key, CORS, reasoning parser, ...): each
+        # replica's app enforces them, the ingress forwards the headers they read
         self.app = build_app(self.async_engine,
-                             served_model_name=served_model_name or served_model_names(model))
+                             served_model_name=served_model_name or served_model_names(model),
+                             **(app_options or {}))
         self._started = asyncio.Lock()
 
     async def _ensure_started(self) -> None:
