@@ -26,7 +26,8 @@ ROUTED_MOE_ARCHITECTURES = tuple(name for name, f in FAMILIES.items() if f.route
 PRICED_ARCHITECTURES: tuple[str, ...] = ()
 # Architectures of layers of several kinds that the engine runs too (model/mla.py,
 # model/deepseek_moe.py; model/gated_deltanet.py, model/qwen3_next.py)
-KIND_ARCHITECTURES = ("deepseek_v3", "qwen3_next")
+# Qwen3.5 (text-only ForCausalLM checkpoints): Qwen3-Next's layers, its linear projections stored apart
+KIND_ARCHITECTURES = ("deepseek_v3", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 
 
 class ConfigError(ValueError):
@@ -145,6 +146,8 @@ class ModelConfig:
     attn_output_gate: bool = False  # full attention's output times sigmoid(a gate from q_proj)
     partial_rotary_factor: float = 1.0  # the share of head_dim RoPE rotates
     rope_interleave: bool = False  # DeepSeek: RoPE dims stored as interleaved pairs
+    # Qwen3.5: the Gated DeltaNet's q/k/v, z, b and a projections stored apart, not grouped per key head
+    linear_split_projections: bool = False
     name: str = ""
 
     def __post_init__(self) -> None:

@@ -28,6 +28,7 @@ KIND_FIELDS = {
     "topk_group": 1, "routed_scaling_factor": 1.0, "linear_num_key_heads": 0, "linear_num_value_heads": 0,
     "linear_key_head_dim": 0, "linear_value_head_dim": 0, "linear_conv_kernel_dim": 0,
     "attn_output_gate": False, "partial_rotary_factor": 1.0, "rope_interleave": False,
+    "linear_split_projections": False,
 }
 # architecture -> the kind fields its engine implementation reads (the rest must be "nothing")
 ENGINE_READS = {
@@ -40,6 +41,8 @@ ENGINE_READS = {
                              "linear_value_head_dim", "linear_conv_kernel_dim", "attn_output_gate",
                              "partial_rotary_factor"}),
 }
+# Qwen3.5, dense and MoE: Qwen3-Next's layers with the linear projections stored apart
+ENGINE_READS["qwen3_5_text"] = ENGINE_READS["qwen3_5_moe_text"] = ENGINE_READS["qwen3_next"] | {"linear_split_projections"}
 
 
 def _error(message: str) -> Exception:

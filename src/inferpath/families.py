@@ -161,6 +161,7 @@ NATIVE_DECODE_FIELDS: dict[str, Callable[[Any, Any], bool]] = {
                      "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                      "linear_value_head_dim", "linear_conv_kernel_dim"), _equals(0)),
     "attn_output_gate": _equals(False), "partial_rotary_factor": _equals(1.0), "rope_interleave": _equals(False),
+    "linear_split_projections": _equals(False),
     # the native RoPE turns whole heads
     "rotary_dim": lambda value, config: value in (0, config.head_dim),
     "qk_norm": _equals(""), "norm_weight_offset": _equals(0.0), "sandwich_norms": _equals(False),

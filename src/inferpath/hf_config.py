@@ -225,7 +225,7 @@ def gemma3_rope(cfg: dict[str, Any]) -> dict[str, Any]:
 def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
     """ModelConfig keyword arguments from a config.json dict (KeyError for a missing field)."""
     architecture = cfg["model_type"]
-    if architecture in ("deepseek_v3", "qwen3_next"):  # layers of several kinds: their own reader
+    if architecture in ("deepseek_v3", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"):  # layers of several kinds
         from inferpath.hf_config_kinds import KWARGS
 
         return KWARGS[architecture](cfg)

@@ -36,6 +36,16 @@ FIELDS = {
         "use_sliding_window", "sliding_window", "max_window_layers",
     },
 }
+# Qwen3.5's text-only checkpoints (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM): Qwen3-Next's
+# fields; the dense one has no expert fields (transformers 5.24 deletes them from its config)
+FIELDS["qwen3_5_moe_text"] = FIELDS["qwen3_next"]
+FIELDS["qwen3_5_text"] = FIELDS["qwen3_next"] - {
+    "num_experts_per_tok", "norm_topk_prob", "moe_intermediate_size", "decoder_sparse_step",
+    "shared_expert_intermediate_size", "num_experts", "mlp_only_layers"}
+# rope_parameters keys of Qwen3.5's multimodal RoPE: with text only, the three position
+# components (time, height, width) are the same token index, and the interleaved sections
+# then rotate exactly as one plain RoPE (transformers' text path builds them so)
+MROPE_KEYS = ("mrope_section", "mrope_interleaved")
 TOPK_METHODS = {"noaux_tc": True, "greedy": False, "group_limited_greedy": False}  # -> correction bias
 
 
@@ -99,8 +109,11 @@ def deepseek_v3_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def qwen3_next_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
-    check_kind_fields(cfg, "qwen3_next")
+def qwen3_next_kwargs(cfg: dict[str, Any], architecture: str = "qwen3_next") -> dict[str, Any]:
+    """Qwen3-Next, or Qwen3.5 (``architecture`` qwen3_5_text / qwen3_5_moe_text: the same
+    layers, the Gated DeltaNet's projections stored apart, MRoPE keys that text reduces to RoPE)."""
+    check_kind_fields(cfg, architecture)
+    qwen3_5 = architecture != "qwen3_next"
     if cfg.get("use_sliding_window"):
         raise UnsupportedFieldError("use_sliding_window = True is not implemented for 'qwen3_next'")
     num_layers = int(cfg["num_hidden_layers"])
@@ -109,6 +122,9 @@ def qwen3_next_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
     if isinstance(cfg.get("rope_parameters"), dict):
         params = dict(cfg["rope_parameters"])
         partial = params.pop("partial_rotary_factor", partial)
+        if qwen3_5:
+            for key in MROPE_KEYS:
+                params.pop(key, None)
         rope_cfg["rope_parameters"] = params
     types = cfg.get("layer_types")
     if types is None:
@@ -120,7 +136,7 @@ def qwen3_next_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
     step = int(cfg.get("decoder_sparse_step", 1) or 1)
     only = set(cfg.get("mlp_only_layers") or ())
     experts = int(cfg.get("num_experts") or 0)
-    kwargs = _base(cfg, "qwen3_next", rope_settings(rope_cfg))
+    kwargs = _base(cfg, architecture, rope_settings(rope_cfg))
     kwargs.update(
         head_dim=int(cfg.get("head_dim") or kwargs["hidden_size"] // kwargs["num_heads"]), num_experts=experts,
         num_experts_per_tok=kwargs["num_experts_per_tok"] if experts else 0,
@@ -132,9 +148,11 @@ def qwen3_next_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         linear_num_key_heads=int(cfg["linear_num_key_heads"]),
         linear_num_value_heads=int(cfg["linear_num_value_heads"]),
         linear_key_head_dim=int(cfg["linear_key_head_dim"]), linear_value_head_dim=int(cfg["linear_value_head_dim"]),
-        linear_conv_kernel_dim=int(cfg["linear_conv_kernel_dim"]),
+        linear_conv_kernel_dim=int(cfg["linear_conv_kernel_dim"]), linear_split_projections=qwen3_5,
     )
     return kwargs
 
 
-KWARGS = {"deepseek_v3": deepseek_v3_kwargs, "qwen3_next": qwen3_next_kwargs}
+KWARGS = {"deepseek_v3": deepseek_v3_kwargs, "qwen3_next": qwen3_next_kwargs,
+          "qwen3_5_text": lambda cfg: qwen3_next_kwargs(cfg, "qwen3_5_text"),
+          "qwen3_5_moe_text": lambda cfg: qwen3_next_kwargs(cfg, "qwen3_5_moe_text")}

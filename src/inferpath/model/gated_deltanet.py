@@ -98,8 +98,15 @@ class GatedDeltaNet(nn.Module):
         self.kernel = config.linear_conv_kernel_dim
         self.conv_dim = linear_conv_dim(config)
         h = config.hidden_size
-        self.in_proj_qkvz = nn.Linear(h, 2 * self.key_dim + 2 * self.value_dim, bias=False)
-        self.in_proj_ba = nn.Linear(h, 2 * self.num_v_heads, bias=False)
+        self.split = config.linear_split_projections
+        if self.split:  # Qwen3.5: [all q, all k, all v], z, b and a each their own matrix
+            self.in_proj_qkv = nn.Linear(h, 2 * self.key_dim + self.value_dim, bias=False)
+            self.in_proj_z = nn.Linear(h, self.value_dim, bias=False)
+            self.in_proj_b = nn.Linear(h, self.num_v_heads, bias=False)
+            self.in_proj_a = nn.Linear(h, self.num_v_heads, bias=False)
+        else:  # Qwen3-Next: grouped per key head
+            self.in_proj_qkvz = nn.Linear(h, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+            self.in_proj_ba = nn.Linear(h, 2 * self.num_v_heads, bias=False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim, bias=False,
                                 padding=self.kernel - 1)
         self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
@@ -109,7 +116,11 @@ class GatedDeltaNet(nn.Module):
 
     def split_projections(self, x: torch.Tensor):
         """q, k (T, Hk * dk), v, z (T, Hv * dv), b, a (T, Hv): the checkpoint groups each
-        key head's q, k and its value heads' v, z (and b, a) together."""
+        key head's q, k and its value heads' v, z (and b, a) together; Qwen3.5's keep each
+        part whole, heads in the same order."""
+        if self.split:
+            q, k, v = self.in_proj_qkv(x).split((self.key_dim, self.key_dim, self.value_dim), dim=-1)
+            return q, k, v, self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
         num_tokens, group = x.shape[0], self.num_v_heads // self.num_k_heads
         qkvz = self.in_proj_qkvz(x).view(num_tokens, self.num_k_heads, -1)
         ba = self.in_proj_ba(x).view(num_tokens, self.num_k_heads, 2 * group)

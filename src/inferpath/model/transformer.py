@@ -64,7 +64,8 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = norm()
         self.residual_multiplier = config.residual_multiplier
         self.is_moe = (config.is_moe_layer(layer_idx)
-                       and config.architecture not in (*ROUTED_MOE_ARCHITECTURES, "deepseek_v3", "qwen3_next"))
+                       and config.architecture not in (*ROUTED_MOE_ARCHITECTURES, "deepseek_v3", "qwen3_next",
+                                                      "qwen3_5_moe_text"))
         if config.is_moe_layer(layer_idx) and config.architecture == "deepseek_v3":
             self.mlp = DeepseekMoE(config)  # sigmoid scores, grouped top-k, shared experts
         elif self.is_moe:

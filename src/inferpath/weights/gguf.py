@@ -213,7 +213,7 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
 
         infos = tqdm(infos, desc=f"loading {path.name}", unit="tensor")
     for t in infos:
-        if IGNORED_GGUF_TENSORS.match(t.name):
+        if IGNORED_GGUF_TENSORS.match(t.name) or (entry.extra_layers_ignored and _layer_of(t.name) >= config.num_layers):
             continue
         if t.qtype not in SUPPORTED_TENSOR_TYPES:
             raise WeightsError(
@@ -225,7 +225,7 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
         if permuted and kind in heads_of and shape[0] % (2 * heads_of[kind]):
             raise WeightsError(f"{path}: tensor {t.name!r} has {shape[0]} rows, not a whole number of "
                                f"row pairs for its {heads_of[kind]} heads; the file is inconsistent")
-        if keep_quantized and t.qtype in QUANTIZED_TYPES and len(shape) == 2:
+        if keep_quantized and t.qtype in QUANTIZED_TYPES and len(shape) == 2 and kind not in entry.float_kinds:
             blocks = index.array(data, t)  # (rows, row_bytes)
             if permuted and kind in heads_of:
                 blocks = _rows_in_order(blocks, unpermute_rows(np.arange(shape[0]), heads_of[kind]))
@@ -254,7 +254,15 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
                 tensors[name] = _to_torch(expert, dtype)
             continue
         tensors[_hf_name_or_raise(t.name, entry, config, path)] = _to_torch(values, dtype)
+    if entry.combine is not None:  # the converter's split or rewritten tensors, back in HF form
+        tensors = entry.combine(tensors, config)
     return config, split_fused(tensors, config, _take_rows), eos_token_ids(index)
+
+
+def _layer_of(gguf_tensor: str) -> int:
+    """N of a ``blk.N.`` tensor, -1 for a global one."""
+    parts = gguf_tensor.split(".")
+    return int(parts[1]) if parts[0] == "blk" and len(parts) > 2 and parts[1].isdigit() else -1
 
 
 def _take_rows(tensor: torch.Tensor | QuantizedTensor, start: int, end: int) -> torch.Tensor | QuantizedTensor:
@@ -303,6 +311,9 @@ def _rows_in_order(rows: np.ndarray, order: np.ndarray) -> np.ndarray:
 
 
 def _hf_name_or_raise(gguf_tensor: str, entry: GGUFArchitecture, config: ModelConfig, path: Path) -> str:
+    layer, _, rest = gguf_tensor.removeprefix("blk.").partition(".")
+    if gguf_tensor.startswith("blk.") and rest in entry.exact_renames:
+        return f"model.layers.{layer}.{entry.exact_renames[rest]}"
     name = hf_name(gguf_tensor, entry.renames)
     if name is None:
         raise WeightsError(

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inferpath.weights import gguf_arch_more as more
 from inferpath.weights.errors import WeightsError
 
 Meta = Callable[..., Any]  # meta(key, default=None): the value of "{arch}.{key}"
@@ -68,6 +69,16 @@ class GGUFArchitecture:
     config_fields: ConfigFields | None = None
     # stacked experts under mlp.experts.E.{gate,up,down}_proj, not Mixtral's block_sparse_moe
     routed_experts: bool = False
+    # per-layer GGUF names (after "blk.N.") renamed whole, suffix included ("ssm_a" has none)
+    exact_renames: Mapping[str, str] = field(default_factory=dict)
+    # config_fields reads rope.dimension_count and value_length itself (partial rotary, MLA)
+    own_head_dims: bool = False
+    # per-layer GGUF kinds always read as float (``combine`` rebuilds them), and the function
+    # that turns the converter's tensors back into Hugging Face's (gguf_arch_more.py)
+    float_kinds: frozenset[str] = frozenset()
+    combine: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
+    # tensors of layers past num_hidden_layers (multi-token prediction) are not read
+    extra_layers_ignored: bool = False
 
 
 def sliding_layers(meta: Meta, num_layers: int, default_pattern: int, path: Path) -> list[bool]:
@@ -230,6 +241,47 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     # the converter's Granite is its Llama: Q/K rows permuted
     "granite": GGUFArchitecture("granite", permuted_qk=True, config_fields=_granite, keys=frozenset({
         "attention.scale", "embedding_scale", "residual_scale", "logit_scale"})),
+    # ---- SmolLM3, ERNIE 4.5, GLM-4 MoE, DeepSeek-V2/V3, Qwen3-Next (gguf_arch_more.py)
+    # SmolLM3 is converted as Llama (Q/K permuted); ERNIE 4.5 is not, but its checkpoint
+    # stores Q/K for RoPE over adjacent pairs, which is the same row order
+    "smollm3": GGUFArchitecture("smollm3", permuted_qk=True, config_fields=more.smollm3),
+    "ernie4_5": GGUFArchitecture("ernie4_5", permuted_qk=True, config_fields=more.ernie4_5),
+    "glm4moe": GGUFArchitecture(
+        "glm4_moe", routed_experts=True, own_head_dims=True, extra_layers_ignored=True, config_fields=more.glm4moe,
+        renames={**_ROUTED_RENAMES, "post_attention_norm": "post_attention_layernorm",
+                 "ffn_gate_shexp": "mlp.shared_experts.gate_proj", "ffn_up_shexp": "mlp.shared_experts.up_proj",
+                 "ffn_down_shexp": "mlp.shared_experts.down_proj"},
+        exact_renames={"exp_probs_b.bias": "mlp.gate.e_score_correction_bias"},
+        keys=frozenset({"expert_shared_count", "leading_dense_block_count", "expert_gating_func",
+                        "expert_weights_scale", "expert_weights_norm", "expert_group_count",
+                        "expert_group_used_count", "nextn_predict_layers"})),
+    "deepseek2": GGUFArchitecture(
+        "deepseek_v3", routed_experts=True, own_head_dims=True, config_fields=more.deepseek2,
+        combine=more.combine_deepseek2, float_kinds=frozenset({"attn_k_b", "attn_v_b"}),
+        renames={"attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self_attn.q_a_layernorm",
+                 "attn_q_b": "self_attn.q_b_proj", "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+                 "attn_kv_a_norm": "self_attn.kv_a_layernorm", "attn_k_b": "self_attn.k_b_proj",
+                 "attn_v_b": "self_attn.v_b_proj", "ffn_gate_inp": "mlp.gate",
+                 "ffn_gate_shexp": "mlp.shared_experts.gate_proj", "ffn_up_shexp": "mlp.shared_experts.up_proj",
+                 "ffn_down_shexp": "mlp.shared_experts.down_proj"},
+        exact_renames={"exp_probs_b.bias": "mlp.gate.e_score_correction_bias"},
+        keys=frozenset({"attention.q_lora_rank", "attention.kv_lora_rank", "attention.key_length_mla",
+                        "attention.value_length_mla", "leading_dense_block_count", "expert_shared_count",
+                        "expert_weights_scale", "expert_weights_norm", "expert_gating_func",
+                        "expert_group_count", "expert_group_used_count"})),
+    "qwen3next": GGUFArchitecture(
+        "qwen3_next", routed_experts=True, own_head_dims=True, config_fields=more.qwen3next,
+        combine=more.combine_qwen3next, float_kinds=frozenset({"attn_qkv", "attn_gate"}),
+        renames={**_ROUTED_RENAMES, "post_attention_norm": "post_attention_layernorm",
+                 "attn_qkv": "linear_attn.in_proj_qkv", "attn_gate": "linear_attn.in_proj_z",
+                 "ssm_ba": "linear_attn.in_proj_ba", "ssm_norm": "linear_attn.norm",
+                 "ssm_out": "linear_attn.out_proj"},
+        exact_renames={"ssm_a": "linear_attn.ssm_a", "ssm_dt.bias": "linear_attn.dt_bias",
+                       "ssm_conv1d.weight": "linear_attn.conv1d.weight"},
+        keys=frozenset({"expert_shared_feed_forward_length", "ssm.conv_kernel", "ssm.state_size",
+                        "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size",
+                        "attention.recurrent_layers", "full_attention_interval"})),
+    # ---- end of SmolLM3 .. Qwen3-Next
 }
 
 

@@ -121,6 +121,8 @@ def check_metadata_keys(metadata: dict[str, Any], arch: str, path: Path) -> None
         heads, hidden = value(f"{arch}.attention.head_count"), value(f"{arch}.embedding_length")
         head_dim = hidden // heads if heads and hidden else None
     for key in (f"{arch}.rope.dimension_count", f"{arch}.attention.value_length"):
+        if entry is not None and entry.own_head_dims:  # read (and checked) by the entry's config_fields
+            break
         found = value(key)
         if found is not None and head_dim is not None and int(found) != int(head_dim):
             raise WeightsError(f"{path}: GGUF metadata {key} = {found} differs from the head "

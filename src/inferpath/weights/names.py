@@ -92,7 +92,7 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         from inferpath.weights.names_mla import deepseek_shapes
 
         return deepseek_shapes(config)
-    if config.architecture == "qwen3_next":  # Gated DeltaNet + gated attention layers
+    if config.num_linear_layers:  # Gated DeltaNet + gated attention layers (Qwen3-Next, Qwen3.5)
         from inferpath.weights.names_hybrid import qwen3_next_shapes
 
         return qwen3_next_shapes(config)

@@ -1,4 +1,4 @@
-"""Qwen3-Next's checkpoint tensors (Gated DeltaNet and gated attention layers, experts with
+"""Qwen3-Next's and Qwen3.5's checkpoint tensors (Gated DeltaNet and gated attention layers, experts with
 a shared expert) and their shapes: the other half of names.expected_shapes for it."""
 
 from __future__ import annotations
@@ -22,8 +22,12 @@ def qwen3_next_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             a = p + "linear_attn."
             shapes |= {a + "dt_bias": (hv,), a + "A_log": (hv,),
                        a + "conv1d.weight": (linear_conv_dim(config), 1, config.linear_conv_kernel_dim),
-                       a + "in_proj_qkvz.weight": (2 * kd + 2 * vd, h), a + "in_proj_ba.weight": (2 * hv, h),
                        a + "norm.weight": (config.linear_value_head_dim,), a + "out_proj.weight": (h, vd)}
+            if config.linear_split_projections:  # Qwen3.5
+                shapes |= {a + "in_proj_qkv.weight": (2 * kd + vd, h), a + "in_proj_z.weight": (vd, h),
+                           a + "in_proj_b.weight": (hv, h), a + "in_proj_a.weight": (hv, h)}
+            else:
+                shapes |= {a + "in_proj_qkvz.weight": (2 * kd + 2 * vd, h), a + "in_proj_ba.weight": (2 * hv, h)}
         else:
             a = p + "self_attn."
             shapes |= {a + "q_proj.weight": (2 * config.q_size, h), a + "k_proj.weight": (config.kv_size, h),
