@@ -157,7 +157,7 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *panel, con
                 s[i][0] = _mm512_slli_epi32(s[i][0], RESIDUAL_SHIFT);
                 s[i][1] = _mm512_slli_epi32(s[i][1], RESIDUAL_SHIFT);
             }
-            one_pass(s, pb, xr + 32 * b, k, g0, quads, R);
+            if (!q->one_pass) one_pass(s, pb, xr + 32 * b, k, g0, quads, R);  /* else r is zero */
             const __m512 sc0 = _mm512_load_ps(scale + half * PANEL), sc1 = _mm512_load_ps(scale + half * PANEL + 16);
             const __m512 mn0 = _mm512_load_ps(min + half * PANEL), mn1 = _mm512_load_ps(min + half * PANEL + 16);
             for (int i = 0; i < R; i++) {
