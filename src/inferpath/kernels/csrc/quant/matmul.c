@@ -223,7 +223,7 @@ void quant_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
         int64_t j0 = t * TILE_ROWS, rows = m - j0 < TILE_ROWS ? m - j0 : TILE_ROWS;
         const float *d = q->xd + j0 * nb, *sx = q->xs + j0 * nb, *h = q->xh + 2 * j0 * nb;
         q8_rows xj = {q->xq + j0 * k, q->xr + j0 * k, d, sx, h, k, lanes_for(m), q->one_pass};
-        wide_rows xw = {q->wq + j0 * k, q->wr + j0 * k, d, sx, h, k};
+        wide_rows xw = {q->wq + j0 * k, q->wr + j0 * k, d, sx, h, k, q->one_pass};
         int i = 0;
         for (int64_t r = c0; r < c1; r++) {
             while (r >= q->starts[i + 1]) i++;
