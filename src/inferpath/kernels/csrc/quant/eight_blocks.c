@@ -10,8 +10,10 @@
  *   - the scales are decoded once, into eight (Q6_K: sixteen) float scales (d * scale_s)
  *     and mins (-dmin * min_s; Q6_K: its offset, -32 * scale),
  *     vectors shared by the tile's rows;
- *   - each block's integer dot product (unpack.h's int_dot: x's two int8 passes,
- *     (w.q << RESIDUAL_SHIFT) + w.r in int32) stays an int32 vector of eight partial sums;
+ *   - each block's integer dot product (unpack.h's int_dot_one: x in one int8 pass,
+ *     activations.h's one_pass; int_dot where a group shares x with a 32-value format:
+ *     two passes, (w.q << RESIDUAL_SHIFT) + w.r in int32) stays an int32 vector of eight
+ *     partial sums;
  *     the eight blocks' vectors are reduced together by horizontal adds into one vector of
  *     the eight blocks' (Q6_K: sixteen half blocks') exact sums, converted once and scaled
  *     by one multiply-add against scale * d_x per lane;

@@ -11,7 +11,8 @@
  * tile of 8 rows, and use 256-bit registers).
  *
  * The arithmetic is the row kernel's, per block: x carried by two int8 passes summed in
- * int32 as (w.q << RESIDUAL_SHIFT) + w.r (activations.h), converted once, scaled by the
+ * int32 as (w.q << RESIDUAL_SHIFT) + w.r (activations.h; the r pass skipped where it is
+ * zero: the K-quants' one pass), converted once, scaled by the
  * weight's and x's scales, and the format's min and offset joining as min * sum(x). A
  * format with two scales a block (Q6_K) folds each 16-value half apart. So a row's result
  * is the row kernel's up to float32 summation order.

@@ -9,7 +9,8 @@
  *     dot = d_x * sum_h scale_h * sum_{e in h} (q_e - OFFSET) * qx_e  +  min * s_x
  *
  * The integer part, per level (chosen by the flags this file is compiled with), for x's
- * two int8 passes (activations.h) summed in int32 as (q << 8) + r:
+ * two int8 passes (activations.h) summed in int32 as (q << 8) + r (a group of K-quants
+ * alone: r is zero, one pass, activations.h's one_pass):
  *   AVX-512 VNNI: vpdpbusd on 256-bit registers (u8 x s8 summed by fours into int32;
  *         Q8_0's signed weights offset by 128 to unsigned, the offset joining the min);
  *   AVX2: vpmaddubsw (u8 x s8 pairs into int16: |sum| <= 2 * 63 * 127, no saturation
