@@ -2,7 +2,8 @@
 
 Each block format's kernels against the ``gguf`` package's dequantizer followed by a
 float32 matmul, at every instruction-set level this CPU executes. The fused kernel
-quantizes x per 32 values to int8 (scale d = max|x| / 127, each value off by at most d/2),
+quantizes x per 32 values to int8 (scale d = max|x| / 127, each value off by at most d/2;
+the 32-value formats carry the residual in a second int8 pass, the K-quants do not),
 so its error bound per output is sum over blocks of d/2 * sum |w| over the block, plus
 float32 rounding. Then the real models: quantized against the same file dequantized to
 float32 by inferpath, teacher-forced over 512+ tokens of text.
@@ -98,6 +99,37 @@ def test_quantized_matmul_within_the_activation_rounding(qtype, rows, isa):
     assert out.shape == (rows, 37) and ((out - exact).abs() <= bound).all()
     if not ops.quant_rows_fused(rows):  # dequantized tiles: float32 rounding only
         torch.testing.assert_close(out, exact, rtol=1e-4, atol=1e-4)
+
+
+def one_pass_x(x: torch.Tensor) -> torch.Tensor:
+    """x as the K-quant kernels see it (activations.h): per 32 values d = max|x| / 127 and
+    q = round(x * 127 / max|x|) (ties to even, as the kernels round), x' = d * q."""
+    m, k = x.shape
+    blocks = x.reshape(m, k // 32, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return (torch.round(blocks * inv) * (amax / 127.0)).reshape(m, k)
+
+
+K_TYPES = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 64, 512])
+@pytest.mark.parametrize("qtype", K_TYPES, ids=[t.name for t in K_TYPES])
+def test_k_quants_meet_x_in_one_int8_pass(qtype, rows, isa):
+    """The K-quants' arithmetic, at every level and row count (row kernel, wide tiles, GEMM
+    panels): the dequantized weights against x rounded to ONE int8 pass per 32 values,
+    exactly up to float32 rounding (the integer sums are exact). Two passes (the 32-value
+    formats') would land ~d/2 per value away: far outside this tolerance."""
+    cols = 5 * 256
+    weight = random_weight(qtype, 19, cols, seed=rows + 3 * int(qtype))
+    exact_w = weight.dequantize().double()
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, cols, generator=gen) * torch.rand(rows, 1, generator=gen) * 4
+    expected = one_pass_x(x).double() @ exact_w.T
+    fused = ops.run_quant_matmul(build.native_quant_matmul(), x, weight.data, int(qtype), None, 19).double()
+    scale = x.abs().double() @ exact_w.abs().T
+    assert ((fused - expected).abs() <= 2e-6 * scale + 1e-6).all(), ((fused - expected).abs() / scale).max()
 
 
 def test_tiles_cover_every_row(monkeypatch):

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "blocks.h"
+
 /* A row tile: one weight row against up to TILE_ROWS rows of x. */
 #define TILE_ROWS 8
 
@@ -22,6 +24,7 @@ typedef struct {
     const float *s;    /* d_x * sum(q + r / RESIDUAL_STEPS) over the block */
     const float *h;    /* the same sum over each half block: [..][k / 32][2][lanes] */
     int64_t k, lanes;  /* lanes: lanes_for(m) */
+    int one_pass;      /* r is all zero (one_pass_format): the row kernels may skip it */
 } q8_rows;
 
 /* lanes a tile's per-block scalars have: one for a single row, else TILE_ROWS */
@@ -43,6 +46,15 @@ static inline int64_t half_lane_of(int64_t j, int64_t b, int64_t nb, int half, i
  * text; two flip none of them. */
 #define RESIDUAL_SHIFT 8
 #define RESIDUAL_STEPS 256.0f
+
+/* The K-quants (Q4_K, Q5_K, Q6_K) meet x in ONE int8 pass: r is zero, so s and h are the
+ * sums of q alone and every kernel's (w.q << RESIDUAL_SHIFT) + w.r is w.q scaled exactly
+ * by 256, the same numbers at every level (the portable one included). llama.cpp's K-quant
+ * path quantizes x to one int8 pass per 256 values (its Q8_K); one per 32 is as fine or
+ * finer. The second pass doubled the kernel's integer work per weight, and at one thread the
+ * row kernel is bound by its instructions, not memory (docs/kquant_kernels.md). A group of
+ * weights (a fused Q/K/V) takes one pass only if all of its formats do. */
+static inline int one_pass_format(int qtype) { return qtype == Q4_K || qtype == Q5_K || qtype == Q6_K; }
 
 /* Where value e (a multiple of 4) of row i's block b lies in the interleaved copy the
  * wide kernel reads (wide.c): per tile of TILE_ROWS rows, per block and per group of four
@@ -73,7 +85,8 @@ static inline __m256i pack_bytes(const __m256i *v) {
     __m256i words = _mm256_packs_epi32(v[0], v[1]), words2 = _mm256_packs_epi32(v[2], v[3]);
     return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(words, words2), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
-static inline void quantize_block(const float *xb, float inv, int8_t *q, int8_t *r, int *sums, int *residual_sums) {
+static inline void quantize_block(const float *xb, float inv, int8_t *q, int8_t *r, int *sums, int *residual_sums,
+                                  int one_pass) {
     __m256i whole_i[4], rest_i[4];
     for (int c = 0; c < 4; c++) {
         __m256 v = _mm256_mul_ps(_mm256_loadu_ps(xb + 8 * c), _mm256_set1_ps(inv));
@@ -81,6 +94,7 @@ static inline void quantize_block(const float *xb, float inv, int8_t *q, int8_t 
         __m256 rest = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(v, whole), _mm256_set1_ps(RESIDUAL_STEPS)),
                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         rest = _mm256_min_ps(_mm256_max_ps(rest, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+        if (one_pass) rest = _mm256_setzero_ps();
         whole_i[c] = _mm256_cvtps_epi32(whole);
         rest_i[c] = _mm256_cvtps_epi32(rest);
     }
@@ -97,13 +111,14 @@ static inline float block_amax(const float *xb) {
     for (int e = 0; e < 32; e++) amax = fmaxf(amax, fabsf(xb[e]));
     return amax;
 }
-static inline void quantize_block(const float *xb, float inv, int8_t *q, int8_t *r, int *sums, int *residual_sums) {
+static inline void quantize_block(const float *xb, float inv, int8_t *q, int8_t *r, int *sums, int *residual_sums,
+                                  int one_pass) {
     sums[0] = sums[1] = residual_sums[0] = residual_sums[1] = 0;
     for (int e = 0; e < 32; e++) {
         float v = xb[e] * inv;
         float whole = nearbyintf(v);
         float rest = nearbyintf((v - whole) * RESIDUAL_STEPS);
-        rest = fminf(fmaxf(rest, -127.0f), 127.0f);
+        rest = one_pass ? 0.0f : fminf(fmaxf(rest, -127.0f), 127.0f);
         q[e] = (int8_t)whole;
         r[e] = (int8_t)rest;
         sums[e / 16] += (int)whole;
@@ -113,9 +128,10 @@ static inline void quantize_block(const float *xb, float inv, int8_t *q, int8_t 
 #endif
 
 /* x (m, k) -> q, r (m, k) and the tile-major scalars d, s, h; with wq, wr (not NULL:
- * padded to whole tiles, zeroed by the caller) also the interleaved copies. */
+ * padded to whole tiles, zeroed by the caller) also the interleaved copies. one_pass: r
+ * zero (one_pass_format). */
 static inline void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, int8_t *r, float *d, float *s,
-                                 float *h, int8_t *wq, int8_t *wr, int num_threads) {
+                                 float *h, int8_t *wq, int8_t *wr, int one_pass, int num_threads) {
     int64_t nb = k / 32, lanes = lanes_for(m);
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (m * k >= 65536)
     for (int64_t i = 0; i < m * nb; i++) {
@@ -123,7 +139,7 @@ static inline void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q
         float amax = block_amax(xb);
         float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         int sums[2], residual_sums[2];
-        quantize_block(xb, inv, q + i * 32, r + i * 32, sums, residual_sums);
+        quantize_block(xb, inv, q + i * 32, r + i * 32, sums, residual_sums, one_pass);
         int64_t j = i / nb, b = i % nb;
         if (wq)
             for (int e = 0; e < 32; e += 4) {

@@ -10,8 +10,10 @@
  *   - the scales are decoded once, into eight (Q6_K: sixteen) float scales (d * scale_s)
  *     and mins (-dmin * min_s; Q6_K: its offset, -32 * scale),
  *     vectors shared by the tile's rows;
- *   - each block's integer dot product (unpack.h's int_dot: x's two int8 passes,
- *     (w.q << RESIDUAL_SHIFT) + w.r in int32) stays an int32 vector of eight partial sums;
+ *   - each block's integer dot product (unpack.h's int_dot_one: x in one int8 pass,
+ *     activations.h's one_pass; int_dot where a group shares x with a 32-value format:
+ *     two passes, (w.q << RESIDUAL_SHIFT) + w.r in int32) stays an int32 vector of eight
+ *     partial sums;
  *     the eight blocks' vectors are reduced together by horizontal adds into one vector of
  *     the eight blocks' (Q6_K: sixteen half blocks') exact sums, converted once and scaled
  *     by one multiply-add against scale * d_x per lane;
@@ -105,7 +107,9 @@ typedef struct {
     __m256 scale_a, scale_b, min_a, min_b;
 } group8;
 
-static inline __attribute__((always_inline)) void k_group(const uint8_t *sb, const int qtype, group8 *g) {
+/* unit: 1, or RESIDUAL_STEPS where x is in one pass (its sums unshifted; exact in float) */
+static inline __attribute__((always_inline)) void k_group(const uint8_t *sb, const int qtype, const float unit,
+                                                           group8 *g) {
     unpack_super(sb, qtype, g->w);
     if (qtype == Q6_K) {
         const __m256i halves_order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
@@ -116,20 +120,22 @@ static inline __attribute__((always_inline)) void k_group(const uint8_t *sb, con
         g->scale_b = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(sc2, halves_order)));
         g->min_a = _mm256_mul_ps(_mm256_set1_ps(-32.0f), g->scale_a);  /* the offset: -32 * scale */
         g->min_b = _mm256_mul_ps(_mm256_set1_ps(-32.0f), g->scale_b);
+        g->scale_a = _mm256_mul_ps(g->scale_a, _mm256_set1_ps(unit));
+        g->scale_b = _mm256_mul_ps(g->scale_b, _mm256_set1_ps(unit));
         return;
     }
     float d, dmin;
     half_pair(sb, &d, &dmin);
     __m256i sc, mn;
     k_scales_mins(sb + 4, &sc, &mn);
-    g->scale_a = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sc));
+    g->scale_a = _mm256_mul_ps(_mm256_set1_ps(d * unit), _mm256_cvtepi32_ps(sc));
     g->min_a = _mm256_mul_ps(_mm256_set1_ps(-dmin), _mm256_cvtepi32_ps(mn));
 }
 
 /* A group's contribution to rows 0..R-1 of x: blocks [first, first + 8). */
 static inline __attribute__((always_inline)) void meet_rows(const group8 *g, const q8_rows *x, const int R,
-                                                             int64_t first, const int qtype, __m256 *acc,
-                                                             __m256 *mins) {
+                                                             int64_t first, const int qtype, const int one_pass,
+                                                             __m256 *acc, __m256 *mins) {
     const int64_t k = x->k, lanes = x->lanes;
     const __m256i by8 = _mm256_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56);
     const __m256i halves_order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
@@ -137,8 +143,9 @@ static inline __attribute__((always_inline)) void meet_rows(const group8 *g, con
         const int8_t *xq = x->q + j * k + 32 * first, *xr = x->r + j * k + 32 * first;
         __m256i s[8];
         for (int b = 0; b < 8; b++)
-            s[b] = int_dot(g->w[b], _mm256_loadu_si256((const __m256i *)(xq + 32 * b)),
-                           _mm256_loadu_si256((const __m256i *)(xr + 32 * b)), 0);
+            s[b] = one_pass ? int_dot_one(g->w[b], _mm256_loadu_si256((const __m256i *)(xq + 32 * b)))
+                            : int_dot(g->w[b], _mm256_loadu_si256((const __m256i *)(xq + 32 * b)),
+                                      _mm256_loadu_si256((const __m256i *)(xr + 32 * b)), 0);
         /* x's scalars of these blocks (activations.h): one lane (a single row: plain
          * loads), or row j's lane of eight (gathers) */
         const int one = lanes == 1;
@@ -173,16 +180,26 @@ static inline __attribute__((always_inline)) void meet_rows(const group8 *g, con
 }
 
 /* One weight row against R rows of x: out[j] = row . x_j, then hsum(acc) + hsum(mins). */
-static inline __attribute__((always_inline)) void k_tile(const uint8_t *row, const q8_rows *x, const int R,
-                                                          float *out, const int qtype, const int bytes) {
+static inline __attribute__((always_inline)) void k_tile_pass(const uint8_t *row, const q8_rows *x, const int R,
+                                                               float *out, const int qtype, const int bytes,
+                                                               const int one_pass) {
     __m256 acc[TILE_ROWS], mins[TILE_ROWS];
+    const float unit = one_pass ? RESIDUAL_STEPS : 1.0f;
     for (int j = 0; j < R; j++) acc[j] = mins[j] = _mm256_setzero_ps();
     for (int64_t t = 0; t < x->k / 256; t++) {
         group8 g;
-        k_group(row + (int64_t)bytes * t, qtype, &g);
-        meet_rows(&g, x, R, 8 * t, qtype, acc, mins);
+        k_group(row + (int64_t)bytes * t, qtype, unit, &g);
+        meet_rows(&g, x, R, 8 * t, qtype, one_pass, acc, mins);
     }
     for (int j = 0; j < R; j++) out[j] = hsum256(acc[j]) + hsum256(mins[j]);
+}
+
+/* x in one int8 pass (activations.h: a group of K-quants alone) or two (one shared with
+ * a 32-value format) */
+static inline __attribute__((always_inline)) void k_tile(const uint8_t *row, const q8_rows *x, const int R,
+                                                          float *out, const int qtype, const int bytes) {
+    if (x->one_pass) k_tile_pass(row, x, R, out, qtype, bytes, 1);
+    else k_tile_pass(row, x, R, out, qtype, bytes, 0);
 }
 
 /* Rows 1..TILE_ROWS of a tile, by fours (each count compiled apart: accumulators in registers) */

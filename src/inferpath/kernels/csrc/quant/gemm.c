@@ -11,7 +11,8 @@
  * tile of 8 rows, and use 256-bit registers).
  *
  * The arithmetic is the row kernel's, per block: x carried by two int8 passes summed in
- * int32 as (w.q << RESIDUAL_SHIFT) + w.r (activations.h), converted once, scaled by the
+ * int32 as (w.q << RESIDUAL_SHIFT) + w.r (activations.h; the r pass skipped where it is
+ * zero: the K-quants' one pass), converted once, scaled by the
  * weight's and x's scales, and the format's min and offset joining as min * sum(x). A
  * format with two scales a block (Q6_K) folds each 16-value half apart. So a row's result
  * is the row kernel's up to float32 summation order.
@@ -157,7 +158,7 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *panel, con
                 s[i][0] = _mm512_slli_epi32(s[i][0], RESIDUAL_SHIFT);
                 s[i][1] = _mm512_slli_epi32(s[i][1], RESIDUAL_SHIFT);
             }
-            one_pass(s, pb, xr + 32 * b, k, g0, quads, R);
+            if (!q->one_pass) one_pass(s, pb, xr + 32 * b, k, g0, quads, R);  /* else r is zero */
             const __m512 sc0 = _mm512_load_ps(scale + half * PANEL), sc1 = _mm512_load_ps(scale + half * PANEL + 16);
             const __m512 mn0 = _mm512_load_ps(min + half * PANEL), mn1 = _mm512_load_ps(min + half * PANEL + 16);
             for (int i = 0; i < R; i++) {

@@ -9,7 +9,8 @@
  *     dot = d_x * sum_h scale_h * sum_{e in h} (q_e - OFFSET) * qx_e  +  min * s_x
  *
  * The integer part, per level (chosen by the flags this file is compiled with), for x's
- * two int8 passes (activations.h) summed in int32 as (q << 8) + r:
+ * two int8 passes (activations.h) summed in int32 as (q << 8) + r (a group of K-quants
+ * alone: r is zero, one pass, activations.h's one_pass):
  *   AVX-512 VNNI: vpdpbusd on 256-bit registers (u8 x s8 summed by fours into int32;
  *         Q8_0's signed weights offset by 128 to unsigned, the offset joining the min);
  *   AVX2: vpmaddubsw (u8 x s8 pairs into int16: |sum| <= 2 * 63 * 127, no saturation
@@ -188,6 +189,8 @@ int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *
         q->starts[i + 1] = q->starts[i] + ns[i];
         q->qtypes[i] = qtypes[i];
     }
+    q->one_pass = 1;
+    for (int i = 0; i < count; i++) q->one_pass = q->one_pass && one_pass_format(qtypes[i]);
     int64_t nb = k / 32;
     q->n = q->starts[count], q->tiles = (m + TILE_ROWS - 1) / TILE_ROWS;
     q->use_gemm = m >= GEMM_MIN_ROWS && !rows_alone && gemm_ready();
@@ -203,7 +206,7 @@ int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *
         memset(q->wq + (padded - TILE_ROWS) * k, 0, (size_t)(TILE_ROWS * k));
         memset(q->wr + (padded - TILE_ROWS) * k, 0, (size_t)(TILE_ROWS * k));
     }
-    quantize_rows(x, m, k, q->xq, q->xr, q->xd, q->xs, q->xh, q->wq, q->wr, num_threads);
+    quantize_rows(x, m, k, q->xq, q->xr, q->xd, q->xs, q->xh, q->wq, q->wr, q->one_pass, num_threads);
     return 0;
 }
 
@@ -220,8 +223,8 @@ void quant_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
     for (int64_t t = 0; t < q->tiles; t++) {
         int64_t j0 = t * TILE_ROWS, rows = m - j0 < TILE_ROWS ? m - j0 : TILE_ROWS;
         const float *d = q->xd + j0 * nb, *sx = q->xs + j0 * nb, *h = q->xh + 2 * j0 * nb;
-        q8_rows xj = {q->xq + j0 * k, q->xr + j0 * k, d, sx, h, k, lanes_for(m)};
-        wide_rows xw = {q->wq + j0 * k, q->wr + j0 * k, d, sx, h, k};
+        q8_rows xj = {q->xq + j0 * k, q->xr + j0 * k, d, sx, h, k, lanes_for(m), q->one_pass};
+        wide_rows xw = {q->wq + j0 * k, q->wr + j0 * k, d, sx, h, k, q->one_pass};
         int i = 0;
         for (int64_t r = c0; r < c1; r++) {
             while (r >= q->starts[i + 1]) i++;

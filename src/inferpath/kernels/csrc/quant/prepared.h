@@ -13,7 +13,7 @@
 typedef void (*rows_fn)(const uint8_t *, const q8_rows *, int64_t, float *);
 
 typedef struct {
-    int count, use_wide, use_gemm;
+    int count, use_wide, use_gemm, one_pass;  /* one_pass: x in one int8 pass (activations.h) */
     int qtypes[MAX_GROUP];
     const uint8_t *const *ws;
     const int64_t *row_bytes;

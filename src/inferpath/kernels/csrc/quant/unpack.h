@@ -89,6 +89,15 @@ static inline __m256i int_dot(__m256i w, __m256i xq, __m256i xr, int is_signed) 
 #endif
 }
 
+/* The same sums for x in one pass (activations.h's one_pass): w.q alone, unshifted. */
+static inline __m256i int_dot_one(__m256i w, __m256i xq) {
+#if VNNI
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, xq);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, xq), _mm256_set1_epi16(1));
+#endif
+}
+
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

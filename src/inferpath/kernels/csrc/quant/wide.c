@@ -31,15 +31,16 @@ static inline __m256i dot_pair(__m256i acc, __m256i w0, __m256i x0, __m256i w1, 
 }
 
 /* (q << RESIDUAL_SHIFT) + r over the groups [g0, g0 + 4) of one block, for the 8 rows */
-static inline __m256i half_block(__m256i w, const int8_t *xq, const int8_t *xr, int g0, int is_signed) {
+static inline __m256i half_block(__m256i w, const int8_t *xq, const int8_t *xr, int g0, int is_signed, int one_pass) {
     __m256i sq = _mm256_setzero_si256(), sr = _mm256_setzero_si256();
     for (int g = g0; g < g0 + 4; g += 2) {
         __m256i w0 = _mm256_permutevar8x32_epi32(w, _mm256_set1_epi32(g));
         __m256i w1 = _mm256_permutevar8x32_epi32(w, _mm256_set1_epi32(g + 1));
         sq = dot_pair(sq, w0, _mm256_loadu_si256((const __m256i *)(xq + 32 * g)),
                       w1, _mm256_loadu_si256((const __m256i *)(xq + 32 * (g + 1))), is_signed);
-        sr = dot_pair(sr, w0, _mm256_loadu_si256((const __m256i *)(xr + 32 * g)),
-                      w1, _mm256_loadu_si256((const __m256i *)(xr + 32 * (g + 1))), is_signed);
+        if (!one_pass)
+            sr = dot_pair(sr, w0, _mm256_loadu_si256((const __m256i *)(xr + 32 * g)),
+                          w1, _mm256_loadu_si256((const __m256i *)(xr + 32 * (g + 1))), is_signed);
     }
     return _mm256_add_epi32(_mm256_slli_epi32(sq, RESIDUAL_SHIFT), sr);
 }
@@ -56,17 +57,17 @@ static void NAME##_wide(const uint8_t *row, const wide_rows *x, float *out) {   
         const int8_t *xq = x->q + b * 8 * 4 * TILE_ROWS, *xr = x->r + b * 8 * 4 * TILE_ROWS;       \
         __m256 dx = _mm256_loadu_ps(x->d + b * TILE_ROWS);                                          \
         if (TWO_SCALES) {                                                                           \
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_block(w, xq, xr, 0, is_signed)),          \
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_block(w, xq, xr, 0, is_signed, x->one_pass)),          \
                                   _mm256_mul_ps(dx, _mm256_set1_ps(p.scale[0])), acc);              \
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_block(w, xq, xr, 4, is_signed)),          \
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_block(w, xq, xr, 4, is_signed, x->one_pass)),          \
                                   _mm256_mul_ps(dx, _mm256_set1_ps(p.scale[1])), acc);              \
             const float *h = x->h + b * 2 * TILE_ROWS;                                              \
             mins = _mm256_fmadd_ps(_mm256_loadu_ps(h), _mm256_set1_ps(offset ? p.min - (float)offset * p.scale[0] : p.min), mins); \
             mins = _mm256_fmadd_ps(_mm256_loadu_ps(h + TILE_ROWS),                                  \
                                    _mm256_set1_ps(offset ? p.min - (float)offset * p.scale[1] : p.min), mins);       \
         } else {                                                                                    \
-            __m256i sums = _mm256_add_epi32(half_block(w, xq, xr, 0, is_signed),                    \
-                                            half_block(w, xq, xr, 4, is_signed));                   \
+            __m256i sums = _mm256_add_epi32(half_block(w, xq, xr, 0, is_signed, x->one_pass),                    \
+                                            half_block(w, xq, xr, 4, is_signed, x->one_pass));                   \
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(dx, _mm256_set1_ps(p.scale[0])), acc); \
             if (offset || p.min != 0.0f)                                                            \
                 mins = _mm256_fmadd_ps(_mm256_loadu_ps(x->s + b * TILE_ROWS),                       \

@@ -10,6 +10,7 @@ typedef struct {
     const int8_t *q, *r;           /* [k / 32][8 groups][TILE_ROWS][4] */
     const float *d, *s, *h;        /* as in q8_rows */
     int64_t k;
+    int one_pass;                  /* r is zero (activations.h): skipped */
 } wide_rows;
 
 /* one weight row against the TILE_ROWS rows of a tile: out[TILE_ROWS] */
