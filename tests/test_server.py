@@ -231,6 +231,20 @@ def test_serve_flags_reach_the_engine_config():
     assert model_argument(build_parser().parse_args(["serve"])) == MODEL
 
 
+def test_serve_flags_bound_the_responses_store(capsys):
+    from inferpath.cli import build_parser
+    from inferpath.cli.serve import response_store_from_args
+
+    store = response_store_from_args(build_parser().parse_args(
+        ["serve", MODEL, "--responses-store-max", "7", "--responses-store-bytes", "4096"]))
+    assert (store.max_responses, store.max_bytes) == (7, 4096)
+    default = response_store_from_args(build_parser().parse_args(["serve"]))
+    assert (default.max_responses, default.max_bytes) == (1000, 256 * 1024 * 1024)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--responses-store-max", "0"])
+    assert "--responses-store-max: must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_serve_refuses_a_taken_port_before_loading_the_model(tmp_path):
     import socket
     import subprocess

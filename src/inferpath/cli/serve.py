@@ -12,6 +12,7 @@ import sys
 from inferpath.cli.engine_flags import add_engine_flags, engine_config_from_args
 from inferpath.deploy.cli import add_replica_flags, run_replicas, wants_replicas
 from inferpath.server.reasoning import REASONING_PARSERS
+from inferpath.server.response_store import DEFAULT_MAX_BYTES, DEFAULT_MAX_RESPONSES
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -42,11 +43,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
                         help="how answers' reasoning is split from their content (vLLM's "
                              "names; default: chosen from the model and its chat template)")
+    parser.add_argument("--responses-store-max", type=_at_least_one, default=DEFAULT_MAX_RESPONSES,
+                        metavar="N", help="the most stored Responses (store: true) kept for "
+                        f"previous_response_id and GET; the oldest evicted (default: {DEFAULT_MAX_RESPONSES})")
+    parser.add_argument("--responses-store-bytes", type=_at_least_one, default=DEFAULT_MAX_BYTES,
+                        metavar="BYTES", help="the most bytes of stored Responses' JSON kept "
+                        f"(default: {DEFAULT_MAX_BYTES} = {DEFAULT_MAX_BYTES >> 20} MiB)")
     add_engine_flags(parser)
     add_replica_flags(parser)
     parser.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug"))
     parser.set_defaults(func=run_serve)
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def response_store_from_args(args: argparse.Namespace):
+    from inferpath.server.response_store import ResponseStore
+
+    return ResponseStore(max_responses=args.responses_store_max, max_bytes=args.responses_store_bytes)
 
 
 def model_argument(args: argparse.Namespace) -> str:
@@ -85,7 +105,8 @@ def run_serve(args: argparse.Namespace) -> int:
     name = names[0]
     app = build_app(AsyncEngine(engine), api_key=args.api_key, served_model_name=names,
                     max_n=args.max_n, allowed_origins=args.allowed_origins,
-                    reasoning_parser=args.reasoning_parser)
+                    reasoning_parser=args.reasoning_parser,
+                    response_store=response_store_from_args(args))
     print(f"inferpath serve: {name} (max_model_len {engine.max_model_len}) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr)
     serve_forever(app, sock, log_level=args.log_level)
