@@ -191,3 +191,55 @@ def test_seeded_requests_run_the_default_path_without_the_flag(llm):
 def test_deterministic_seeded_refuses_tensor_parallelism():
     with pytest.raises(ValueError, match="deterministic_seeded"):
         EngineConfig(deterministic_seeded=True, tensor_parallel_size=2)
+
+
+def test_deterministic_seeded_refuses_speculative_decoding():
+    with pytest.raises(ValueError, match="speculative"):
+        EngineConfig(deterministic_seeded=True, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+
+
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["kernels", "torch"])
+def test_bf16_float_model_seeded_rows_through_both_linear_paths(cpu_kernels):
+    """A small random bf16 Llama (where a batch's GEMM changes bits most): the native GEMV
+    path, and plain PyTorch linears (``RowwiseWhenAskedLinear``, row by row only inside
+    the invariant pass)."""
+    from test_batch_invariant import CONFIG, random_prompts
+
+    from inferpath.kernels import accelerate
+    from inferpath.model import Transformer
+    from inferpath.model.batch_invariant import RowwiseWhenAskedLinear
+    from inferpath.models import resolve_model
+    from inferpath.tokenizer import load_tokenizer
+
+    model = Transformer(CONFIG, dtype=torch.bfloat16)
+    model.init_random_weights(seed=0, std=0.08)
+    if cpu_kernels:
+        accelerate(model)
+    tokenizer = load_tokenizer(resolve_model("smollm2-135m-instruct"))
+
+    def engine(**overrides):
+        config = dict(dtype="bfloat16", block_size=4, num_kv_blocks=512, deterministic_seeded=True) | overrides
+        return LLMEngine(model, tokenizer, CONFIG, EngineConfig(**config), eos_token_ids=[])
+
+    params = SamplingParams(n=2, seed=7, temperature=0.8, max_tokens=5, logprobs=0)
+    prompt = random_prompts(1, seed=99, lengths=(13, 13))[0]
+
+    def seeded_run(e, neighbours):
+        for i, other in enumerate(neighbours):
+            e.add_request(f"r{i}", other, SamplingParams(max_tokens=3, temperature=0))
+        e.add_request("seeded", prompt, params)
+        out = {}
+        while e.has_unfinished_requests():
+            for o in e.step():
+                if o.finished and o.request_id == "seeded":
+                    out = [(c.token_ids, torch.tensor([lp.logprob for lp in c.logprobs])) for c in o.outputs]
+        return out
+
+    alone = seeded_run(engine(), [])
+    if not cpu_kernels:
+        assert any(type(m) is RowwiseWhenAskedLinear for m in model.modules())
+    crowded = seeded_run(engine(), random_prompts(7, seed=3, lengths=(14, 40)))
+    chunked = seeded_run(engine(max_num_batched_tokens=5), random_prompts(2, seed=4, lengths=(5, 9)))
+    for result in (crowded, chunked):
+        assert [ids for ids, _ in result] == [ids for ids, _ in alone]
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(result, alone))

@@ -391,5 +391,10 @@ class EngineConfig:
         if self.deterministic_seeded and self.tensor_parallel_size > 1:
             raise ConfigError("deterministic_seeded (--deterministic-seeded) is not supported with "
                               f"tensor_parallel_size={self.tensor_parallel_size}; use 1")
+        if self.deterministic_seeded and self.speculative_config is not None:
+            # verification samples a batch of drafts' distributions, and a draft model's own
+            # steps are batched: neither is made row-invariant (engine/row_passes.py)
+            raise ConfigError("deterministic_seeded (--deterministic-seeded) is not supported with "
+                              "speculative decoding (speculative_config); turn one of them off")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ConfigError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")

@@ -26,13 +26,12 @@ pass 1 had computed it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from inferpath.engine.outputs import RunnerOutput
 from inferpath.engine.scheduler import ScheduledChunk
-from inferpath.sampling.rejection import DraftRows
 
 
 @dataclass(frozen=True)
@@ -71,20 +70,13 @@ class PassJoin:
         self.order = [place[id(c)] for c in step_chunks if c.samples]
 
     @staticmethod
-    def rows_and_drafts(parts: list) -> tuple[list, list[DraftRows] | None]:
-        """The joined sampling rows, and the joined drafts (None when no pass has any).
-        ``parts``: each pass's ``BatchInputs``."""
-        rows = [r for b in parts for r in b.sampling_rows]
-        if all(b.drafts is None for b in parts):
-            return rows, None
-        drafts, offset = [], 0
-        for batch in parts:
-            if batch.drafts is None:  # one row per sampling chunk
-                drafts += [DraftRows(offset + j, ()) for j in range(len(batch.sampling_rows))]
-            else:
-                drafts += [replace(d, first_row=offset + d.first_row) for d in batch.drafts]
-            offset += len(batch.sampling_rows)
-        return rows, drafts
+    def rows(parts: list) -> list:
+        """The joined sampling rows. ``parts``: each pass's ``BatchInputs``, none with
+        drafts (EngineConfig refuses speculative decoding with ``deterministic_seeded``)."""
+        if any(b.drafts is not None for b in parts):
+            raise RuntimeError("a step of two row passes holds speculative drafts: "
+                               "deterministic_seeded does not support speculative decoding")
+        return [r for b in parts for r in b.sampling_rows]
 
     @staticmethod
     def logits(parts: list[torch.Tensor | None]) -> torch.Tensor:
@@ -96,7 +88,5 @@ class PassJoin:
         def pick(values: list) -> list:
             return [values[j] for j in self.order] if values else values
 
-        back = {j: i for i, j in enumerate(self.order)}
-        return RunnerOutput(pick(output.token_ids), pick(output.logprobs), pick(output.errors),
-                            {back[j]: run for j, run in output.runs.items()})
+        return RunnerOutput(pick(output.token_ids), pick(output.logprobs), pick(output.errors))
 

@@ -98,7 +98,7 @@ class ModelRunner:
             rows, drafts, join = batch.sampling_rows, batch.drafts, None
         else:
             parts = [self._forward(replace(scheduled, chunks=p.chunks), p.invariant) for p in passes]
-            rows, drafts = PassJoin.rows_and_drafts([batch for batch, _ in parts])
+            rows, drafts = PassJoin.rows([batch for batch, _ in parts]), None
             logits = PassJoin.logits([part_logits for _, part_logits in parts]) if rows else None
             join = PassJoin(scheduled.chunks, passes)
         if not rows:
