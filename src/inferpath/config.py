@@ -361,6 +361,9 @@ class EngineConfig:
     # a request's tokens and logprobs bitwise the same whatever shares its steps
     # (model/batch_invariant.py); costs speed on prompts and large bf16 batches
     batch_invariant: bool = False
+    # the same, for the requests that set a seed only: their rows run as a batch-invariant
+    # sub-batch of each step, the others' keep the fast kernels (engine/row_passes.py)
+    deterministic_seeded: bool = False
     # speculative decoding (speculative_config.py): a SpeculativeConfig, or its dict / JSON
     # spelling ({"method": "ngram", "num_speculative_tokens": 4}); None: off
     speculative_config: SpeculativeConfig | None = None
@@ -388,5 +391,13 @@ class EngineConfig:
                               f"dtype={self.dtype!r} cannot go with it (use auto)")
         if self.batch_invariant and self.tensor_parallel_size > 1:
             raise ConfigError("batch_invariant is not supported with tensor_parallel_size > 1")
+        if self.deterministic_seeded and self.tensor_parallel_size > 1:
+            raise ConfigError("deterministic_seeded (--deterministic-seeded) is not supported with "
+                              f"tensor_parallel_size={self.tensor_parallel_size}; use 1")
+        if self.deterministic_seeded and self.speculative_config is not None:
+            # verification samples a batch of drafts' distributions, and a draft model's own
+            # steps are batched: neither is made row-invariant (engine/row_passes.py)
+            raise ConfigError("deterministic_seeded (--deterministic-seeded) is not supported with "
+                              "speculative decoding (speculative_config); turn one of them off")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ConfigError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")

@@ -44,6 +44,13 @@ class BlockAllocationError(RuntimeError):
     """More blocks were requested than are free; callers check ``can_*`` first."""
 
 
+def root_hash(namespace: int = 0) -> int:
+    """The parent hash of a sequence's first block in prefix-cache ``namespace``: blocks
+    hash apart per namespace, so a sequence only ever hits blocks computed in its own (0:
+    the default path; 1: batch-invariant rows, engine/row_passes.py)."""
+    return _ROOT_HASH if namespace == 0 else hash((_ROOT_HASH, namespace))
+
+
 def hash_block(parent_hash: int, token_ids: Sequence[int]) -> int:
     """The prefix-cache key of a full block: chained over (parent hash, token ids)."""
     return hash((parent_hash, tuple(token_ids)))
@@ -101,6 +108,7 @@ class BlockManager:
         self._tables: dict[object, list[int]] = {}
         # per sequence: hashes of its leading full blocks that are registered (chain)
         self._seq_hashes: dict[object, list[int]] = {}
+        self._seq_roots: dict[object, int] = {}  # per sequence: its namespace's root hash
 
     # ------------------------------------------------------------------ queries
     @property
@@ -121,8 +129,9 @@ class BlockManager:
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def find_cached_prefix(self, token_ids: Sequence[int]) -> list[int]:
-        """Block ids of the longest cached prefix of ``token_ids`` (full blocks only).
+    def find_cached_prefix(self, token_ids: Sequence[int], namespace: int = 0) -> list[int]:
+        """Block ids of the longest cached prefix of ``token_ids`` (full blocks only) in
+        prefix-cache ``namespace`` (``root_hash``).
 
         At most ``(len(token_ids) - 1) // block_size`` blocks: the last token is always
         left to compute, since its logits are needed. Changes nothing.
@@ -131,7 +140,7 @@ class BlockManager:
             return []
         max_blocks = (len(token_ids) - 1) // self.block_size
         hit: list[int] = []
-        parent = _ROOT_HASH
+        parent = root_hash(namespace)
         for i in range(max_blocks):
             tokens = tuple(token_ids[i * self.block_size:(i + 1) * self.block_size])
             parent = hash_block(parent, tokens)
@@ -165,10 +174,12 @@ class BlockManager:
         return num_new <= len(self._free)
 
     # ------------------------------------------------------------------ mutations
-    def allocate(self, seq_id: object, num_tokens: int, cached_blocks: Sequence[int] = ()) -> list[int]:
+    def allocate(self, seq_id: object, num_tokens: int, cached_blocks: Sequence[int] = (),
+                 namespace: int = 0) -> list[int]:
         """Give a new sequence blocks for ``num_tokens`` slots; returns its block table.
 
-        ``cached_blocks`` (from ``find_cached_prefix``) become its first blocks, shared.
+        ``cached_blocks`` (from ``find_cached_prefix`` in the same ``namespace``) become its
+        first blocks, shared; its full blocks are registered in ``namespace``.
         """
         if seq_id in self._tables:
             raise ValueError(f"sequence {seq_id!r} already has blocks")
@@ -181,6 +192,7 @@ class BlockManager:
             self._take(block_id)
             table.append(block_id)
         self._seq_hashes[seq_id] = [self._blocks[b].block_hash for b in cached_blocks]
+        self._seq_roots[seq_id] = root_hash(namespace)
         self._tables[seq_id] = table
         self._extend(table, num_tokens)
         if self.num_state_slots:
@@ -212,7 +224,7 @@ class BlockManager:
         bs = self.block_size
         for i in range(len(hashes), num_computed_tokens // bs):
             tokens = tuple(token_ids[i * bs:(i + 1) * bs])
-            parent = hashes[-1] if hashes else _ROOT_HASH
+            parent = hashes[-1] if hashes else self._seq_roots[seq_id]
             block_hash = hash_block(parent, tokens)
             hashes.append(block_hash)
             block = self._blocks[table[i]]
@@ -238,6 +250,7 @@ class BlockManager:
         """Release a sequence's blocks. Cached ones stay hit-able until evicted."""
         table = self._tables.pop(seq_id)
         self._seq_hashes.pop(seq_id, None)
+        self._seq_roots.pop(seq_id, None)
         if seq_id in self._state_of:
             self._free_states.append(self._state_of.pop(seq_id))
         # reversed: a sequence's last blocks are the least likely to be shared, so they

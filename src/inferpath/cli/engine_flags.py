@@ -72,6 +72,10 @@ SPELLINGS: dict[str, Spelling] = {
     "batch_invariant": Spelling(("--deterministic", "--batch-invariant"), "batch-invariant mode: a "
                                 "request's tokens and logprobs are bitwise the same whatever shares its "
                                 "steps (slower prompts)", affirm=True),
+    "deterministic_seeded": Spelling(("--deterministic-seeded",), "batch-invariant rows for the "
+                                     "requests that set a seed only: their tokens and logprobs are "
+                                     "bitwise the same whatever shares their steps; other requests "
+                                     "keep the fast kernels (a step with both runs twice)", affirm=True),
     "speculative_config": Spelling(("--speculative-config",), "speculative decoding, as a JSON "
                                    "object: {\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
                                    "\"prompt_lookup_max\": 4} or {\"method\": \"draft_model\", "

@@ -34,7 +34,7 @@ from inferpath.engine.outputs import EngineStats, RequestOutput
 from inferpath.engine.request import Request, RequestStatus
 from inferpath.engine.runner import ModelRunner
 from inferpath.engine.scheduler import SampleUpdate, Scheduler
-from inferpath.model.batch_invariant import make_batch_invariant
+from inferpath.model.batch_invariant import make_batch_invariant, make_row_invariant_capable
 from inferpath.sampling.params import SamplingParams
 from inferpath.sampling.sampler import Sampler
 from inferpath.threads import DecodeThreadTuner
@@ -92,6 +92,8 @@ class LLMEngine:
                                    max_model_len=self.max_model_len)
         if engine_config.batch_invariant:  # after accelerate(): the native linears stay
             make_batch_invariant(model)
+        elif engine_config.deterministic_seeded:  # seeded requests' rows only (engine/row_passes.py)
+            make_row_invariant_capable(model)
         self.runner = ModelRunner(model, self.kv_cache, self.block_manager, sampler,
                                   self.eos_token_ids, thread_tuner=self._thread_tuner(engine_config))
         self.output_processor = OutputProcessor()
@@ -142,7 +144,8 @@ class LLMEngine:
                                     eos_token_ids=self.eos_token_ids,
                                     generator=self._generator(params, i),
                                     grammar=self._grammar_matcher(params),
-                                    arrival_time=arrival_time),
+                                    arrival_time=arrival_time,
+                                    row_invariant=self._row_invariant(params)),
                             self.tokenizer.detokenizer(params.skip_special_tokens))
                  for i in range(params.n)]
         group = RequestGroup(request_id, prompt if isinstance(prompt, str) else None, texts)
@@ -282,6 +285,13 @@ class LLMEngine:
             self._grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
                                                      self.eos_token_ids)
         return self._grammar_compiler.new_matcher(params.structured)
+
+    def _row_invariant(self, params: SamplingParams) -> bool:
+        """Whether the request's rows run batch-invariant on their own: it sets a seed and
+        the engine runs with ``deterministic_seeded`` (under ``batch_invariant`` every row
+        already does)."""
+        config = self.engine_config
+        return config.deterministic_seeded and not config.batch_invariant and params.seed is not None
 
     def _generator(self, params: SamplingParams, index: int) -> torch.Generator | None:
         """The sample's own RNG, kept across preemptions; greedy samples need none."""

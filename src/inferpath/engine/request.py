@@ -51,13 +51,15 @@ class Request:
     output token is fed to it. ``prompt_logprobs`` (sample 0 of a request that asks) holds
     None for prompt token 0, then the runner appends one entry per prompt token
     (engine/prompt_logprobs.py). ``error`` says why a request finished with status
-    FINISHED_ERROR.
+    FINISHED_ERROR. ``row_invariant``: its rows run in the step's batch-invariant sub-batch
+    and its KV blocks are cached apart (``EngineConfig.deterministic_seeded``, a seeded
+    request; engine/row_passes.py).
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  *, index: int = 0, eos_token_ids: frozenset[int] = frozenset(),
                  generator: Any = None, grammar: Any = None,
-                 arrival_time: float | None = None):
+                 arrival_time: float | None = None, row_invariant: bool = False):
         self.request_id = request_id
         self.index = index
         self.seq_id = (request_id, index)
@@ -67,6 +69,7 @@ class Request:
         self.max_model_len: int | None = None  # set by the scheduler when added
         self.generator = generator
         self.grammar = grammar
+        self.row_invariant = row_invariant
         self.all_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.prompt_logprobs: list | None = (

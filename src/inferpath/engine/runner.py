@@ -12,7 +12,9 @@ flat batch (design.md):
                                                           (every drafted position's row, and
                                                           the one before, for a speculative one)
 
-runs ``model.forward``, the LM head on ``logits_indices`` only, and the sampler. With a
+runs ``model.forward``, the LM head on ``logits_indices`` only, and the sampler. Under
+``deterministic_seeded`` a step holding seeded and other requests is two such forwards, one
+batch-invariant (engine/row_passes.py), and one sampler call. With a
 ``DecodeThreadTuner`` (threads.py) a step that decodes one sequence runs at the tuner's
 thread count and reports its time to it; every other step runs at the configured count.
 
@@ -24,7 +26,7 @@ block tables) and views into them; slot mappings are built one range per block.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -32,6 +34,7 @@ from inferpath.cache.blocks import BlockManager
 from inferpath.cache.kv import KVCache
 from inferpath.engine.outputs import RunnerOutput
 from inferpath.engine.prompt_logprobs import PromptLogprobsPlan
+from inferpath.engine.row_passes import PassJoin, split_passes
 from inferpath.engine.scheduler import SchedulerOutput
 from inferpath.model.batch_invariant import row_invariant_dispatch
 from inferpath.model.metadata import AttentionMetadata
@@ -67,12 +70,15 @@ class ModelRunner:
         self.eos_token_ids = eos_token_ids
         self.device = torch.device(device)
         self.thread_tuner = thread_tuner
+        self.last_passes: list = []  # the last step's RowPass list (engine/row_passes.py)
 
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         tuner = self.thread_tuner
         if tuner is None or scheduled.is_empty:
             return self._execute(scheduled)
-        one_decode = len(scheduled.chunks) == 1 and scheduled.chunks[0].num_new_tokens == 1
+        # a row-invariant request runs at the configured count (its bits stay put)
+        one_decode = (len(scheduled.chunks) == 1 and scheduled.chunks[0].num_new_tokens == 1
+                      and not scheduled.chunks[0].request.row_invariant)
         set_thread_count(tuner.next_count() if one_decode else tuner.configured)
         start = time.perf_counter()
         output = self._execute(scheduled)
@@ -84,20 +90,39 @@ class ModelRunner:
     def _execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         if scheduled.is_empty:
             return RunnerOutput([], [])
+        # seeded requests under deterministic_seeded run as a sub-batch of their own
+        passes = split_passes(scheduled.chunks, getattr(self.model, "batch_invariant", False))
+        self.last_passes = passes
+        if len(passes) == 1:
+            batch, logits = self._forward(scheduled, passes[0].invariant)
+            rows, drafts, join = batch.sampling_rows, batch.drafts, None
+        else:
+            parts = [self._forward(replace(scheduled, chunks=p.chunks), p.invariant) for p in passes]
+            rows, drafts = PassJoin.rows([batch for batch, _ in parts]), None
+            logits = PassJoin.logits([part_logits for _, part_logits in parts]) if rows else None
+            join = PassJoin(scheduled.chunks, passes)
+        if not rows:
+            return RunnerOutput([], [])
+        if drafts is not None:  # speculative chunks: accept a prefix of each one's drafts
+            output = verify_drafts(self.sampler, logits, rows, drafts)
+        else:
+            sampled = self.sampler(logits, rows)  # logits: (num_samples, vocab)
+            output = RunnerOutput(sampled.token_ids, sampled.logprobs, sampled.errors)
+        return output if join is None else join.to_step_order(output)
+
+    def _forward(self, scheduled: SchedulerOutput, invariant: bool) -> tuple[BatchInputs, torch.Tensor | None]:
+        """One forward of the scheduled chunks: their inputs, and the logits of their
+        sampling rows (None when none samples). ``invariant``: every linear and attention
+        row computed the same way whatever the batch (model/batch_invariant.py)."""
         batch = self.prepare(scheduled)
-        # batch-invariant models (model/batch_invariant.py) run every linear row by row
-        with row_invariant_dispatch(getattr(self.model, "batch_invariant", False)):
+        with row_invariant_dispatch(invariant):
             hidden = self.model(batch.input_ids, batch.positions, self.kv_cache, batch.meta)
             # hidden: (num_tokens, hidden_size); logits only where a token is sampled
             if batch.prompt_logprobs is not None:
                 batch.prompt_logprobs.score(self.model, hidden)  # appends to the requests' lists
             if not batch.sampling_rows:
-                return RunnerOutput([], [])
-            logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
-        if batch.drafts is not None:  # speculative chunks: accept a prefix of each one's drafts
-            return verify_drafts(self.sampler, logits, batch.sampling_rows, batch.drafts)
-        sampled = self.sampler(logits, batch.sampling_rows)  # logits: (num_samples, vocab)
-        return RunnerOutput(sampled.token_ids, sampled.logprobs, sampled.errors)
+                return batch, None
+            return batch, self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
 
     def prepare(self, scheduled: SchedulerOutput) -> BatchInputs:
         """Lay the scheduled chunks out as one flat batch of tensors."""
@@ -145,7 +170,7 @@ class ModelRunner:
                                   request.output_token_ids + list(chunk.draft_token_ids[:j]))
                     rows.append(SamplingRow(request.params, request.prompt_token_ids,
                                             output_ids, request.generator,
-                                            self.eos_token_ids, request.grammar))
+                                            self.eos_token_ids, request.grammar, request.row_invariant))
                 probs = request.spec_draft_probs
                 drafts.append(DraftRows(first_row, chunk.draft_token_ids,
                                         None if probs is None or not num_drafts else probs[:num_drafts]))

@@ -241,14 +241,16 @@ class Scheduler:
                 scheduled_finished.append(request)
                 continue
             # prompt logprobs need every prompt position computed (engine/prompt_logprobs.py)
+            # batch-invariant rows' blocks hash apart (their K/V were computed another way)
+            namespace = int(request.row_invariant)
             cached = ([] if request.prompt_logprobs is not None
                       and len(request.prompt_logprobs) < request.num_prompt_tokens
-                      else bm.find_cached_prefix(request.all_token_ids))
+                      else bm.find_cached_prefix(request.all_token_ids, namespace))
             num_computed = len(cached) * bm.block_size
             num_new = min(request.num_tokens - num_computed, budget)
             if not bm.can_allocate(num_computed + num_new, cached):
                 break  # the queue is FIFO: nobody overtakes the head
-            bm.allocate(request.seq_id, num_computed + num_new, cached)
+            bm.allocate(request.seq_id, num_computed + num_new, cached, namespace)
             if request.status is RequestStatus.WAITING:  # first admission, not a resume
                 request.num_cached_tokens = num_computed
                 self.stats.prefix_cache_queries += request.num_prompt_tokens

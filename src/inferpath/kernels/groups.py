@@ -59,6 +59,7 @@ class QuantGroup(_WeightArrays):
         (``ops.quant_rows_fused``), else dequantized tiles spanning the weights, one GEMM each."""
         if not ops.quant_rows_fused(x.shape[0]):
             return ops.dequantized_linear(x, self._blocks, self._bias_list, build.native_quant_dequantize())
+        ops.note_dispatch("quant-rows" if rows_must_be_invariant() else "quant-fused", x.shape[0])
         out = torch.empty((x.shape[0], self.num_out), dtype=torch.float32)
         status = self._fn(*self.native_arguments(),
                           x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads(),
@@ -99,6 +100,7 @@ class FloatGroup(_WeightArrays):
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (m, in_features) contiguous, a dtype the group ``runs`` -> (m, num_out) of it."""
         count, _, ptrs, _, rows, biases = self.native_arguments()
+        ops.note_dispatch("gemv", x.shape[0])
         out = torch.empty((x.shape[0], self.num_out), dtype=x.dtype)
         status = self._variants[x.dtype][0](count, ptrs, rows, biases, x.data_ptr(), out.data_ptr(), x.shape[0],
                                             x.shape[1], torch.get_num_threads())

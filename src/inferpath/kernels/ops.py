@@ -24,9 +24,11 @@ of two to four sequences never took the native call on an AMX CPU.
 
 from __future__ import annotations
 
-import torch
-
+import threading
+from contextlib import contextmanager
 from typing import NamedTuple
+
+import torch
 
 from inferpath.kernels import build
 from inferpath.model.batch_invariant import rows_must_be_invariant, rowwise_linear
@@ -43,6 +45,41 @@ AMX_MAX_ROWS = 128
 # heads or query groups take PyTorch's SDPA.
 ATTENTION_MAX_HEAD_DIM = 256
 ATTENTION_MAX_GROUP = 16
+
+
+class KernelChoice(NamedTuple):
+    """One linear's dispatch, as ``recording_dispatch`` logs it: ``kernel`` is "gemv", "amx",
+    "torch" (``F.linear``: oneDNN / MKL), "rowwise" (``F.linear`` one row at a time),
+    "quant-fused" (the int8 kernels, free to block rows: wide tiles, GEMM panels),
+    "quant-rows" (the same kernels, each row alone) or "quant-tiled" (dequantized tiles
+    and PyTorch's GEMM); ``invariant``: inside ``row_invariant_dispatch``."""
+
+    kernel: str
+    rows: int
+    invariant: bool
+
+
+_log = threading.local()
+
+
+@contextmanager
+def recording_dispatch():
+    """Within the block (this thread), every linear that goes through this module (float
+    and quantized, groups included) appends its ``KernelChoice`` to the yielded list: how
+    tests see which kernel a row ran through. Off by default (one attribute read a call)."""
+    previous = getattr(_log, "entries", None)
+    _log.entries = entries = []
+    try:
+        yield entries
+    finally:
+        _log.entries = previous
+
+
+def note_dispatch(kernel: str, rows: int) -> None:
+    """Log a linear's kernel choice where ``recording_dispatch`` is on."""
+    entries = getattr(_log, "entries", None)
+    if entries is not None:
+        entries.append(KernelChoice(kernel, rows, rows_must_be_invariant()))
 
 
 def run_gemv(fn, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -113,6 +150,7 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     NOTE: the portable GEMV (generic, avx2 levels) vectorises its 4-row and 1-row loops
     separately; the compiler does not promise them the same summation order."""
     kernel = float_kernel_for(x.shape[0], kernels) if x.dtype == weight.dtype and x.dim() == 2 else "torch"
+    note_dispatch("rowwise" if kernel == "torch" and rows_must_be_invariant() else kernel, x.shape[0])
     if kernel != "torch":
         return run_gemv(kernels[0] if kernel == "gemv" else kernels[1], x.contiguous(), weight, bias)
     if rows_must_be_invariant():
@@ -260,6 +298,7 @@ def run_quant_matmul(fn, x: torch.Tensor, data: torch.Tensor, qtype: int, bias: 
                      num_out: int) -> torch.Tensor:
     """x (m, k) float32 contiguous @ the quantized weight's (num_out, k) transpose, + bias
     (num_out,) float32 or None, through ``native_quant_matmul``; data (num_out, row_bytes)."""
+    note_dispatch("quant-rows" if rows_must_be_invariant() else "quant-fused", x.shape[0])
     out = torch.empty((x.shape[0], num_out), dtype=torch.float32)
     status = fn(qtype, data.data_ptr(), data.shape[1], x.data_ptr(), None if bias is None else bias.data_ptr(),
                 out.data_ptr(), x.shape[0], num_out, x.shape[1], torch.get_num_threads(), rows_must_be_invariant())
@@ -295,6 +334,7 @@ def dequantized_linear(x: torch.Tensor, weights: list[tuple[torch.Tensor, int]],
     rows dequantized a float32 tile at a time and multiplied by PyTorch's GEMM. A tile may
     span weights, so a Q/K/V group is one GEMM, as a float model's fused projection is.
     A qtype of None: ``data`` is a float matrix (rows, cols), widened by a copy."""
+    note_dispatch("quant-tiled", x.shape[0])
     cols = x.shape[1]
     starts = [0]
     for data, _ in weights:

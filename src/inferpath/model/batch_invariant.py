@@ -19,6 +19,12 @@ itself:
 - RMSNorm, RoPE, the gate, residuals, softmax and log-softmax already work row by row.
 
 The engine turns it on with ``EngineConfig(batch_invariant=True)`` (``--deterministic``).
+
+Per request (``EngineConfig(deterministic_seeded=True)``, ``--deterministic-seeded``): the
+runner computes the rows of requests that set a seed as a sub-batch of their own, inside
+``row_invariant_dispatch``, and the others as before (engine/row_passes.py). The model is
+prepared once by ``make_row_invariant_capable``: its plain linears go row by row only while
+the dispatch is on, and attention takes the per-token plan then (model/transformer.py).
 """
 
 from __future__ import annotations
@@ -67,19 +73,46 @@ class RowwiseLinear(nn.Linear):
         return rowwise_linear(x, self.weight, self.bias)
 
 
+class RowwiseWhenAskedLinear(nn.Linear):
+    """An ``nn.Linear`` that goes one row at a time inside ``row_invariant_dispatch`` and
+    is a plain ``F.linear`` outside it (the per-request batch-invariant sub-batches)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if rows_must_be_invariant():
+            return rowwise_linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+def _check_can_be_invariant(model: nn.Module, mode: str) -> None:
+    """Raise ValueError naming what stops ``model`` from running batch-invariant rows."""
+    if not hasattr(model, "batch_invariant"):
+        raise ValueError(f"{mode} needs a single-process Transformer, not a "
+                         f"{type(model).__name__} (tensor parallelism is not supported)")
+    if getattr(getattr(model, "config", None), "num_linear_layers", 0):
+        # a recomputed prompt (after preemption) runs the delta rule's chunked form, the first
+        # run its recurrent one: equal to float tolerance, not bit for bit
+        raise ValueError(f"{mode} does not support linear-attention layers "
+                         f"({model.config.architecture}); run without it")
+
+
+def make_row_invariant_capable(model: nn.Module) -> nn.Module:
+    """Prepare ``model`` (a Transformer, after ``accelerate`` if used) for per-request
+    batch-invariant sub-batches, in place; returns it. Plain ``nn.Linear`` modules become
+    ``RowwiseWhenAskedLinear`` (unchanged outside ``row_invariant_dispatch``); the native
+    ones already choose by ``rows_must_be_invariant``. The model stays fast by default."""
+    _check_can_be_invariant(model, "deterministic_seeded (--deterministic-seeded)")
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = RowwiseWhenAskedLinear
+    return model
+
+
 def make_batch_invariant(model: nn.Module) -> nn.Module:
     """Switch ``model`` (a Transformer, after ``accelerate`` if used) to batch-invariant
     execution, in place; returns it. Plain ``nn.Linear`` modules become ``RowwiseLinear``;
     the native ``CPULinear`` ones keep their class and take the GEMV inside the runner's
     ``row_invariant_dispatch``."""
-    if not hasattr(model, "batch_invariant"):
-        raise ValueError(f"batch-invariant mode needs a single-process Transformer, not a "
-                         f"{type(model).__name__} (tensor parallelism is not supported)")
-    if getattr(getattr(model, "config", None), "num_linear_layers", 0):
-        # a recomputed prompt (after preemption) runs the delta rule's chunked form, the first
-        # run its recurrent one: equal to float tolerance, not bit for bit
-        raise ValueError("batch-invariant mode does not support linear-attention layers "
-                         f"({model.config.architecture}); run without it")
+    _check_can_be_invariant(model, "batch-invariant mode")
     model.batch_invariant = True
     for module in model.modules():
         if type(module) is nn.Linear:

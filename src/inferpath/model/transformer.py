@@ -18,6 +18,7 @@ from torch import nn
 
 from inferpath.config import ROUTED_MOE_ARCHITECTURES, ModelConfig, require_engine_support
 from inferpath.model.attention import build_attention_plan
+from inferpath.model.batch_invariant import rows_must_be_invariant
 from inferpath.model.layers import RMSNorm, gated_mlp, make_norm
 from inferpath.model.metadata import AttentionMetadata
 from inferpath.model.deepseek_moe import DeepseekMoE
@@ -177,7 +178,9 @@ class Transformer(nn.Module):
             self.local_rope_table.begin_step(positions, self.dtype, meta.max_seq_len, meta)
         # one plan per distinct sliding window (0 = full attention), shared by its layers
         windows = {self.config.layer_window(i) for i in range(self.config.num_layers)}
-        plans = {w: build_attention_plan(meta, self.config.head_dim, w, self.batch_invariant,
+        # per token inside row_invariant_dispatch too (a sub-batch of seeded requests)
+        invariant = self.batch_invariant or rows_must_be_invariant()
+        plans = {w: build_attention_plan(meta, self.config.head_dim, w, invariant,
                                          self.config.attention_scale, self.config.attn_logit_softcapping)
                  for w in windows}
         if self.config.num_linear_layers:  # Gated DeltaNet layers read the step's sequences and state slots

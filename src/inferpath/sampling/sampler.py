@@ -13,7 +13,10 @@ cumulative probability exceeds u (exact for the truncated, renormalised distribu
 one random number per row instead of V noise values, which cost ~40x the cumsum on
 CPU). A row with its own ``generator`` draws its u from it, so its token depends only on
 its logits and its generator's state, not on the batch around it. Rows without one
-share the sampler's generator.
+share the sampler's generator. A generator is drawn from once per sampled token only:
+never for a prompt chunk that does not finish, nor for a prompt recomputed after
+preemption (the request keeps its generator), so a seeded stream does not depend on
+recompute either. A ``row_invariant`` row's distribution is computed alone.
 
 One row never fails another, and no row ever gets an id outside the vocabulary. Before
 each choice (argmax or draw) the logits are checked row by row (``_settle_rows``): a
@@ -58,6 +61,9 @@ class SamplingRow:
       generated (EOS ids only unless ``params.ignore_eos``). Default: none.
     - ``grammar``: the sequence's ``inferpath.structured.GrammarMatcher`` when its params
       ask for structured output (tokens the grammar forbids get -inf), else None.
+    - ``row_invariant``: its distribution is computed as a batch of one (``_draw``), so
+      that no neighbour's parameters change its bits (a seeded request under
+      ``deterministic_seeded``).
     """
 
     params: SamplingParams
@@ -66,6 +72,7 @@ class SamplingRow:
     generator: torch.Generator | None = None
     eos_token_ids: Collection[int] = ()
     grammar: Any = None
+    row_invariant: bool = False
 
 
 @dataclass(slots=True)
@@ -193,8 +200,21 @@ class Sampler:
 
         ``row_index[j]`` is row j's place in ``errors`` (the whole batch's).
         """
-        probs = self._probs(logits, rows, errors, row_index)
-        return draw_from_probs(probs, self._uniforms(rows, logits.device))
+        uniforms = self._uniforms(rows, logits.device)  # (num_rows, 1), one per row in row order
+        alone = [j for j, row in enumerate(rows) if row.row_invariant]
+        if not alone:
+            return draw_from_probs(self._probs(logits, rows, errors, row_index), uniforms)
+        # NOTE: batched, a row's top-k/top-p candidates are as many as its neighbours need
+        # (topk of the largest k, then a logsumexp over them): its bits would follow them
+        token_ids = torch.empty(len(rows), dtype=torch.long, device=logits.device)
+        batched = [j for j in range(len(rows)) if not rows[j].row_invariant]
+        if batched:
+            probs = self._probs(logits[batched], [rows[j] for j in batched], errors, [row_index[j] for j in batched])
+            token_ids[batched] = draw_from_probs(probs, uniforms[batched])
+        for j in alone:
+            probs = self._probs(logits[j:j + 1], [rows[j]], errors, [row_index[j]])  # (1, vocab)
+            token_ids[j] = draw_from_probs(probs, uniforms[j:j + 1])[0]
+        return token_ids
 
     def _probs(self, logits: torch.Tensor, rows: Sequence[SamplingRow], errors: list[str | None],
                row_index: Sequence[int]) -> torch.Tensor:
