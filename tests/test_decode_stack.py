@@ -101,6 +101,26 @@ def test_verification_steps_of_qwen_with_biases_and_k_quants_are_native_and_bitw
                               speculative_config=PROMPT_LOOKUP)
 
 
+def test_a_traced_verification_step_stays_native_and_times_its_stages():
+    """The trace (engine/trace.py) of a speculative request: its verification steps ran the
+    native call, which filled the clock's stage buffer (``StepRecord.native_decode``)."""
+    from inferpath.engine.trace import trace
+
+    if build.native_decode_layers() is None or build.native_prefill_attention(torch.float32) is None:
+        pytest.skip(f"chunks are native where the prefill attention kernel is: {build.kernel_status()}")
+    engine = LLMEngine.from_model(resolve_model("smollm2-135m-instruct"),
+                                  EngineConfig(threads=1, kv_cache_memory_bytes=64 * 2**20,
+                                               speculative_config=PROMPT_LOOKUP))
+    with trace(engine) as tracer:
+        engine.add_request("0", REPEATING[1], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            engine.step()
+        steps = tracer.all_steps()
+    verifications = [s for s in steps if any(c.draft_token_ids for c in s.chunks)]
+    assert verifications and all(s.native_decode for s in verifications)
+    assert all(s.stages["attention"] > 0 and s.stages["gate_up_silu"] > 0 for s in verifications)
+
+
 def test_chunks_below_the_prefill_kernels_level_take_the_module_path(monkeypatch):
     """Below avx512 the module path attends chunks with PyTorch's SDPA, which the native call
     cannot reproduce to the bit: verification steps step aside, decode steps stay native."""
