@@ -34,6 +34,7 @@ from pathlib import Path
 
 from inferpath.config import EngineConfig
 from inferpath.engine import LLMEngine
+from inferpath.kernels import decode_stack
 from inferpath.sampling.params import SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
@@ -116,18 +117,25 @@ def main() -> None:
     parser.add_argument("--spec", default=json.dumps(NGRAM), help="the speculative config (JSON)")
     parser.add_argument("--workloads", default=DEFAULT_WORKLOADS, help=f"of {', '.join(WORKLOADS)}")
     parser.add_argument("--out", default="speculative", help="results/OUT.json")
+    parser.add_argument("--module-verify", action="store_true",
+                        help="also run the speculative engine with its verification steps on the module path "
+                             "(as before the native step took chunks, issue 23 item 0): the same-run 'before'")
     args = parser.parse_args()
     spec = json.loads(args.spec)
     plain = LLMEngine.from_model(args.model, EngineConfig(threads=args.threads, max_model_len=4096))
     fast = LLMEngine.from_model(args.model, EngineConfig(threads=args.threads, max_model_len=4096,
                                                          speculative_config=spec))
+    native_chunk_tokens = decode_stack.MAX_CHUNK_TOKENS
     rows = []
     for name in args.workloads.split(","):
         prompt_ids = plain.tokenizer.encode_chat([{"role": "user", "content": WORKLOADS[name]}])
-        runs = {"off": [], "spec": []}
+        runs = {"off": [], "spec": []} | ({"spec_module": []} if args.module_verify else {})
         for r in range(args.repeats):
-            for mode, engine in (("off", plain), ("spec", fast)):
+            for mode in runs:
+                engine = plain if mode == "off" else fast
+                decode_stack.MAX_CHUNK_TOKENS = 0 if mode == "spec_module" else native_chunk_tokens
                 runs[mode].append(decode_once(engine, prompt_ids, args.max_tokens, f"{name}-{mode}-{r}"))
+            decode_stack.MAX_CHUNK_TOKENS = native_chunk_tokens
         same = all(run["token_ids"] == runs["off"][0]["token_ids"] for m in runs.values() for run in m)
         med = {m: statistics.median(x["tokens_per_s"] for x in v) for m, v in runs.items()}
         spec_run = runs["spec"][-1]
@@ -136,6 +144,8 @@ def main() -> None:
             "num_tokens": spec_run["num_tokens"], "same_tokens": same,
             "off_tokens_per_s": med["off"], "spec_tokens_per_s": med["spec"],
             "speedup": med["spec"] / med["off"],
+            **({"spec_module_tokens_per_s": med["spec_module"], "speedup_module_verify":
+                med["spec_module"] / med["off"]} if args.module_verify else {}),
             "acceptance_length": spec_run["acceptance_length"],
             "tokens_per_step": spec_run["tokens_per_step"],
             "num_verifications": spec_run["num_verifications"],
@@ -151,6 +161,9 @@ def main() -> None:
         print(f"{row['workload']:<10} {row['num_tokens']:>6} {row['off_tokens_per_s']:>9.1f} "
               f"{row['spec_tokens_per_s']:>10.1f} {row['speedup']:>5.2f}x {accept:>10} "
               f"{per_step:>8} {str(row['same_tokens']):>5}")
+        if args.module_verify:
+            print(f"{'':<10} verification on the module path: {row['spec_module_tokens_per_s']:.1f} tok/s, "
+                  f"{row['speedup_module_verify']:.2f}x")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{args.out}.json"
     out.write_text(json.dumps({"model": args.model, "threads": args.threads, "batch": 1,

@@ -13,7 +13,7 @@ from gguf_files import write_float_gguf
 from inferpath.config import EngineConfig
 from inferpath.engine.llm_engine import LLMEngine
 from inferpath.kernels import build
-from inferpath.kernels.decode_stack import CPUDecoderStack
+from inferpath.kernels.decode_stack import NATIVE_TIMED, CPUDecoderStack
 from inferpath.models import resolve_model
 from inferpath.sampling.params import SamplingParams
 
@@ -21,20 +21,25 @@ PROMPTS = ["Tell me about the number 7.", "Write a haiku about rain.", "def fibo
 
 
 def generate(alias: str, native: bool, calls: list | None = None, threads: int = 2, dtype: str = "auto",
-             prompts: list[str] = PROMPTS) -> dict:
+             prompts: list[str] = PROMPTS, chunk_calls: list | None = None, **config) -> dict:
     """Greedy text and top-5 logprobs of the prompts' requests decoding side by side.
-    ``alias``: a packaged model, or a model file's path."""
+    ``alias``: a packaged model, or a model file's path. ``chunk_calls``: per step with a
+    chunk of more than one token (a prompt, a verification), whether it took the call."""
     path = alias if alias.endswith(".gguf") else resolve_model(alias)
-    engine = LLMEngine.from_model(path, EngineConfig(threads=threads, kv_cache_memory_bytes=64 * 2**20, dtype=dtype))
+    engine = LLMEngine.from_model(path, EngineConfig(threads=threads, kv_cache_memory_bytes=64 * 2**20, dtype=dtype,
+                                                     **config))
     stack = engine.runner.model.model
     assert isinstance(stack, CPUDecoderStack) and stack.native_decode_refusal() == ""
     stack.use_native_decode = native
-    if calls is not None:  # count the steps that took the native call
+    if calls is not None or chunk_calls is not None:  # count the steps that took the native call
         original = stack._decode_natively
 
         def counting(*args):
             hidden = original(*args)
-            calls.append(hidden is not None)
+            if calls is not None:
+                calls.append(hidden is not None)
+            if chunk_calls is not None and any(p.prefills for p in args[3].values()):
+                chunk_calls.append(hidden is not None)
             return hidden
         stack._decode_natively = counting
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=5)
@@ -56,8 +61,79 @@ def test_native_decode_equals_the_module_path_to_the_bit(isa, monkeypatch):
         pytest.skip(build.kernel_status())
     calls: list[bool] = []
     native = generate("smollm2-135m-instruct", True, calls)
-    assert sum(calls) >= 20 and not calls[0]  # the prefill step took the module path
+    assert sum(calls) >= 20
+    # the prompts' step (three chunks of 7-9 tokens) is native where the module path's
+    # prefill attention is (avx512), else it takes the module path
+    assert calls[0] == (build.native_prefill_attention(torch.float32) is not None)
     assert native == generate("smollm2-135m-instruct", False)
+
+
+PROMPT_LOOKUP = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+REPEATING = ["1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,", "a b c d e f g a b c d e f g a b c",
+             "def add(a, b):\n    return a + b\n\ndef add(a, b):\n", "The capital of France is"]
+
+
+@pytest.mark.parametrize("alone", [True, False], ids=["one sequence", "mixed with decodes"])
+def test_verification_steps_take_the_native_call_bitwise_equal_to_the_module_path(alone):
+    """Prompt lookup drafts up to 4 tokens: each verification is a chunk of up to 5 rows of
+    one sequence, alone or beside other sequences' decode rows and chunks; the native call
+    attends a chunk with the module path's prefill kernel, so tokens and logprobs equal the
+    module path's to the bit (SmolLM2 Q4_1; Qwen2.5-Coder's biases and k-quants below)."""
+    if build.native_decode_layers() is None or build.native_prefill_attention(torch.float32) is None:
+        pytest.skip(f"chunks are native where the prefill attention kernel is: {build.kernel_status()}")
+    prompts = REPEATING[:1] if alone else REPEATING
+    chunk_calls: list[bool] = []
+    native = generate("smollm2-135m-instruct", True, prompts=prompts, chunk_calls=chunk_calls,
+                      speculative_config=PROMPT_LOOKUP)
+    # the prompts' step (the digits' prompt is over MAX_CHUNK_TOKENS) takes the module path
+    assert len(chunk_calls) >= 4 and not chunk_calls[0] and all(chunk_calls[1:])
+    assert native == generate("smollm2-135m-instruct", False, prompts=prompts, speculative_config=PROMPT_LOOKUP)
+
+
+def test_verification_steps_of_qwen_with_biases_and_k_quants_are_native_and_bitwise_equal():
+    if build.native_decode_layers() is None or build.native_prefill_attention(torch.float32) is None:
+        pytest.skip(f"chunks are native where the prefill attention kernel is: {build.kernel_status()}")
+    chunk_calls: list[bool] = []
+    native = generate("qwen2.5-coder-0.5b-instruct", True, prompts=REPEATING[1:3], chunk_calls=chunk_calls,
+                      speculative_config=PROMPT_LOOKUP)
+    assert len(chunk_calls) >= 4 and all(chunk_calls[1:])
+    assert native == generate("qwen2.5-coder-0.5b-instruct", False, prompts=REPEATING[1:3],
+                              speculative_config=PROMPT_LOOKUP)
+
+
+def test_a_traced_verification_step_stays_native_and_times_its_stages():
+    """The trace (engine/trace.py) of a speculative request: its verification steps ran the
+    native call, which filled the clock's stage buffer (``StepRecord.native_decode``)."""
+    from inferpath.engine.trace import trace
+
+    if build.native_decode_layers() is None or build.native_prefill_attention(torch.float32) is None:
+        pytest.skip(f"chunks are native where the prefill attention kernel is: {build.kernel_status()}")
+    engine = LLMEngine.from_model(resolve_model("smollm2-135m-instruct"),
+                                  EngineConfig(threads=1, kv_cache_memory_bytes=64 * 2**20,
+                                               speculative_config=PROMPT_LOOKUP))
+    with trace(engine) as tracer:
+        engine.add_request("0", REPEATING[1], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            engine.step()
+        steps = tracer.all_steps()
+    verifications = [s for s in steps if any(c.draft_token_ids for c in s.chunks)]
+    assert verifications and all(s.native_decode for s in verifications)
+    assert all(s.stages["attention"] > 0 and s.stages["gate_up_silu"] > 0 for s in verifications)
+
+
+def test_chunks_below_the_prefill_kernels_level_take_the_module_path(monkeypatch):
+    """Below avx512 the module path attends chunks with PyTorch's SDPA, which the native call
+    cannot reproduce to the bit: verification steps step aside, decode steps stay native."""
+    if not build.can_run("avx2"):
+        pytest.skip("this CPU cannot execute the avx2 level")
+    monkeypatch.setenv("INFERPATH_ISA", "avx2")
+    if build.native_decode_layers() is None:
+        pytest.skip(build.kernel_status())
+    assert build.native_prefill_attention(torch.float32) is None
+    chunk_calls: list[bool] = []
+    generate("smollm2-135m-instruct", True, prompts=REPEATING[:1], chunk_calls=chunk_calls,
+             speculative_config=PROMPT_LOOKUP)
+    assert len(chunk_calls) >= 2 and not any(chunk_calls)
 
 
 def test_native_decode_with_biases_and_k_quants():
@@ -77,9 +153,17 @@ def test_a_wrapped_or_hooked_layer_module_takes_the_module_path():
     plan = stack._native_plan()
     assert not plan.watched()
     mlp = stack.layers[3].mlp
-    mlp.forward = mlp.forward  # an instance attribute, as StageClock sets
+    mlp.forward = mlp.forward  # an instance attribute, as a wrapper sets
     assert plan.watched()
+
+    def module_path_timer(*args):  # a stage clock's wrapper: it times the module path only
+        return type(mlp).forward(mlp, *args)
+    setattr(module_path_timer, NATIVE_TIMED, True)
+    stack.layers[4].mlp.forward = module_path_timer
+    assert plan.watched()  # layer 3's unmarked wrapper still watches
     del mlp.forward
+    assert not plan.watched()
+    del stack.layers[4].mlp.forward
     handle = stack.layers[0].self_attn.o_proj.register_forward_hook(lambda *args: None)
     assert plan.watched()
     handle.remove()
@@ -98,7 +182,8 @@ def test_native_float_decode_equals_the_module_path_to_the_bit(isa, dtype, monke
         pytest.skip(build.kernel_status())
     calls: list[bool] = []
     native = generate("smollm2-135m-instruct", True, calls, dtype=dtype)
-    assert sum(calls) >= 20 and not calls[0]
+    assert sum(calls) >= 20
+    assert calls[0] == (build.native_prefill_attention(getattr(torch, dtype)) is not None)  # the prompts' step
     assert native == generate("smollm2-135m-instruct", False, dtype=dtype)
 
 

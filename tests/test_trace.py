@@ -115,6 +115,25 @@ def test_stage_rows_are_each_measured_and_sum_to_the_step(traced):
         assert sum(record.stages.values()) == pytest.approx(record.step_s, rel=1e-9)
 
 
+def test_a_traced_decode_step_stays_native_and_times_itself(llm, traced):
+    """The trace observes the path that serves: a traced decode step runs the native call
+    (its record says so because the call filled the stage buffer it was handed), and the
+    call's stages with the embedding, final norm, LM head and sampling cover the step's
+    wall time to within 10% (the rest, ``other``, is laying out the batch)."""
+    stack = llm.engine.runner.model.model
+    if not hasattr(stack, "native_decode_refusal") or stack.native_decode_refusal():
+        pytest.skip("no native decode here")
+    with trace(llm.engine) as tracer:
+        out = llm.chat(QUESTION, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))[0]
+        records = tracer.steps_of(out.request_id)
+    decodes = [r for r in records if not r.num_prefill_tokens]
+    assert len(decodes) == 23 and all(r.native_decode for r in decodes)
+    # a quarter of the steps (on a quiet machine, every one): a step that another process
+    # preempted while it ran Python outside the stages misses it
+    covered = sorted(1 - r.stages["other"] / r.step_s for r in decodes)
+    assert covered[3 * len(covered) // 4] >= 0.9, covered
+
+
 def test_top_candidates_and_kv_blocks(llm, traced):
     *_, records, _ = traced
     block_size = llm.engine.block_manager.block_size

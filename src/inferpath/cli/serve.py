@@ -38,6 +38,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the model ids clients may send, the first one reported (default: "
                              "the Hugging Face id of an alias or id, and the alias; a .gguf "
                              "file's stem; a folder's name)")
+    parser.add_argument("--trace", choices=("on", "off"), default=None,
+                        help="whether a request may turn the engine's trace on with the header "
+                             "'X-Inferpath-Trace: 1' (the page at / does): default on when bound to a "
+                             "loopback address (127.0.0.1, localhost, ::1), off otherwise; off, such a "
+                             "request is answered untraced with 'X-Inferpath-Trace: off' and "
+                             "/v1/trace/{id} is a 403")
     parser.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
                         help="enable CORS for these browser origins ('*' for any; default: off)")
     parser.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
@@ -77,6 +83,21 @@ def model_argument(args: argparse.Namespace) -> str:
     return args.model or args.model_option or DEFAULT_MODEL
 
 
+def tracing_allowed(trace: str | None, host: str) -> bool:
+    """``--trace``: as asked, else on only for a loopback address (a client elsewhere could
+    otherwise slow every request sharing its steps, and read its batch's sizes)."""
+    if trace is not None:
+        return trace == "on"
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: not known to be this machine only
+        return False
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from inferpath.engine import AsyncEngine, LLMEngine
     from inferpath.models import served_model_names
@@ -103,11 +124,13 @@ def run_serve(args: argparse.Namespace) -> int:
     engine = LLMEngine.from_model(model, config)
     names = args.served_model_name or served_model_names(model)
     name = names[0]
+    tracing = tracing_allowed(args.trace, args.host)
     app = build_app(AsyncEngine(engine), api_key=args.api_key, served_model_name=names,
-                    max_n=args.max_n, allowed_origins=args.allowed_origins,
+                    max_n=args.max_n, allowed_origins=args.allowed_origins, tracing=tracing,
                     reasoning_parser=args.reasoning_parser,
                     response_store=response_store_from_args(args))
     print(f"inferpath serve: {name} (max_model_len {engine.max_model_len}) on "
-          f"http://{args.host}:{args.port}/v1", file=sys.stderr)
+          f"http://{args.host}:{args.port}/v1; tracing {'on' if tracing else 'off'}"
+          f"{'' if args.trace else ' (the default for this address; --trace on|off)'}", file=sys.stderr)
     serve_forever(app, sock, log_level=args.log_level)
     return 0

@@ -37,7 +37,8 @@ def build_app(model: str, num_replicas: int | None = 2, engine_config: dict[str,
     and ``max_replicas``, autoscaled), each with ``EngineConfig(**engine_config,
     threads=threads)`` on ``num_cpus`` Ray CPUs, routed by ``policy`` ("prefix" or
     "round_robin"); ``app_options`` are ``server.app.build_app``'s keywords for every
-    replica's app (``api_key``, ``max_n``, ``allowed_origins``, ``reasoning_parser``)."""
+    replica's app (``api_key``, ``max_n``, ``allowed_origins``, ``reasoning_parser``,
+    ``response_store``, ``tracing``)."""
     if (min_replicas is None) != (max_replicas is None):
         raise ValueError("give both --min-replicas and --max-replicas, or neither")
     if min_replicas is not None:

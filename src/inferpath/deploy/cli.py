@@ -47,7 +47,7 @@ def run_replicas(args: argparse.Namespace, model: str, engine_config) -> int:
         print("inferpath serve: --replicas needs Ray Serve: pip install 'inferpath[distributed]'",
               file=sys.stderr)
         return 1
-    from inferpath.cli.serve import response_store_from_args
+    from inferpath.cli.serve import response_store_from_args, tracing_allowed
     from inferpath.deploy.app import build_app
 
     config = {field.name: getattr(engine_config, field.name) for field in dataclasses.fields(engine_config)}
@@ -60,7 +60,8 @@ def run_replicas(args: argparse.Namespace, model: str, engine_config) -> int:
                         app_options={"api_key": args.api_key, "max_n": args.max_n,
                                      "allowed_origins": args.allowed_origins,
                                      "reasoning_parser": args.reasoning_parser,
-                                     "response_store": response_store_from_args(args)})
+                                     "response_store": response_store_from_args(args),
+                                     "tracing": tracing_allowed(args.trace, args.host)})
     except ValueError as exc:
         print(f"inferpath serve: {exc}", file=sys.stderr)
         return 1

@@ -9,7 +9,9 @@ through ``StepTracer.execute``, which
 
 - attaches the stage clock (trace_stages.py) and a sampler that keeps the logits, in the
   engine's thread, between steps;
-- times ``runner.execute`` as the step and the clocked modules as its rows;
+- times ``runner.execute`` as the step and the clocked modules as its rows, or, for a
+  step that ran the native decode call (which a traced step still takes), the call's own
+  per-stage clock (``StepRecord.native_decode`` says which);
 - records the batch (every chunk: request, positions, prefill or decode), the KV blocks
   in use after the step, and per sampled chunk the token drawn and the top candidates of
   the logits (probabilities at temperature 1), computed after the step's clock stopped.
@@ -79,6 +81,9 @@ class StepRecord:
     chunks: list[ChunkRecord]
     num_kv_blocks_used: int
     num_kv_blocks_total: int
+    # the step's layers ran in the native decode call, its rows from the call's own clock
+    # (trace_stages.py); False: the module path, its rows from the module wrappers
+    native_decode: bool = False
 
     @property
     def num_seqs(self) -> int:
@@ -184,14 +189,15 @@ class StepTracer:
             executed = self.runner.execute(scheduled)
             step_s = time.perf_counter() - start
             stages = self.clock.take()
+            native = self.clock.native_calls > 0
             stages["sampling"] = self._sampler.seconds
             stages["other"] = max(0.0, step_s - sum(stages.values()))
             logits, self._sampler.logits = self._sampler.logits, None
         if not scheduled.is_empty:
-            self._record(scheduled, executed, logits, start_time, step_s, stages)
+            self._record(scheduled, executed, logits, start_time, step_s, stages, native)
         return executed
 
-    def _record(self, scheduled, executed, logits, start_time, step_s, stages) -> None:
+    def _record(self, scheduled, executed, logits, start_time, step_s, stages, native) -> None:
         chunks = [ChunkRecord(c.request.request_id, c.request.index, c.start, c.num_new_tokens,
                               len(c.request.prompt_token_ids)) for c in scheduled.chunks]
         sampling = [record for record, c in zip(chunks, scheduled.chunks) if c.samples]
@@ -210,7 +216,7 @@ class StepTracer:
         usage = self.engine.block_manager.usage()
         with self._records_lock:
             self.steps.append(StepRecord(self._num_steps, start_time, step_s, stages, chunks,
-                                         usage.num_used_blocks, usage.num_total_blocks))
+                                         usage.num_used_blocks, usage.num_total_blocks, native))
             self._num_steps += 1
 
     # ------------------------------------------------------------------ reading

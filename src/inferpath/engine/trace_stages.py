@@ -26,8 +26,19 @@ cost-model stages it covers instead of inventing a split:
     sampling       the sampler call (timed by the tracer)     sampling
     other          the step minus every row above: laying out the batch, the attention plan
 
+A step that runs the native decode call (kernels/decode_stack.py: decode rows, short
+chunks such as speculative verifications) runs no layer module: the call times its own
+stages (csrc/drivers/decode.c, a clock read at each stage boundary of each layer, into a
+buffer the clock hands the stack while attached) and ``take`` turns its slots into the
+same rows: rmsnorm_attn, qkv_proj (the fused Q/K/V matmul), rope, kv_write, attention,
+o_proj, residual (both adds), rmsnorm_ffn, gate_up_silu (the fused gate/up matmul and the
+SiLU-and-multiply, timed apart inside the call and summed here), down_proj. The layer
+wrappers are marked (``NATIVE_TIMED``) so that they do not send a traced step to the module
+path: they time the steps that take it. embedding, final_norm and lm_head are timed by their
+wrappers on either path.
+
 Invariant: the rows of a step sum to the step's wall time (``other`` is the remainder),
-and every row but ``other`` is time spent inside the module it names.
+and every row but ``other`` is time spent inside the module or native stage it names.
 """
 
 from __future__ import annotations
@@ -36,6 +47,8 @@ import time
 from collections import defaultdict
 
 from torch import nn
+
+from inferpath.kernels.decode_stack import NATIVE_STAGES, NATIVE_TIMED, new_stage_buffer
 
 # row -> the cost-model stages (explain/cost.py) it is compared with
 COVERS = {
@@ -66,6 +79,12 @@ _LAYER_MODULES = {
     "mlp": "_mlp", "mlp.down_proj": "down_proj", "block_sparse_moe": "moe_ffn",
 }
 _TOP_MODULES = {"model.embed_tokens": "embedding", "model.norm": "final_norm", "lm_head": "lm_head"}
+# the native call's stage slots (decode_stack.NATIVE_STAGES) -> the row each is added to
+NATIVE_ROWS = {"rmsnorm_attn": "rmsnorm_attn", "qkv_proj": "qkv_proj", "rope": "rope", "kv_write": "kv_write",
+               "attention": "attention", "o_proj": "o_proj", "residual_attn": "residual",
+               "rmsnorm_ffn": "rmsnorm_ffn", "gate_up": "gate_up_silu", "silu_mul": "gate_up_silu",
+               "down_proj": "down_proj", "residual_ffn": "residual"}
+assert set(NATIVE_ROWS) == set(NATIVE_STAGES) and set(NATIVE_ROWS.values()) <= set(COVERS)
 # modules the fused path never calls (never timed on their own)
 NOT_TIMED = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "act_fn")
 
@@ -103,14 +122,20 @@ class StageClock:
     300 modules per step, about 20% of a SmolLM2 decode step; the wrapper costs two clock
     reads. The wrapped modules still run the same code.
 
+    While attached, a native decode stack (``native_stage_seconds``) carries this clock's
+    stage buffer; ``take`` reads and clears it, and ``native_calls`` says how many native
+    calls filled it since the last ``take`` before that one.
+
     Invariant: after ``detach()`` no module carries a wrapper of this clock's (its
-    ``forward`` is the class's again).
+    ``forward`` is the class's again) and the stack no buffer.
     """
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self._wrapped: list[nn.Module] = []
         self._seconds: dict[str, float] = defaultdict(float)
+        self._native = new_stage_buffer()  # (len(NATIVE_STAGES) + 1,) float64
+        self.native_calls = 0
 
     @property
     def attached(self) -> bool:
@@ -128,11 +153,17 @@ class StageClock:
                 except AttributeError:
                     continue  # dense layers have no block_sparse_moe, MoE layers no mlp
                 self._wrap(module, key)
+        stack = self.model.model
+        if hasattr(stack, "native_stage_seconds"):  # kernels/decode_stack.CPUDecoderStack
+            self._native.zero_()
+            stack.native_stage_seconds = self._native
 
     def detach(self) -> None:
         for module in self._wrapped:
             del module.forward  # the instance attribute: the class's forward shows again
         self._wrapped.clear()
+        if "native_stage_seconds" in vars(self.model.model):
+            del self.model.model.native_stage_seconds  # the class's None shows again
 
     def _wrap(self, module: nn.Module, key: str) -> None:
         inner, seconds, clock = module.forward, self._seconds, time.perf_counter
@@ -143,6 +174,7 @@ class StageClock:
             seconds[key] += clock() - start
             return output
 
+        setattr(timed_forward, NATIVE_TIMED, True)  # times the module path; the native call times itself
         module.forward = timed_forward
         self._wrapped.append(module)
 
@@ -150,8 +182,15 @@ class StageClock:
         """Rows since the last call (parents minus their timed children), then reset."""
         s = dict(self._seconds)
         self._seconds.clear()
+        native = self._native.tolist()
+        self._native.zero_()
+        self.native_calls = int(native[-1])
         get = s.get
         rows = {k: v for k, v in s.items() if not k.startswith("_")}
+        if self.native_calls:
+            for name, seconds in zip(NATIVE_STAGES, native):
+                row = NATIVE_ROWS[name]
+                rows[row] = rows.get(row, 0.0) + seconds
         if "_self_attn" in s:
             children = get("rope", 0) + get("kv_write", 0) + get("attention", 0) + get("o_proj", 0)
             rows["qkv_proj"] = max(0.0, s["_self_attn"] - children)

@@ -101,8 +101,9 @@ _EXTRA_SIGNATURES = {
     "inferpath_quant_matmul_group": [_N] + [_P] * 7 + [_I, _I, _N, _N],
     # qtype, weight, row bytes, out (f32), rows, k, threads
     "inferpath_quant_dequantize": [_N, _P, _I, _P, _I, _I, _N],
-    # layers, count, shape, x, m, cos, sin, slots, block tables, seq lens, threads, rows alone
-    "inferpath_decode_layers": [_P, _N, _P, _P, _I, _P, _P, _P, _P, _P, _N, _N],
+    # layers, count, shape, x, m, cos, sin, slots, rows (decode rows and chunks), threads, rows alone,
+    # stage seconds (or NULL)
+    "inferpath_decode_layers": [_P, _N, _P, _P, _I, _P, _P, _P, _P, _N, _N, _P],
     # the AMX GEMM's layout in plain C (csrc/drivers/amx_reference.c): as inferpath_amx_gemm_bf16;
     # x, k, rows, xp
     "inferpath_amx_reference_gemm_bf16": [_P] * 4 + [_I] * 3 + [_N],

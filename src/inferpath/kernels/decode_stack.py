@@ -15,9 +15,22 @@ inside the GEMV. The call is granted, never assumed: the model's family must all
 every field of its ModelConfig must hold a value the call implements (families.py, an
 allow-list: QK-norm, sandwich or post norms, soft-capping, MoE, non-SiLU gates, NoPE
 layers, multipliers, or a feature added later stay off it), and every layer must hold the
-native modules the call reads (exact types, through their public accessors). Everything
-else — prefill, mixed batches, a traced step (its clock wraps module forwards), a hooked
-module (tensor parallelism's all-reduce) — takes the module path.
+native modules the call reads (exact types, through their public accessors).
+
+A step's rows may also be short chunks of one sequence each (up to ``MAX_CHUNK_TOKENS``
+tokens: a speculative verification of k drafts is a chunk of k + 1, and a short prompt
+chunk), mixed with other sequences' decode rows: a chunk's rows are attended by the same
+causal prefill kernel the module path runs for it (avx512/prefill_attention.c, passed to
+the call), the decode rows by the paged decode attention, so the result stays equal to the
+bit to the module path. Where that kernel is not built (below avx512 the module path runs
+PyTorch's SDPA for chunks), chunks take the module path.
+
+A traced step stays native: the stage clock (engine/trace_stages.py) hands the stack a
+buffer (``native_stage_seconds``) that the call fills with each stage's time
+(``NATIVE_STAGES``), and its wrappers on the layer modules, which time only the module
+path, are marked so that ``_Plan.watched`` passes them. Everything else — long prompt
+chunks, a sliding window cutting a chunk's keys, a hooked or otherwise wrapped module
+(tensor parallelism's all-reduce) — takes the module path.
 """
 
 from __future__ import annotations
@@ -39,6 +52,15 @@ from inferpath.model.transformer import DecoderStack
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 
+# a chunk of more tokens than this (a prompt) takes the module path
+MAX_CHUNK_TOKENS = 32
+# the slots of the call's stage buffer (decode.c's STAGE_* order), each summed over the layers;
+# one more slot counts the calls that filled them
+NATIVE_STAGES = ("rmsnorm_attn", "qkv_proj", "rope", "kv_write", "attention", "o_proj", "residual_attn",
+                 "rmsnorm_ffn", "gate_up", "silu_mul", "down_proj", "residual_ffn")
+# set on a forward wrapper that times the module path only (the native call times itself)
+NATIVE_TIMED = "_inferpath_native_timed"
+
 
 class _WeightGroup(ctypes.Structure):  # decode.c weight_group: a QuantGroup's or FloatGroup's arrays
     _fields_ = [("count", ctypes.c_int), ("qtypes", _P), ("weights", _P), ("row_bytes", _P), ("rows", _P),
@@ -54,6 +76,20 @@ class _Shape(ctypes.Structure):  # decode.c decode_shape
     _fields_ = [("hidden", _I64), ("num_heads", _I64), ("num_kv_heads", _I64), ("head_dim", _I64),
                 ("intermediate", _I64), ("block_size", _I64), ("max_blocks", _I64), ("window", _I64),
                 ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("dtype", ctypes.c_int)]
+
+
+class _Chunk(ctypes.Structure):  # decode.c decode_chunk
+    _fields_ = [("first_row", _I64), ("rows", _I64), ("context", _I64), ("table", _P)]
+
+
+class _Rows(ctypes.Structure):  # decode.c step_rows
+    _fields_ = [("decode_rows", _P), ("num_decodes", _I64), ("block_tables", _P), ("seq_lens", _P),
+                ("chunks", _P), ("num_chunks", _I64), ("prefill", _P)]
+
+
+def new_stage_buffer() -> torch.Tensor:
+    """A zeroed buffer for the call's stage times: (len(NATIVE_STAGES) + 1,) float64."""
+    return torch.zeros(len(NATIVE_STAGES) + 1, dtype=torch.float64)
 
 
 def _weights(group: QuantGroup | FloatGroup) -> _WeightGroup:
@@ -78,6 +114,9 @@ class _Plan:
         if self.reason:
             return
         self.decode_fn = build.native_decode_layers("quantized" if self.quantized else self.dtype)
+        # the module path's prefill attention for chunks (None: chunks take the module path)
+        prefill = build.native_prefill_attention(torch.float32 if self.quantized else self.dtype)
+        self.prefill_fn = None if prefill is None else ctypes.cast(prefill, _P).value
         modules = [m for layer in layers for m in layer.modules()]  # watched for hooks and wrappers
         self.hook_dicts = [m._forward_hooks for m in modules] + [m._forward_pre_hooks for m in modules]
         self.module_dicts = [m.__dict__ for m in modules]
@@ -164,11 +203,15 @@ class _Plan:
         return ""
 
     def watched(self) -> bool:
-        """Whether any layer module is hooked or has its forward wrapped (trace's clock).
-        Runs every decode step: C-level scans of the hook dicts and the modules' dicts
-        (~10 us for SmolLM2's 450 modules)."""
-        return (any(self.hook_dicts) or any(map(operator.contains, self.module_dicts, repeat("forward")))
-                or bool(_global_forward_hooks) or bool(_global_forward_pre_hooks))
+        """Whether any layer module is hooked or has its forward wrapped by anything but a
+        stage clock's module-path timer (``NATIVE_TIMED``). Runs every decode step: C-level
+        scans of the hook dicts and the modules' dicts (~10 us for SmolLM2's 450 modules;
+        a traced step also looks at each wrapper)."""
+        if any(self.hook_dicts) or _global_forward_hooks or _global_forward_pre_hooks:
+            return True
+        if not any(map(operator.contains, self.module_dicts, repeat("forward"))):
+            return False
+        return any(not getattr(d["forward"], NATIVE_TIMED, False) for d in self.module_dicts if "forward" in d)
 
 
 class CPUDecoderStack(DecoderStack):
@@ -177,6 +220,8 @@ class CPUDecoderStack(DecoderStack):
     ``use_native_decode = False`` on an instance sends every step down the parent's path."""
 
     use_native_decode = True
+    # a traced step's stage times (new_stage_buffer()), added to by the call; None: untraced
+    native_stage_seconds: torch.Tensor | None = None
 
     def forward(self, input_ids, positions, kv_cache, plan) -> torch.Tensor:
         hidden = self._decode_natively(input_ids, positions, kv_cache, plan) if self.use_native_decode else None
@@ -197,17 +242,18 @@ class CPUDecoderStack(DecoderStack):
         if native.reason or len(plan) != 1 or native.window not in plan:
             return None
         step = plan[native.window]
-        decode = step.decode
+        decode, chunks = step.decode, step.prefills
         activations = torch.float32 if native.quantized else native.dtype
-        if (decode is None or decode.token_rows is not None or step.prefills or step.softcap
-                or kv_cache.k_caches[0].dtype != activations or not native.serves(input_ids.shape[0])
+        if (step.softcap or kv_cache.k_caches[0].dtype != activations or not native.serves(input_ids.shape[0])
+                or (chunks and (native.prefill_fn is None
+                                or any(c.windowed or c.query_len > MAX_CHUNK_TOKENS for c in chunks)))
                 or native.watched()):
             return None
-        hidden = self.embed_tokens(input_ids)  # (num_seqs, hidden_size)
+        hidden = self.embed_tokens(input_ids)  # (num_tokens, hidden_size)
         if hidden.dtype != activations:
             return None
         hidden = hidden.contiguous().clone()
-        num_seqs = hidden.shape[0]
+        num_tokens = hidden.shape[0]
         # the caches of this engine: pointers set once. NOTE: every layer's pointers are the
         # key (~5 us a step): a model shared by engines one after another may find the first
         # cache of a new engine where the old one's was, and the others elsewhere
@@ -217,19 +263,47 @@ class CPUDecoderStack(DecoderStack):
             for i, layer in enumerate(native.layers):
                 layer.k_cache, layer.v_cache = kv_cache.k_caches[i].data_ptr(), kv_cache.v_caches[i].data_ptr()
             native.cache_key = key
-        cos, signed_sin = native.rope.table.cos_sin(positions, activations)  # (num_seqs, 1, head_dim) each
-        cos = cos.reshape(num_seqs, native.head_dim).contiguous()
-        signed_sin = signed_sin.reshape(num_seqs, native.head_dim).contiguous()
-        tables = decode.block_ids.view(num_seqs, decode.blocks_per_seq)  # (num_seqs, blocks)
-        seq_lens = decode.seq_lens.contiguous()
+        cos, signed_sin = native.rope.table.cos_sin(positions, activations)  # (num_tokens, 1, head_dim) each
+        cos = cos.reshape(num_tokens, native.head_dim).contiguous()
+        signed_sin = signed_sin.reshape(num_tokens, native.head_dim).contiguous()
+        rows, keep = self._rows(decode, chunks, native)
         slots = step.slot_mapping.contiguous()
         shape = _Shape(native.hidden, native.num_heads, native.num_kv_heads, native.head_dim, native.intermediate,
-                       kv_cache.k_caches[0].shape[1], tables.shape[1], decode.sliding_window, native.eps, step.scale,
+                       kv_cache.k_caches[0].shape[1], decode.blocks_per_seq if decode is not None else 0,
+                       decode.sliding_window if decode is not None else native.window, native.eps, step.scale,
                        GGUF_FLOAT_TYPES[activations])
+        times = self.native_stage_seconds
         status = native.decode_fn(
-            native.layers, len(native.layers), ctypes.byref(shape), hidden.data_ptr(), num_seqs, cos.data_ptr(),
-            signed_sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), seq_lens.data_ptr(), torch.get_num_threads(),
-            rows_must_be_invariant())
+            native.layers, len(native.layers), ctypes.byref(shape), hidden.data_ptr(), num_tokens, cos.data_ptr(),
+            signed_sin.data_ptr(), slots.data_ptr(), ctypes.byref(rows), torch.get_num_threads(),
+            rows_must_be_invariant(), None if times is None else times.data_ptr())
+        del keep
         if status != 0:
-            raise RuntimeError(f"native decode of {num_seqs} rows failed (status {status})")
+            raise RuntimeError(f"native decode of {num_tokens} rows ({len(chunks)} chunks) failed (status {status})")
         return self.norm(hidden)
+
+    @staticmethod
+    def _rows(decode, chunks, native: _Plan) -> tuple[_Rows, list]:
+        """The call's step_rows for the plan's decode group and chunks, and the tensors and
+        arrays its pointers point into (kept alive through the call)."""
+        rows, keep = _Rows(), []
+        if decode is not None:
+            num_decodes = decode.seq_lens.shape[0]
+            tables = decode.block_ids.view(num_decodes, decode.blocks_per_seq).contiguous()  # (num_decodes, blocks)
+            seq_lens = decode.seq_lens.contiguous()
+            keep += [tables, seq_lens]
+            rows.num_decodes, rows.block_tables, rows.seq_lens = num_decodes, tables.data_ptr(), seq_lens.data_ptr()
+            if decode.token_rows is not None:
+                token_rows = decode.token_rows.contiguous()
+                keep.append(token_rows)
+                rows.decode_rows = token_rows.data_ptr()
+        if chunks:
+            array = (_Chunk * len(chunks))()
+            for i, chunk in enumerate(chunks):
+                table = None if chunk.block_ids is None else chunk.block_ids.contiguous()
+                keep.append(table)
+                array[i] = _Chunk(chunk.token_start, chunk.query_len, chunk.seq_len - chunk.query_len,
+                                  None if table is None else table.data_ptr())
+            keep.append(array)
+            rows.chunks, rows.num_chunks, rows.prefill = ctypes.cast(array, _P), len(chunks), native.prefill_fn
+        return rows, keep

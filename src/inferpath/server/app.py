@@ -65,12 +65,13 @@ def build_app(async_engine: Any, api_key: str | None = None,
               served_model_name: str | list[str] | None = None, max_n: int = DEFAULT_MAX_N,
               allowed_origins: list[str] | None = None,
               response_store: ResponseStore | None = None,
-              reasoning_parser: str | None = None) -> FastAPI:
+              reasoning_parser: str | None = None, tracing: bool = True) -> FastAPI:
     """An app serving ``async_engine`` (an ``inferpath.engine.AsyncEngine``) as
     ``served_model_name`` (default: the engine's model name); stored Responses live in
     ``response_store`` (default: a ResponseStore with its default bounds); answers'
     reasoning is split off by ``reasoning_parser`` (default: chosen from the model,
-    server/reasoning.py)."""
+    server/reasoning.py). ``tracing``: whether a request may turn the engine's trace on
+    (server/trace_routes.py)."""
     engine = async_engine.engine
     # several names (vLLM's --served-model-name A B): the first is reported, all accepted
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or ())
@@ -209,7 +210,7 @@ def build_app(async_engine: Any, api_key: str | None = None,
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    install_trace_routes(app, async_engine, api_key)  # the page at / and /v1/trace/{id}
+    install_trace_routes(app, async_engine, api_key, tracing)  # the page at / and /v1/trace/{id}
     return app
 
 

@@ -8,6 +8,13 @@
   from before the request is submitted until its response has been sent, so every step
   it takes part in is recorded. The response itself is the plain OpenAI one; a client
   that does not send the header is never traced by its own request and never sees a trace.
+- Tracing is on or off per server (``install_trace_routes(..., tracing=...)``; ``inferpath
+  serve --trace on|off``, on by default when bound to a loopback address, off otherwise):
+  off, nothing is ever attached to the engine, a completion asking for a trace is still
+  answered (untraced) and its response says so in the header ``X-Inferpath-Trace: off``
+  (``X-Inferpath-Trace-Reason`` says how to turn it on), and ``GET /v1/trace/{id}`` is a
+  403 ``trace_disabled`` naming the flag. On, a traced completion's response carries
+  ``X-Inferpath-Trace: on``.
 - ``GET /v1/trace/{id}``: the trace of the completion whose response ``id`` is given
   (explain/trace.py ``request_trace``: steps, stage rows measured and predicted, tokens with
   their top 5, KV cache, the batch each step shared), live while it runs. The prediction
@@ -32,38 +39,59 @@ from inferpath.server.errors import APIError
 
 STATIC_DIR = Path(__file__).with_name("static")
 TRACE_HEADER = b"x-inferpath-trace"
+TRACE_OFF_REASON = "tracing is off on this server: start it with 'inferpath serve --trace on'"
 _TRACED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 
 
-class TraceOnHeader:
-    """ASGI middleware: holds the tracer for the whole of a completion that asks for it."""
+def _with_headers(send, headers: list[tuple[bytes, bytes]]):
+    """``send`` that adds ``headers`` to the response's start."""
+    async def sending(message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *headers]}
+        await send(message)
+    return sending
 
-    def __init__(self, app, tracer) -> None:
+
+class TraceOnHeader:
+    """ASGI middleware: holds the tracer for the whole of a completion that asks for it, and
+    says in the response's ``X-Inferpath-Trace`` header whether it was traced. ``tracer``
+    None: tracing is off on this server (``off_reason`` says why), nothing is held."""
+
+    def __init__(self, app, tracer, off_reason: str = TRACE_OFF_REASON) -> None:
         self.app = app
         self.tracer = tracer
+        self.off_reason = off_reason
 
     async def __call__(self, scope, receive, send) -> None:
         if not (scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in _TRACED_PATHS
                 and dict(scope["headers"]).get(TRACE_HEADER, b"").strip() in (b"1", b"true", b"on")):
             await self.app(scope, receive, send)
             return
+        if self.tracer is None:  # asked, refused: answered untraced, and the response says so
+            await self.app(scope, receive, _with_headers(send, [
+                (TRACE_HEADER, b"off"), (b"x-inferpath-trace-reason", self.off_reason.encode("latin-1"))]))
+            return
         self.tracer.acquire()
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, _with_headers(send, [(TRACE_HEADER, b"on")]))
         finally:
             await asyncio.to_thread(self.tracer.release)  # may wait for a traced step to end
 
 
-def install_trace_routes(app: FastAPI, async_engine: Any, api_key: str | None = None) -> None:
-    """Add the page, the trace header's middleware and ``/v1/trace/{id}`` to ``app``."""
+def install_trace_routes(app: FastAPI, async_engine: Any, api_key: str | None = None,
+                         tracing: bool = True) -> None:
+    """Add the page, the trace header's middleware and ``/v1/trace/{id}`` to ``app``;
+    ``tracing`` False: no request can turn the engine's trace on (module doc)."""
     from inferpath.engine.trace import tracer_of
     from inferpath.explain.trace import request_trace
 
     engine = async_engine.engine
-    try:
-        tracer = tracer_of(engine)
-    except ValueError as exc:  # tensor parallelism: the page chats, without a trace
-        tracer, untraceable = None, str(exc)
+    tracer, untraceable, status, code = None, TRACE_OFF_REASON, 403, "trace_disabled"
+    if tracing:
+        try:
+            tracer = tracer_of(engine)
+        except ValueError as exc:  # tensor parallelism: the page chats, without a trace
+            untraceable, status, code = f"this server cannot trace: {exc}", 400, "trace_unavailable"
     hardware_holder: list = []
 
     async def hardware():
@@ -73,8 +101,7 @@ def install_trace_routes(app: FastAPI, async_engine: Any, api_key: str | None = 
             hardware_holder.append(await asyncio.to_thread(machine_for, engine, False, False))
         return hardware_holder[0]
 
-    if tracer is not None:
-        app.add_middleware(TraceOnHeader, tracer=tracer)
+    app.add_middleware(TraceOnHeader, tracer=tracer, off_reason=untraceable)
     app.mount("/glassbox", StaticFiles(directory=STATIC_DIR), name="glassbox")
 
     @app.get("/v1/trace-hardware", include_in_schema=False)
@@ -94,7 +121,7 @@ def install_trace_routes(app: FastAPI, async_engine: Any, api_key: str | None = 
         that hardware (as ``inferpath explain`` gives them for the same shapes)."""
         _check_key(request, api_key)
         if tracer is None:
-            raise APIError(400, f"this server cannot trace: {untraceable}", code="trace_unavailable")
+            raise APIError(status, untraceable, code=code)
         preset = None
         if hardware_name != THIS_MACHINE:
             try:

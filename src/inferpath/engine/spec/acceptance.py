@@ -1,8 +1,9 @@
 """When to draft: a sequence whose drafts are mostly rejected stops drafting for a while.
 
-A verification step of k + 1 tokens costs more than a one-token step (about 2x on the
-module path against the native decode step, issue 23), so drafts pay only when enough of
-them are accepted. Each sequence keeps an exponential average of the drafts accepted per
+A verification step of k + 1 tokens costs more than a one-token step (the native decode
+call serves it since issue 23 item 0, but its quantized matmuls still cost about 1.5x at 2
+rows and 2.6-3x at 5 on a CPU-bound step: benchmarks/verify_step.py), so drafts pay only
+when enough of them are accepted. Each sequence keeps an exponential average of the drafts accepted per
 verification; when it falls below ``min_accepted`` the sequence decodes plainly for
 ``pause`` steps, then tries again with a clean record; each failed try doubles the pause
 (up to ``max_pause``), a good one resets it. Imports no torch.

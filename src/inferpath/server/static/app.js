@@ -67,10 +67,13 @@ async function ask() {
     model, stream: true, messages: [{role: "user", content: question}],
     max_tokens: Number($("max-tokens").value), temperature: Number($("temperature").value),
   };
-  let id = null;
+  let id = null, traceOff = false;
   try {
     const response = await fetch("/v1/chat/completions", {method: "POST", headers: headers(), body: JSON.stringify(body)});
     if (!response.ok) throw new Error((await response.json()).error.message);
+    // a server started with --trace off answers untraced and says so (X-Inferpath-Trace: off)
+    traceOff = response.headers.get("X-Inferpath-Trace") === "off";
+    if (traceOff) $("hardware-line").textContent = "no trace: " + response.headers.get("X-Inferpath-Trace-Reason");
     const reader = response.body.getReader();
     const decoder = new TextDecoder();
     let buffer = "";
@@ -87,7 +90,7 @@ async function ask() {
           const payload = line.slice(6);
           if (payload === "[DONE]") continue;
           const chunk = JSON.parse(payload);
-          if (!id) { id = chunk.id; document.body.dataset.requestId = id; startPolling(id); }
+          if (!id) { id = chunk.id; document.body.dataset.requestId = id; if (!traceOff) startPolling(id); }
           for (const choice of chunk.choices) {
             if (choice.delta && choice.delta.content) $("answer").textContent += choice.delta.content;
           }
@@ -99,7 +102,7 @@ async function ask() {
     $("status").textContent = "error: " + e.message;
   }
   stopPolling();
-  if (id) await refresh(id);
+  if (id && !traceOff) await refresh(id);
   $("send").disabled = false;
   document.body.dataset.state = "done";
 }

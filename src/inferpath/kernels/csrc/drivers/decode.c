@@ -3,10 +3,15 @@
  * so the result is the same to the bit, without a Python round trip per kernel (a decode
  * step of a small model is otherwise mostly those round trips: SmolLM2 makes ~360 of them).
  *
- * Per layer, x (m, hidden) the residual stream, every row one sequence's next token:
+ * Per layer, x (m, hidden) the residual stream:
  *   h = rms_norm(x) ; qkv = [Wq; Wk; Wv] h (+ b) ; q, k = rope(q, k) ; cache[slot] = k, v ;
  *   a = paged_attention(q) ; x += Wo a (+ b) ; h = rms_norm(x) ;
  *   g, u = [Wg; Wu] h ; x += Wd (silu(g) * u)
+ * A row is one sequence's next token (a decode row: the paged decode attention over its
+ * context) or one of a short chunk's tokens of one sequence (a speculative verification, a
+ * short prompt chunk: the rows of a decode_chunk, attended causally by the prefill
+ * attention kernel the module path runs for that chunk, passed in). Every row's K/V are
+ * written before attention, so a chunk's row i sees the chunk's rows 0..i.
  * Two kinds of model: weights in GGUF blocks (quant/matmul.c) with float32 activations,
  * or float weights (float32 or bfloat16, the level's GEMV) with activations, norms, RoPE
  * tables and KV cache in the weights' type (each kernel rounds where its module does: a
@@ -15,10 +20,15 @@
  * matmuls' output columns are split over the decode pool (pool.c). Llama-family layers
  * only (the Python side checks the model: no QK-norm, no sandwich norms, no soft-capping,
  * SwiGLU).
+ *
+ * Traced (stage_seconds not NULL), each stage's wall time is added to its slot, summed
+ * over the layers (clock_gettime at each stage boundary, so the slots cover the whole loop);
+ * untraced, no clock is read.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "attention_parts.h"
 #include "bf16.h"
@@ -62,6 +72,33 @@ typedef struct {
     float eps, scale;
     int dtype;  /* of x, the norms, cos/sin and the caches: TYPE_F32 or TYPE_BF16 */
 } decode_shape;
+
+/* One sequence's chunk of rows [first_row, first_row + rows) of x, at positions context ..
+ * context + rows - 1. table: its blocks (its context and its own keys, read from the cache),
+ * or NULL when context is 0 (its keys are its own rows, as the module path reads them). */
+typedef struct {
+    int64_t first_row, rows, context;
+    const int64_t *table;
+} decode_chunk;
+
+/* avx512/prefill_attention.c's entry point for the activations' type (the module path's) */
+typedef int (*prefill_attention_fn)(const void *q, const void *k, const void *v, void *out, int64_t n, int64_t h,
+                                    int64_t kvh, int64_t d, int64_t q_stride, int64_t k_stride, int64_t v_stride,
+                                    const int64_t *table, int64_t block_size, int64_t context, float scale,
+                                    int num_threads);
+
+/* The slots of stage_seconds, in the order a layer runs them (kernels/decode_stack.py's
+ * NATIVE_STAGES names them); slot NUM_STAGES counts the calls that filled them. */
+enum {
+    STAGE_RMSNORM_ATTN, STAGE_QKV, STAGE_ROPE, STAGE_KV_WRITE, STAGE_ATTENTION, STAGE_O_PROJ, STAGE_RESIDUAL_ATTN,
+    STAGE_RMSNORM_FFN, STAGE_GATE_UP, STAGE_SILU_MUL, STAGE_DOWN, STAGE_RESIDUAL_FFN, NUM_STAGES
+};
+
+static double seconds_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 /* Output columns per pool chunk: about 8 chunks a thread (for balance), at least 32 (a
  * claim costs ~0.1 us, a chunk of one row's 32 columns ~1 us). */
@@ -145,6 +182,66 @@ static int attention(int bf16, const void *q, const decode_layer *L, const int64
     return 0;
 }
 
+/* Which rows of the step attend how (module doc): decode rows, each over its own context,
+ * and chunks, each one sequence's rows attended causally by ``prefill``. */
+typedef struct {
+    const int64_t *decode_rows;              /* (num_decodes,) rows of x; NULL: rows 0 .. num_decodes - 1 */
+    int64_t num_decodes;
+    const int64_t *block_tables, *seq_lens;  /* (num_decodes, max_blocks), (num_decodes,): each decode's context */
+    const decode_chunk *chunks;              /* (num_chunks,) */
+    int64_t num_chunks;
+    prefill_attention_fn prefill;            /* NULL: no chunks */
+} step_rows;
+
+/* Whether the rows are consistent: every index inside the m rows of x, a prefill kernel for chunks */
+static int rows_valid(const step_rows *r, int64_t m) {
+    if (r->num_decodes < 0 || r->num_chunks < 0 || (r->num_chunks && !r->prefill)) return 0;
+    if (!r->decode_rows && r->num_decodes > m) return 0;
+    for (int64_t i = 0; r->decode_rows && i < r->num_decodes; i++)
+        if (r->decode_rows[i] < 0 || r->decode_rows[i] >= m) return 0;
+    for (int64_t i = 0; i < r->num_chunks; i++) {
+        const decode_chunk *c = &r->chunks[i];
+        if (c->first_row < 0 || c->rows < 1 || c->first_row + c->rows > m || c->context < 0
+            || (c->context && !c->table)) return 0;
+    }
+    return 1;
+}
+
+/* out (m, q_size) <- attention of q (m, q_size) for every row: the decode rows through the
+ * paged decode attention (gathered into contiguous rows when not rows 0..), each chunk
+ * through the prefill kernel, keys from the cache or, with no context, from its own rows of
+ * k (roped) and qkv (v), as the module path passes them */
+static int step_attention(int bf16, const char *q, const char *k, const char *qkv, const decode_layer *L,
+                          const step_rows *r, char *out, char *gathered_q, char *gathered_out, const decode_shape *s,
+                          int threads) {
+    const size_t size = bf16 ? 2 : 4;
+    const int64_t q_size = s->num_heads * s->head_dim, kv_size = s->num_kv_heads * s->head_dim;
+    const int64_t qkv_size = q_size + 2 * kv_size;
+    int status = 0;
+    if (r->num_decodes) {
+        const char *dq = q;
+        char *dout = out;
+        if (r->decode_rows) {
+            for (int64_t i = 0; i < r->num_decodes; i++)
+                memcpy(gathered_q + size * i * q_size, q + size * r->decode_rows[i] * q_size, size * (size_t)q_size);
+            dq = gathered_q, dout = gathered_out;
+        }
+        status = attention(bf16, dq, L, r->block_tables, r->seq_lens, dout, r->num_decodes, s, threads);
+        if (status) return status;
+        for (int64_t i = 0; r->decode_rows && i < r->num_decodes; i++)
+            memcpy(out + size * r->decode_rows[i] * q_size, gathered_out + size * i * q_size, size * (size_t)q_size);
+    }
+    for (int64_t i = 0; i < r->num_chunks && !status; i++) {
+        const decode_chunk *c = &r->chunks[i];
+        const void *keys = c->table ? L->k_cache : (const void *)(k + size * c->first_row * kv_size);
+        const void *values = c->table ? L->v_cache : (const void *)(qkv + size * (c->first_row * qkv_size + q_size + kv_size));
+        status = r->prefill(q + size * c->first_row * q_size, keys, values, out + size * c->first_row * q_size, c->rows,
+                            s->num_heads, s->num_kv_heads, s->head_dim, q_size, kv_size, c->table ? kv_size : qkv_size,
+                            c->table, s->block_size, c->context, s->scale, threads);
+    }
+    return status;
+}
+
 static int silu_mul(int bf16, const void *gate_up, void *out, int64_t m, int64_t n, int threads) {
     return bf16 ? inferpath_silu_mul_bf16(gate_up, 2 * n, (const uint16_t *)gate_up + n, 2 * n, out, n, m, n, threads)
                 : inferpath_silu_mul_f32(gate_up, 2 * n, (const float *)gate_up + n, 2 * n, out, n, m, n, threads);
@@ -164,46 +261,66 @@ static void add_residual(int bf16, void *x, const void *p, int64_t count) {
 }
 
 /* x (m, hidden) in place through num_layers layers. cos, sin (m, head_dim): the rows'
- * RoPE; slots (m,): where each row's K/V go; block_tables (m, max_blocks) and seq_lens
- * (m,): each row's context, its new token included. Returns 0, a kernel's error code,
+ * RoPE; slots (m,): where each row's K/V go; rows: how each row attends (step_rows).
+ * stage_seconds: NULL, or NUM_STAGES + 1 doubles the stages' seconds are added to (and
+ * the call counted in the last). Returns 0, a kernel's error code, -1 inconsistent rows,
  * -2 out of memory or -3 an unknown dtype. */
 int inferpath_decode_layers(const decode_layer *layers, int num_layers, const decode_shape *s, void *x, int64_t m,
-                            const void *cos, const void *sin, const int64_t *slots, const int64_t *block_tables,
-                            const int64_t *seq_lens, int num_threads, int rows_alone) {
+                            const void *cos, const void *sin, const int64_t *slots, const step_rows *rows,
+                            int num_threads, int rows_alone, double *stage_seconds) {
     if (s->dtype != TYPE_F32 && s->dtype != TYPE_BF16) return -3;
+    if (!rows_valid(rows, m)) return -1;
     const int bf16 = s->dtype == TYPE_BF16;
     const size_t size = bf16 ? 2 : 4;
     const int64_t q_size = s->num_heads * s->head_dim, kv_size = s->num_kv_heads * s->head_dim;
     const int64_t qkv_size = q_size + 2 * kv_size;
-    size_t values = (size_t)(m * (s->hidden * 2 + qkv_size + q_size + kv_size + q_size + 3 * s->intermediate));
+    size_t values = (size_t)(m * (s->hidden * 2 + qkv_size + q_size + kv_size + q_size + 3 * s->intermediate
+                                  + 2 * q_size));
     char *buffer = (char *)malloc(size * values);
     if (!buffer) return -2;
     char *normed = buffer, *qkv = normed + size * m * s->hidden, *q = qkv + size * m * qkv_size;
     char *k = q + size * m * q_size, *attended = k + size * m * kv_size, *projected = attended + size * m * q_size;
     char *gate_up = projected + size * m * s->hidden, *act = gate_up + size * m * 2 * s->intermediate;
+    char *gathered_q = act + size * m * s->intermediate, *gathered_out = gathered_q + size * m * q_size;
+    double *times = stage_seconds, last = times ? seconds_now() : 0.0;
+#define STAGE_DONE(stage) do { if (times) { double now_ = seconds_now(); times[stage] += now_ - last; last = now_; } } while (0)
     int status = 0;
     for (int l = 0; l < num_layers && !status; l++) {
         const decode_layer *L = &layers[l];
         status = rms_norm(bf16, x, L->input_norm, normed, m, s->hidden, s->eps, num_threads);
+        STAGE_DONE(STAGE_RMSNORM_ATTN);
         if (!status) status = matmul(&L->qkv, normed, qkv, m, s->hidden, num_threads, rows_alone, s->dtype);
+        STAGE_DONE(STAGE_QKV);
         if (!status) status = rope(bf16, qkv, qkv_size, s, q_size, cos, sin, q, k, m, num_threads);
+        STAGE_DONE(STAGE_ROPE);
         if (status) break;
         for (int64_t i = 0; i < m; i++) {  /* this step's K/V into the cache */
             memcpy((char *)L->k_cache + size * slots[i] * kv_size, k + size * i * kv_size, size * (size_t)kv_size);
             memcpy((char *)L->v_cache + size * slots[i] * kv_size, qkv + size * (i * qkv_size + q_size + kv_size),
                    size * (size_t)kv_size);
         }
-        status = attention(bf16, q, L, block_tables, seq_lens, attended, m, s, num_threads);
+        STAGE_DONE(STAGE_KV_WRITE);
+        status = step_attention(bf16, q, k, qkv, L, rows, attended, gathered_q, gathered_out, s, num_threads);
+        STAGE_DONE(STAGE_ATTENTION);
         if (!status) status = matmul(&L->o, attended, projected, m, q_size, num_threads, rows_alone, s->dtype);
+        STAGE_DONE(STAGE_O_PROJ);
         if (status) break;
         add_residual(bf16, x, projected, m * s->hidden);
+        STAGE_DONE(STAGE_RESIDUAL_ATTN);
         status = rms_norm(bf16, x, L->post_norm, normed, m, s->hidden, s->eps, num_threads);
+        STAGE_DONE(STAGE_RMSNORM_FFN);
         if (!status) status = matmul(&L->gate_up, normed, gate_up, m, s->hidden, num_threads, rows_alone, s->dtype);
+        STAGE_DONE(STAGE_GATE_UP);
         if (!status) status = silu_mul(bf16, gate_up, act, m, s->intermediate, num_threads);
+        STAGE_DONE(STAGE_SILU_MUL);
         if (!status) status = matmul(&L->down, act, projected, m, s->intermediate, num_threads, rows_alone, s->dtype);
+        STAGE_DONE(STAGE_DOWN);
         if (status) break;
         add_residual(bf16, x, projected, m * s->hidden);
+        STAGE_DONE(STAGE_RESIDUAL_FFN);
     }
+#undef STAGE_DONE
     free(buffer);
+    if (times) times[NUM_STAGES] += 1.0;
     return status;
 }
