@@ -36,6 +36,7 @@ from inferpath.weights.rope_freqs import rope_scaling_from_freqs
 Q = GGMLQuantizationType
 SUPPORTED_TENSOR_TYPES = frozenset({
     Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+    Q.MXFP4,  # families2: gpt-oss's experts (kernels/csrc/quant/mxfp4.c)
 })
 # float types PyTorch holds as they are stored
 _TORCH_FLOATS = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
@@ -249,11 +250,13 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
             values = unpermute_rows(values, heads_of[kind])
         if entry.norm_shift and is_norm(t.name):  # stored as w + shift (Gemma's 1 + w norms)
             values = values.astype(np.float32) - np.float32(entry.norm_shift)
-        if (names := stacked_expert_names(t.name, shape[0], entry.routed_experts)) is not None:
+        if entry.regroup is None and (names := stacked_expert_names(t.name, shape[0], entry.routed_experts)) is not None:
             for name, expert in zip(names, values):  # values: (num_experts, rows, cols)
                 tensors[name] = _to_torch(expert, dtype)
             continue
         tensors[_hf_name_or_raise(t.name, entry, config, path)] = _to_torch(values, dtype)
+    if entry.regroup is not None:  # stacked experts fused as the family's checkpoints store them
+        tensors = entry.regroup(tensors, config)
     return config, split_fused(tensors, config, _take_rows), eos_token_ids(index)
 
 

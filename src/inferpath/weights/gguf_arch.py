@@ -68,6 +68,9 @@ class GGUFArchitecture:
     config_fields: ConfigFields | None = None
     # stacked experts under mlp.experts.E.{gate,up,down}_proj, not Mixtral's block_sparse_moe
     routed_experts: bool = False
+    # (tensors, config) -> tensors: the read tensors put into the checkpoint's layout
+    # (stacked experts fused as the family stores them: gguf_stacked.py); None: as read
+    regroup: Callable[[dict, Any], dict] | None = None
 
 
 def sliding_layers(meta: Meta, num_layers: int, default_pattern: int, path: Path) -> list[bool]:
@@ -231,6 +234,19 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "granite": GGUFArchitecture("granite", permuted_qk=True, config_fields=_granite, keys=frozenset({
         "attention.scale", "embedding_scale", "residual_scale", "logit_scale"})),
 }
+
+
+# ---- families2: Llama 4 text and gpt-oss (weights/gguf_stacked.py) ----
+from inferpath.weights import gguf_stacked as _stacked  # noqa: E402
+
+GGUF_ARCHITECTURES.update({
+    "llama4": GGUFArchitecture("llama4_text", renames=_stacked.LLAMA4_RENAMES, config_fields=_stacked.llama4_fields,
+                               regroup=_stacked.regroup_llama4, keys=frozenset({"interleave_moe_layer_step"})),
+    "gpt-oss": GGUFArchitecture("gpt_oss", renames=_stacked.GPT_OSS_RENAMES, config_fields=_stacked.gpt_oss_fields,
+                                regroup=_stacked.regroup_gpt_oss,
+                                keys=frozenset({"rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow"})),
+})
+# ---- end families2 ----
 
 
 def is_norm(gguf_tensor: str) -> bool:
