@@ -139,3 +139,40 @@ def test_gpt_oss_mxfp4_experts_dequantized_at_load_match_transformers(converted)
     assert types["blk.0.ffn_gate_exps.weight"] == gguf.GGMLQuantizationType.MXFP4
     reference = rounded(models["gpt-oss"], "f32", expert_qtype=gguf.GGMLQuantizationType.MXFP4)
     _compare(reference, build_model(load_checkpoint(path)), LLAMA3_VOCAB_SIZE, TOLERANCE)
+
+
+IN_PLACE_TOLERANCE = 1e-3  # the kernels round x to int8 per 32 values (test_gguf_convert.py: the same bound)
+
+
+def _in_place(path: Path):
+    from inferpath.kernels import accelerate
+    from inferpath.kernels.quantized import build_quantized_model
+
+    checkpoint = load_checkpoint(path, keep_quantized=True)
+    assert checkpoint.quantized_tensors  # blocks kept
+    model = build_quantized_model(checkpoint, torch.float32)
+    accelerate(model)
+    return model.eval()
+
+
+@torch.inference_mode()
+def test_gpt_oss_mxfp4_experts_run_in_place(converted):
+    from inferpath.kernels.quant_experts import QuantFusedExperts
+
+    root, models = converted
+    path = root / "gpt-oss-mxfp4.gguf"
+    if not path.is_file():
+        mxfp4_file(_converted_file(root, "gpt-oss", "f32"), path)
+    model = _in_place(path)
+    experts = model.model.layers[0].mlp.experts
+    assert isinstance(experts, QuantFusedExperts) and experts.gate[0].qweight.type_name == "MXFP4"
+    reference = rounded(models["gpt-oss"], "f32", expert_qtype=gguf.GGMLQuantizationType.MXFP4)
+    _compare(reference, model, LLAMA3_VOCAB_SIZE, IN_PLACE_TOLERANCE)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@torch.inference_mode()
+def test_converted_q8_0_runs_in_place_with_the_kernels(converted, family):
+    root, models = converted
+    _compare(rounded(models[family], "q8_0"), _in_place(_converted_file(root, family, "q8_0")), LLAMA3_VOCAB_SIZE,
+             IN_PLACE_TOLERANCE)

@@ -232,6 +232,11 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
                 blocks = _rows_in_order(blocks, unpermute_rows(np.arange(shape[0]), heads_of[kind]))
             tensors[_hf_name_or_raise(t.name, entry, config, path)] = QuantizedTensor.from_gguf(blocks, t.qtype, shape)
             continue
+        if keep_quantized and t.qtype in QUANTIZED_TYPES and len(shape) == 3 and entry.regroup is not None:
+            blocks = index.array(data, t)  # (num_experts, rows, row_bytes): each expert's blocks, regrouped below
+            tensors[_hf_name_or_raise(t.name, entry, config, path)] = tuple(
+                QuantizedTensor.from_gguf(blocks[e], t.qtype, shape[1:]) for e in range(shape[0]))
+            continue
         if t.qtype in _TORCH_FLOATS and len(shape) == 2:  # matrices: no numpy dequantization
             rows = index.array(data, t)  # F32/F16 values, BF16 bytes (rows, 2 * cols)
             if permuted and kind in heads_of:

@@ -24,6 +24,7 @@ does ``llama4_fields``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,10 @@ def gpt_oss_fields(meta: Any, hf: dict[str, Any], tensors: Mapping[str, tuple[in
     return fields
 
 
-def _dense(tensor: torch.Tensor | QuantizedTensor) -> torch.Tensor:
+def _dense(tensor: torch.Tensor | QuantizedTensor | tuple) -> torch.Tensor:
+    """Float values of a read tensor; a tuple (each expert's blocks, keep_quantized) stacked."""
+    if isinstance(tensor, tuple):
+        return torch.stack([t.dequantize() for t in tensor])
     return tensor.dequantize() if isinstance(tensor, QuantizedTensor) else tensor
 
 
@@ -114,12 +118,14 @@ def regroup_llama4(tensors: dict, config: Any) -> dict:
         gate, up = _take(tensors, prefix, "gate"), _take(tensors, prefix, "up")  # (E, inter, hidden)
         tensors[f"{prefix}.experts.gate_up_proj"] = torch.cat((gate, up), dim=1).transpose(1, 2).contiguous()
         tensors[f"{prefix}.experts.down_proj"] = _take(tensors, prefix, "down").transpose(1, 2).contiguous()
-    return rotate_half_rows(_qk_dense_or_reordered(tensors, config), config)
+    floats = rotate_half_rows({n: t for n, t in tensors.items() if not isinstance(t, QuantizedTensor)}, config)
+    return {**floats, **_qk_blocks_reordered({n: t for n, t in tensors.items() if isinstance(t, QuantizedTensor)},
+                                             config)}
 
 
-def _qk_dense_or_reordered(tensors: dict, config: Any) -> dict:
-    """Q/K kept as blocks (keep_quantized) are reordered by whole rows, the rest pass through
-    (``rotate_half_rows`` reorders float tensors)."""
+def _qk_blocks_reordered(tensors: dict, config: Any) -> dict:
+    """Q/K kept as blocks (keep_quantized) reordered by whole rows as ``rotate_half_rows``
+    reorders float ones; the other blocks pass through."""
     d = config.head_dim
     order = torch.tensor([*range(0, d, 2), *range(1, d, 2)])
     for name, tensor in list(tensors.items()):
@@ -133,6 +139,14 @@ def _qk_dense_or_reordered(tensors: dict, config: Any) -> dict:
 def regroup_gpt_oss(tensors: dict, config: Any) -> dict:
     """Stacked experts (and their biases) into gpt-oss's interleaved ``gate_up_proj``."""
     for prefix in sorted({n.rsplit(".experts.", 1)[0] for n in tensors if ".experts.gate_exps." in n}):
+        if isinstance(tensors[f"{prefix}.experts.gate_exps.weight"], tuple):  # blocks kept: one tensor per expert
+            for part in ("gate", "up", "down"):
+                for e, blocks in enumerate(tensors.pop(f"{prefix}.experts.{part}_exps.weight")):
+                    tensors[f"{prefix}.experts.{part}_proj.{e}.weight"] = blocks
+            gate_b, up_b = tensors.pop(f"{prefix}.experts.gate_exps.bias"), tensors.pop(f"{prefix}.experts.up_exps.bias")
+            tensors[f"{prefix}.experts.gate_up_proj_bias"] = torch.stack((gate_b, up_b), dim=2).reshape(len(gate_b), -1)
+            tensors[f"{prefix}.experts.down_proj_bias"] = tensors.pop(f"{prefix}.experts.down_exps.bias")
+            continue
         gate, up = _take(tensors, prefix, "gate"), _take(tensors, prefix, "up")  # (E, inter, hidden)
         num_experts, inter, hidden = gate.shape
         fused = torch.stack((gate, up), dim=2).reshape(num_experts, 2 * inter, hidden)  # rows g0, u0, g1, u1, ...
@@ -145,3 +159,34 @@ def regroup_gpt_oss(tensors: dict, config: Any) -> dict:
     for name in [n for n in tensors if n.endswith(".self_attn.sinks.weight")]:  # a parameter of its own in HF
         tensors[name.removesuffix(".weight")] = tensors.pop(name)
     return tensors
+
+
+_BLOCKS = re.compile(r"^(.*\.mlp\.experts)\.(gate|up|down)_proj\.(\d+)\.weight$")
+
+
+def expert_blocks(tensors: dict, shapes: dict, path: Path) -> tuple[set[str], set[str]]:
+    """(the per-expert block tensors kept by ``regroup_gpt_oss``, the stacked checkpoint
+    tensors they stand for), after checking them against those tensors' expected shapes:
+    gate and up (inter, hidden), down (hidden, inter), one of each per expert."""
+    blocks, covered = set(), set()
+    for name, tensor in tensors.items():
+        if (m := _BLOCKS.match(name)) is None:
+            continue
+        prefix, part, e = m.groups()
+        fused, down = shapes.get(f"{prefix}.gate_up_proj"), shapes.get(f"{prefix}.down_proj")
+        if fused is None or down is None:
+            raise WeightsError(f"{path}: expert blocks {name!r} belong to no stacked experts of this model")
+        num_experts, hidden, inter = down[0], down[2], down[1]
+        expected = (hidden, inter) if part == "down" else (inter, hidden)
+        if int(e) >= num_experts or tuple(tensor.shape) != expected:
+            raise WeightsError(f"{path}: expert blocks {name!r} have shape {tuple(tensor.shape)}, expected "
+                               f"{expected} for expert {e} of {num_experts}")
+        blocks.add(name)
+        covered |= {f"{prefix}.gate_up_proj", f"{prefix}.down_proj"}
+    for prefix in {c.rsplit(".", 1)[0] for c in covered}:
+        count = shapes[f"{prefix}.down_proj"][0]
+        for part in ("gate", "up", "down"):
+            for e in range(count):
+                if f"{prefix}.{part}_proj.{e}.weight" not in tensors:
+                    raise WeightsError(f"{path}: missing the blocks of expert {e}'s {part} projection under {prefix!r}")
+    return blocks, covered
