@@ -176,3 +176,27 @@ def test_converted_q8_0_runs_in_place_with_the_kernels(converted, family):
     root, models = converted
     _compare(rounded(models[family], "q8_0"), _in_place(_converted_file(root, family, "q8_0")), LLAMA3_VOCAB_SIZE,
              IN_PLACE_TOLERANCE)
+
+
+@torch.inference_mode()
+def test_the_engine_plans_mxfp4_experts_in_place(converted):
+    """A file whose only blocks are gpt-oss's (3-D) MXFP4 experts: the engine's default
+    plan keeps them (where the kernels run) and the model it builds runs them in place."""
+    from inferpath.config import EngineConfig
+    from inferpath.engine.load import build_for_engine, load_weights
+    from inferpath.kernels.quant_experts import QuantFusedExperts
+    from inferpath.kernels.quantized import quantized_kernels_available
+
+    if not quantized_kernels_available():
+        pytest.skip("no quantized kernels here: the blocks are dequantized (the reference path)")
+    root, models = converted
+    path = root / "gpt-oss-mxfp4.gguf"
+    if not path.is_file():
+        mxfp4_file(_converted_file(root, "gpt-oss", "f32"), path)
+    engine_config = EngineConfig(threads=1)
+    checkpoint, plan = load_weights(path, engine_config)
+    assert plan.keep_quantized and "MXFP4" in plan.runs
+    model = build_for_engine(checkpoint, plan, engine_config).eval()
+    assert isinstance(model.model.layers[1].mlp.experts, QuantFusedExperts)
+    reference = rounded(models["gpt-oss"], "f32", expert_qtype=gguf.GGMLQuantizationType.MXFP4)
+    _compare(reference, model, LLAMA3_VOCAB_SIZE, IN_PLACE_TOLERANCE)
