@@ -117,6 +117,16 @@ class ModelConfig:
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.0
     attention_sinks: bool = False
+    # Llama 4: layers that layer_types names "chunked_attention" attend only within their own
+    # chunk of attention_chunk_size positions (key // size == query // size); qk_norm
+    # "l2_rope": Q and K of the RoPE layers divided by their RMS (no weight) after RoPE;
+    # NoPE layers scale Q by 1 + attn_temperature_scale * log1p(floor((position + 1) /
+    # attn_temperature_floor)) (attn_temperature_floor 0: off); moe_router
+    # "sigmoid_prescaled": top-k router logits through a sigmoid, each chosen expert run on
+    # the token times its score, plus an ungated shared expert
+    attention_chunk_size: int = 0
+    attn_temperature_floor: int = 0
+    attn_temperature_scale: float = 0.0
     # Multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank 0 = not MLA. Each token caches
     # one latent of kv_lora_rank values and one RoPE key of qk_rope_head_dim shared by the
     # heads; a head's query/key is qk_nope_head_dim + qk_rope_head_dim wide, its value
@@ -175,13 +185,20 @@ class ModelConfig:
             raise ConfigError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
         if self.rotary_dim and (self.rotary_dim % 2 or self.rotary_dim > self.head_dim):
             raise ConfigError(f"rotary_dim ({self.rotary_dim}) must be even and at most head_dim ({self.head_dim})")
-        if self.moe_router not in ("softmax", "sigmoid_grouped", "topk_softmax"):
+        if self.moe_router not in ("softmax", "sigmoid_grouped", "topk_softmax", "sigmoid_prescaled"):
             raise ConfigError(f"moe_router {self.moe_router!r} is not supported; "
-                              "supported: softmax, sigmoid_grouped, topk_softmax")
+                              "supported: softmax, sigmoid_grouped, topk_softmax, sigmoid_prescaled")
+        if "chunked_attention" in (self.layer_types or ()) and self.attention_chunk_size <= 0:
+            raise ConfigError("layer_types has chunked_attention layers but attention_chunk_size is "
+                              f"{self.attention_chunk_size!r}; set a positive chunk size")
+        if self.attn_temperature_floor < 0:
+            raise ConfigError(f"attn_temperature_floor must be >= 0 (0: off), got {self.attn_temperature_floor!r}")
         if self.num_experts and (self.num_experts % self.num_expert_groups
                                  or not 0 < self.num_topk_groups <= self.num_expert_groups):
             raise ConfigError(f"{self.num_experts} experts in {self.num_expert_groups} groups, the best "
                               f"{self.num_topk_groups} chosen: groups must divide the experts and be chosen 1..all")
+        if self.qk_norm not in ("", "projection", "head", "l2_rope"):
+            raise ConfigError(f"qk_norm {self.qk_norm!r} is not supported; supported: '', projection, head, l2_rope")
         if self.sandwich_norms and self.post_norms:
             raise ConfigError("sandwich_norms and post_norms exclude each other (Gemma's norms or OLMo 2's)")
         if any(not 0 <= i < self.num_layers for i in self.no_rope_layers):
@@ -222,6 +239,12 @@ class ModelConfig:
             return 0
         if self.layer_types is None or self.layer_types[layer_idx] == "sliding_attention":
             return self.sliding_window
+        return 0
+
+    def layer_chunk(self, layer_idx: int) -> int:
+        """The attention chunk of layer ``layer_idx`` (Llama 4); 0 when it is not chunked."""
+        if self.layer_types is not None and self.layer_types[layer_idx] == "chunked_attention":
+            return self.attention_chunk_size
         return 0
 
     @property

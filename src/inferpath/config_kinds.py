@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from inferpath.config import ModelConfig
 
-LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention", "chunked_attention")
 ROUTER_SCORINGS = ("softmax", "sigmoid")
 # ModelConfig fields (and their "nothing" value) that only the cost model reads so far
 KIND_FIELDS = {

@@ -109,6 +109,19 @@ FAMILIES: dict[str, Family] = {f.architecture: f for f in (
     # biases on Q/K/V/O and the router, top-k softmax routing, the clamped SwiGLU, YaRN
     Family("gpt_oss", frozenset({"attention_bias", "layer_types", "sliding_window", "num_local_experts",
                                  "num_experts_per_tok", "swiglu_alpha", "swiglu_limit"}), routed_moe=True),
+    # ---- families2: Llama 4 text ----
+    # Llama 4 text: MoE and dense layers interleaved (moe_layers / interleave_moe_layer_step),
+    # top-k sigmoid router on pre-scaled inputs plus a shared expert, NoPE layers with
+    # attention temperature tuning, chunked local attention on the RoPE layers, QK L2-norm
+    # after RoPE; RoPE over adjacent pairs (Q/K rows reordered at load); FFNs under
+    # ``feed_forward`` as its checkpoints name them (hf_config_llama4.py reads the fields)
+    Family("llama4_text", frozenset({"attention_bias", "intermediate_size_mlp", "num_local_experts",
+                                     "num_experts_per_tok", "moe_layers", "interleave_moe_layer_step",
+                                     "use_qk_norm", "no_rope_layers", "no_rope_layer_interval",
+                                     "attention_chunk_size", "layer_types", "attn_temperature_tuning",
+                                     "floor_scale", "attn_scale"}),
+           routed_moe=True, interleaved_rope=True),
+    # ---- end families2 ----
 )}
 
 
@@ -171,6 +184,8 @@ NATIVE_DECODE_FIELDS: dict[str, Callable[[Any, Any], bool]] = {
     "attn_logit_softcapping": _equals(None),
     "sliding_window": _any, "layer_types": _one_window,
     "no_rope_layers": _equals(()),
+    # Llama 4's chunked attention and NoPE temperature: none
+    "attention_chunk_size": _equals(0), "attn_temperature_floor": _equals(0), "attn_temperature_scale": _equals(0.0),
 }
 
 

@@ -257,7 +257,7 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         dense_layers = tuple(range(min(int(cfg.get("first_k_dense_replace", 1)), num_layers)))
     granite = architecture == "granite"
     oss = architecture == "gpt_oss"
-    return dict(
+    kwargs = dict(
         architecture=architecture,
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=hidden,
@@ -308,3 +308,8 @@ def model_config_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)) if oss else 1.0,
         attention_sinks=oss,
     )
+    if architecture == "llama4_text":  # families2: Llama 4's own fields (hf_config_llama4.py)
+        from inferpath.hf_config_llama4 import llama4_text_fields
+
+        kwargs.update(llama4_text_fields(cfg, num_layers))
+    return kwargs

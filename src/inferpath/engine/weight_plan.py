@@ -188,8 +188,14 @@ def _stored_matrices(path: Path) -> tuple[str, list[tuple[str, int, int, bool]]]
                 fmt = _FLOAT_NAMES.get(entry["dtype"], entry["dtype"])
                 matrices.append((fmt, end - start, entry["shape"][0] * entry["shape"][1], False))
         return "safetensors", matrices
+    from inferpath.weights.gguf_arch import GGUF_ARCHITECTURES
     from inferpath.weights.gguf_index import read_gguf_index
     from inferpath.weights.quantized import QUANTIZED_TYPES
 
+    index = read_gguf_index(path)
+    entry = GGUF_ARCHITECTURES.get(index.field("general.architecture"))
+    # stacked experts in blocks count too where the reader keeps them per expert (gpt-oss's MXFP4)
+    stacked = entry is not None and entry.regroup is not None
     return "gguf", [(_FLOAT_NAMES.get(t.qtype.name, t.qtype.name), t.nbytes, t.num_elements, t.qtype in QUANTIZED_TYPES)
-                    for t in read_gguf_index(path).tensors if len(t.shape) == 2]
+                    for t in index.tensors
+                    if len(t.shape) == 2 or (stacked and len(t.shape) == 3 and t.qtype in QUANTIZED_TYPES)]

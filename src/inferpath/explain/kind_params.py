@@ -58,7 +58,7 @@ def attention_params(config: ModelConfig, kind: LayerKind, absorbed: bool) -> di
     bias_q, bias_kv = (q, kv) if config.attention_bias else (0, 0)
     out = {"q_proj": h * q * (2 if config.attn_output_gate else 1) + bias_q,
            "k_proj": h * kv + bias_kv, "v_proj": h * kv + bias_kv}
-    if config.qk_norm:
+    if config.qk_norm in ("head", "projection"):  # Llama 4's "l2_rope" has no weight
         out["qk_norm"] = 2 * config.head_dim if config.qk_norm == "head" else q + kv
     if config.attention_sinks:  # gpt-oss: one learned logit per head in each softmax
         out["attn_sinks"] = config.num_heads

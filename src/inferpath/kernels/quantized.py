@@ -90,9 +90,11 @@ def build_quantized_model(checkpoint, dtype: torch.dtype = torch.float32):
     (``Transformer.load_weights``, which names any missing or misshapen one)."""
     from inferpath.model import Transformer
 
+    from inferpath.kernels.quant_experts import swap_quantized_experts  # gpt-oss's stacked experts
+
     model = Transformer(checkpoint.config, dtype)
     quantized = checkpoint.quantized_tensors
-    for name, weight in quantized.items():
+    for name, weight in swap_quantized_experts(model, quantized).items():
         module_name = name.removesuffix(".weight")
         module = model.get_submodule(module_name)
         if isinstance(module, nn.Embedding):

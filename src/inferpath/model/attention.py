@@ -63,20 +63,24 @@ class AttentionPlan:
     prefills: list[PrefillChunk]
     scale: float
     softcap: float | None = None  # Gemma 2: scores -> softcap * tanh(scores / softcap)
+    # Llama 4's chunked layers: a key is seen only from its query's own chunk of this many
+    # positions (0 = none); masks written out (``softcapped_attention``)
+    chunk_size: int = 0
 
 
 def build_attention_plan(meta: AttentionMetadata, head_dim: int, sliding_window: int | None,
                          batch_invariant: bool = False, scale: float | None = None,
-                         softcap: float | None = None) -> AttentionPlan:
+                         softcap: float | None = None, chunk_size: int = 0) -> AttentionPlan:
     """Split the flat batch into a decode group and prefill chunks, without host syncs.
 
     With ``batch_invariant`` every token, prefill or decode, is its own row of one exact
     decode group (``per_token_plan``). ``scale`` multiplies q . k (default head_dim ** -0.5);
-    ``softcap`` squashes the scores (Gemma 2).
+    ``softcap`` squashes the scores (Gemma 2); ``chunk_size`` confines each query to its
+    chunk of positions (Llama 4), its prefill masks built here and decode masks per row.
     """
     scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
     if batch_invariant:
-        return replace(per_token_plan(meta, scale, sliding_window), softcap=softcap)
+        return replace(per_token_plan(meta, scale, sliding_window), softcap=softcap, chunk_size=chunk_size)
     block_size = meta.block_size
     window = sliding_window or 0
     token_starts = [0]
@@ -123,10 +127,10 @@ def build_attention_plan(meta: AttentionMetadata, head_dim: int, sliding_window:
             block_ids = meta.block_tables[i, : -(-seq_len // block_size)]
         needs_window = bool(window) and seq_len > window
         mask = None
-        if context_len > 0 or needs_window:
-            mask = causal_mask(query_len, seq_len, window, device)
+        if context_len > 0 or needs_window or chunk_size:
+            mask = causal_mask(query_len, seq_len, window, device, chunk_size)
         prefills.append(PrefillChunk(token_starts[i], query_len, seq_len, block_ids, mask, mask is None, needs_window))
-    return AttentionPlan(meta.slot_mapping, decode, prefills, scale, softcap)
+    return AttentionPlan(meta.slot_mapping, decode, prefills, scale, softcap, chunk_size)
 
 
 def per_token_plan(meta: AttentionMetadata, scale: float, sliding_window: int | None) -> AttentionPlan:
@@ -152,14 +156,18 @@ def per_token_plan(meta: AttentionMetadata, scale: float, sliding_window: int | 
     return AttentionPlan(meta.slot_mapping, decode, [], scale)
 
 
-def causal_mask(query_len: int, seq_len: int, sliding_window: int | None, device=None) -> torch.Tensor:
+def causal_mask(query_len: int, seq_len: int, sliding_window: int | None, device=None,
+                chunk_size: int = 0) -> torch.Tensor:
     """(query_len, seq_len) bool: query i (absolute position seq_len - query_len + i) sees key j
-    iff j <= its position and, with a sliding window w, position - j < w."""
+    iff j <= its position and, with a sliding window w, position - j < w; with a chunk size c,
+    j // c == position // c."""
     positions = torch.arange(seq_len - query_len, seq_len, device=device).view(-1, 1)
     keys = torch.arange(seq_len, device=device).view(1, -1)
     mask = keys <= positions
     if sliding_window:
         mask &= keys > positions - sliding_window
+    if chunk_size:
+        mask &= keys // chunk_size == positions // chunk_size
     return mask
 
 
@@ -191,7 +199,7 @@ class PagedAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, plan: AttentionPlan, sinks: torch.Tensor | None = None) -> torch.Tensor:
         # q: (num_tokens, num_heads, head_dim); k, v: (num_tokens, num_kv_heads, head_dim)
-        if plan.softcap or sinks is not None:  # neither SDPA nor the native kernels squash scores or sink
+        if plan.softcap or sinks is not None or plan.chunk_size:  # neither SDPA nor the native kernels do these
             return softcapped_attention(q, k, v, k_cache, v_cache, plan, sinks)
         decode = plan.decode
         if decode is not None and decode.token_rows is None:
@@ -269,8 +277,8 @@ class PagedAttention(nn.Module):
 
 def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                          v_cache: torch.Tensor, plan: AttentionPlan, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """``PagedAttention`` with Gemma 2's soft-capped scores and/or gpt-oss's sinks, written
-    out: each decode row and each prefill chunk attends over exactly its own sequence's keys
+    """``PagedAttention`` with Gemma 2's soft-capped scores, gpt-oss's sinks and/or Llama 4's
+    attention chunks, written out: each decode row and each prefill chunk attends over exactly its own sequence's keys
     (so it is batch-invariant too). Returns (num_tokens, num_heads, head_dim)."""
     num_kv_heads, head_dim = k_cache.shape[-2:]
     block_size = k_cache.shape[1]
@@ -286,7 +294,7 @@ def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
         for i, (row, length) in enumerate(zip(rows, lens)):
             first = i * decode.blocks_per_seq
             blocks = decode.block_ids[first:first + -(-length // block_size)]
-            mask = causal_mask(1, length, decode.sliding_window or None, q.device)
+            mask = causal_mask(1, length, decode.sliding_window or None, q.device, plan.chunk_size)
             out[row] = capped_scores_attention(q[row:row + 1], gather(k_cache, blocks, length),
                                                gather(v_cache, blocks, length), mask, plan.scale, plan.softcap,
                                                sinks)[0]

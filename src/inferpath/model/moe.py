@@ -201,8 +201,10 @@ class FusedBiasedMoE(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, limit: float,
                  alpha: float) -> None:
         super().__init__()
-        self.top_k = top_k
+        self.top_k, self.num_experts = top_k, num_experts
         self.router = nn.Linear(hidden_size, num_experts, bias=True)
+        # NOTE: forward reads only ``experts.expert``: its blocks may be swapped in from outside
+        # (kernels/quant_experts.py)
         self.experts = FusedExperts(hidden_size, intermediate_size, num_experts, limit, alpha)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -211,7 +213,7 @@ class FusedBiasedMoE(nn.Module):
         weights = F.softmax(top_logits, dim=-1)
         flat = top_experts.reshape(-1)  # (num_tokens * top_k,), grouped by expert below
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.experts.gate_up_proj.shape[0]).tolist()
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         token_of, weight_of = order // self.top_k, weights.reshape(-1).index_select(0, order)
         out = torch.zeros_like(x)
         start = 0

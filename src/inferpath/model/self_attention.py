@@ -13,6 +13,7 @@ from torch import nn
 from inferpath.config import ModelConfig
 from inferpath.model.attention import AttentionPlan, KVWrite, PagedAttention
 from inferpath.model.layers import make_norm
+from inferpath.model.llama4 import l2_norm, temperature_scales
 from inferpath.model.rope import PartialRotaryEmbedding, RopeTable, RotaryEmbedding
 
 
@@ -42,18 +43,28 @@ class SelfAttention(nn.Module):
         self.attn = PagedAttention()
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=config.o_proj_bias)
         self.sliding_window = config.layer_window(layer_idx)  # 0: full attention
+        # the plan this layer reads: its window's, or (Llama 4) its attention chunk's
+        chunk = config.layer_chunk(layer_idx)
+        self.plan_key = ("chunk", chunk) if chunk else self.sliding_window
+        # Llama 4: an L2 norm of Q and K after RoPE on the RoPE layers; a position-dependent
+        # factor on Q of the NoPE layers (model/llama4.py)
+        self.l2_qk_norm_eps = (config.rms_norm_eps if config.qk_norm == "l2_rope" and self.rotary_emb is not None
+                               else None)
+        self.temperature = ((config.attn_temperature_floor, config.attn_temperature_scale)
+                            if config.attn_temperature_floor and self.rotary_emb is None else None)
         # RMSNorm on Q and K before RoPE: over all heads at once (OLMoE) or per head (Gemma 3)
         self.qk_norm = config.qk_norm
         q_width, k_width = (config.q_size, config.kv_size) if config.qk_norm == "projection" else (
             config.head_dim, config.head_dim)
         # gpt-oss: a learned logit per head in every softmax's denominator
         self.sinks = nn.Parameter(torch.empty(config.num_heads)) if config.attention_sinks else None
-        self.q_norm = make_norm(q_width, config.rms_norm_eps, config.norm_weight_offset) if config.qk_norm else None
-        self.k_norm = make_norm(k_width, config.rms_norm_eps, config.norm_weight_offset) if config.qk_norm else None
+        weighted_qk_norm = config.qk_norm in ("projection", "head")
+        self.q_norm = make_norm(q_width, config.rms_norm_eps, config.norm_weight_offset) if weighted_qk_norm else None
+        self.k_norm = make_norm(k_width, config.rms_norm_eps, config.norm_weight_offset) if weighted_qk_norm else None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache,
                 plan: dict[int, AttentionPlan]) -> torch.Tensor:
-        # x: (num_tokens, hidden_size); plan: sliding window (0 = none) -> this step's plan
+        # x: (num_tokens, hidden_size); plan: sliding window (0 = none) or ("chunk", size) -> this step's plan
         num_tokens = x.shape[0]
         q, k, v = self.project(x)
         if self.qk_norm == "projection":
@@ -63,13 +74,17 @@ class SelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)  # over head_dim, each head alone
         if self.rotary_emb is not None:
             q, k = self.rotary_emb(positions, q, k)
+        if self.l2_qk_norm_eps is not None:
+            q, k = l2_norm(q, self.l2_qk_norm_eps), l2_norm(k, self.l2_qk_norm_eps)
+        if self.temperature is not None:
+            q = (q * temperature_scales(positions, *self.temperature).view(-1, 1, 1)).to(q.dtype)
         k_cache = kv_cache.k_caches[self.layer_idx]  # (num_blocks, block_size, num_kv_heads, head_dim)
         v_cache = kv_cache.v_caches[self.layer_idx]
-        self.kv_write(k, v, k_cache, v_cache, plan[self.sliding_window].slot_mapping)
+        self.kv_write(k, v, k_cache, v_cache, plan[self.plan_key].slot_mapping)
         if self.sinks is None:
-            out = self.attn(q, k, v, k_cache, v_cache, plan[self.sliding_window])  # (num_tokens, num_heads, head_dim)
+            out = self.attn(q, k, v, k_cache, v_cache, plan[self.plan_key])  # (num_tokens, num_heads, head_dim)
         else:
-            out = self.attn(q, k, v, k_cache, v_cache, plan[self.sliding_window], self.sinks)
+            out = self.attn(q, k, v, k_cache, v_cache, plan[self.plan_key], self.sinks)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -24,6 +24,7 @@ from inferpath.model.metadata import AttentionMetadata
 from inferpath.model.deepseek_moe import DeepseekMoE
 from inferpath.model.mixer import token_mixer
 from inferpath.model.mla import mla_rope_config
+from inferpath.model.llama4 import PrescaledSigmoidMoE
 from inferpath.model.moe import FusedBiasedMoE, GroupedSigmoidMoE, RoutedMoE, SparseMoE
 from inferpath.model.rope import RopeTable
 
@@ -80,16 +81,22 @@ class DecoderLayer(nn.Module):
         elif config.is_moe_layer(layer_idx) and config.moe_router == "topk_softmax":  # gpt-oss
             self.mlp = FusedBiasedMoE(config.hidden_size, config.expert_intermediate_size, config.num_experts,
                                       config.num_experts_per_tok, config.swiglu_limit, config.swiglu_alpha)
+        elif config.is_moe_layer(layer_idx) and config.moe_router == "sigmoid_prescaled":  # Llama 4
+            self.mlp = PrescaledSigmoidMoE(config.hidden_size, config.expert_intermediate_size, config.num_experts,
+                                           config.num_experts_per_tok, config.shared_expert_intermediate_size)
         elif config.is_moe_layer(layer_idx):  # OLMoE, Qwen2-MoE, Qwen3-MoE: experts under ``mlp``
             self.mlp = RoutedMoE(config.hidden_size, config.expert_intermediate_size, config.num_experts,
                                  config.num_experts_per_tok, config.norm_topk_prob,
                                  config.shared_expert_intermediate_size)
         else:
             self.mlp = gated_mlp(config.hidden_size, config.intermediate_size, config.hidden_act, config.mlp_bias)
+        if config.architecture == "llama4_text":  # its checkpoints name every FFN "feed_forward"
+            self.feed_forward = self._modules.pop("mlp")
+        self.ffn_name = "block_sparse_moe" if self.is_moe else "feed_forward" if hasattr(self, "feed_forward") else "mlp"
 
     def forward(self, positions, hidden, kv_cache, plan) -> torch.Tensor:
         # hidden: (num_tokens, hidden_size), the running residual stream
-        ffn = self.block_sparse_moe if self.is_moe else self.mlp
+        ffn = getattr(self, self.ffn_name)  # mlp, block_sparse_moe (Mixtral) or feed_forward (Llama 4)
         mixer = getattr(self, self.mixer_name)  # self_attn, or linear_attn (Gated DeltaNet)
         if self.post_norms:  # OLMo 2
             hidden = hidden + self.post_attention_layernorm(mixer(positions, hidden, kv_cache, plan))
@@ -183,6 +190,9 @@ class Transformer(nn.Module):
         plans = {w: build_attention_plan(meta, self.config.head_dim, w, invariant,
                                          self.config.attention_scale, self.config.attn_logit_softcapping)
                  for w in windows}
+        for chunk in {self.config.layer_chunk(i) for i in range(self.config.num_layers)} - {0}:  # Llama 4
+            plans[("chunk", chunk)] = build_attention_plan(meta, self.config.head_dim, 0, self.batch_invariant,
+                                                           self.config.attention_scale, None, chunk)
         if self.config.num_linear_layers:  # Gated DeltaNet layers read the step's sequences and state slots
             plans["linear"] = meta
         return self.model(input_ids, positions, kv_cache, plans)

@@ -90,8 +90,13 @@ def check_shapes(tensors: dict[str, torch.Tensor], config: ModelConfig, path: Pa
     error: skipping it would run a different model than the file holds. The only extras
     dropped are those the model recomputes or shares (``is_ignorable``).
     """
+    from inferpath.weights.gguf_stacked import expert_blocks
+
     shapes = expected_shapes(config)
-    unused = sorted(name for name in tensors if name not in shapes and not is_ignorable(name, config))
+    blocks, covered = expert_blocks(tensors, shapes, path)  # gpt-oss's experts kept as blocks, checked there
+    shapes = {name: shape for name, shape in shapes.items() if name not in covered}
+    unused = sorted(name for name in tensors
+                    if name not in shapes and name not in blocks and not is_ignorable(name, config))
     if unused:
         where = f" (GGUF tensor {gguf_name(unused[0])!r})" if is_gguf else ""
         raise WeightsError(f"{path}: tensor {unused[0]!r}{where} is not used by a {config.architecture} "
@@ -104,7 +109,7 @@ def check_shapes(tensors: dict[str, torch.Tensor], config: ModelConfig, path: Pa
         if tuple(tensors[name].shape) != shape:
             raise WeightsError(f"{path}: tensor {name!r}{where} has shape "
                                f"{tuple(tensors[name].shape)}, expected {shape}")
-    for name in set(tensors) - set(shapes):  # a tied lm_head stored anyway, RoPE buffers
+    for name in set(tensors) - set(shapes) - blocks:  # a tied lm_head stored anyway, RoPE buffers
         del tensors[name]
 
 

@@ -36,6 +36,7 @@ from inferpath.weights.rope_freqs import rope_scaling_from_freqs
 Q = GGMLQuantizationType
 SUPPORTED_TENSOR_TYPES = frozenset({
     Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+    Q.MXFP4,  # families2: gpt-oss's experts (kernels/csrc/quant/mxfp4.c)
 })
 # float types PyTorch holds as they are stored
 _TORCH_FLOATS = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
@@ -231,6 +232,11 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
                 blocks = _rows_in_order(blocks, unpermute_rows(np.arange(shape[0]), heads_of[kind]))
             tensors[_hf_name_or_raise(t.name, entry, config, path)] = QuantizedTensor.from_gguf(blocks, t.qtype, shape)
             continue
+        if keep_quantized and t.qtype in QUANTIZED_TYPES and len(shape) == 3 and entry.regroup is not None:
+            blocks = index.array(data, t)  # (num_experts, rows, row_bytes): each expert's blocks, regrouped below
+            tensors[_hf_name_or_raise(t.name, entry, config, path)] = tuple(
+                QuantizedTensor.from_gguf(blocks[e], t.qtype, shape[1:]) for e in range(shape[0]))
+            continue
         if t.qtype in _TORCH_FLOATS and len(shape) == 2:  # matrices: no numpy dequantization
             rows = index.array(data, t)  # F32/F16 values, BF16 bytes (rows, 2 * cols)
             if permuted and kind in heads_of:
@@ -249,13 +255,15 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
             values = unpermute_rows(values, heads_of[kind])
         if entry.norm_shift and is_norm(t.name):  # stored as w + shift (Gemma's 1 + w norms)
             values = values.astype(np.float32) - np.float32(entry.norm_shift)
-        if (names := stacked_expert_names(t.name, shape[0], entry.routed_experts)) is not None:
+        if entry.regroup is None and (names := stacked_expert_names(t.name, shape[0], entry.routed_experts)) is not None:
             for name, expert in zip(names, values):  # values: (num_experts, rows, cols)
                 tensors[name] = _to_torch(expert, dtype)
             continue
         tensors[_hf_name_or_raise(t.name, entry, config, path)] = _to_torch(values, dtype)
     if entry.combine is not None:  # the converter's split or rewritten tensors, back in HF form
         tensors = entry.combine(tensors, config)
+    if entry.regroup is not None:  # stacked experts fused as the family's checkpoints store them
+        tensors = entry.regroup(tensors, config)
     return config, split_fused(tensors, config, _take_rows), eos_token_ids(index)
 
 

@@ -79,6 +79,9 @@ class GGUFArchitecture:
     combine: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
     # tensors of layers past num_hidden_layers (multi-token prediction) are not read
     extra_layers_ignored: bool = False
+    # (tensors, config) -> tensors: the read tensors put into the checkpoint's layout
+    # (stacked experts fused as the family stores them: gguf_stacked.py); None: as read
+    regroup: Callable[[dict, Any], dict] | None = None
 
 
 def sliding_layers(meta: Meta, num_layers: int, default_pattern: int, path: Path) -> list[bool]:
@@ -283,6 +286,19 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
                         "attention.recurrent_layers", "full_attention_interval"})),
     # ---- end of SmolLM3 .. Qwen3-Next
 }
+
+
+# ---- families2: Llama 4 text and gpt-oss (weights/gguf_stacked.py) ----
+from inferpath.weights import gguf_stacked as _stacked  # noqa: E402
+
+GGUF_ARCHITECTURES.update({
+    "llama4": GGUFArchitecture("llama4_text", renames=_stacked.LLAMA4_RENAMES, config_fields=_stacked.llama4_fields,
+                               regroup=_stacked.regroup_llama4, keys=frozenset({"interleave_moe_layer_step"})),
+    "gpt-oss": GGUFArchitecture("gpt_oss", renames=_stacked.GPT_OSS_RENAMES, config_fields=_stacked.gpt_oss_fields,
+                                regroup=_stacked.regroup_gpt_oss,
+                                keys=frozenset({"rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow"})),
+})
+# ---- end families2 ----
 
 
 def is_norm(gguf_tensor: str) -> bool:

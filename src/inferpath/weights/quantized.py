@@ -18,7 +18,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 Q = GGMLQuantizationType
 # The block formats the native kernels read in place (kernels/csrc/quant/blocks.h).
-QUANTIZED_TYPES = frozenset({Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K})
+QUANTIZED_TYPES = frozenset({Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+                             Q.MXFP4})  # MXFP4: its own kernel file (csrc/quant/mxfp4.c)
 
 
 @dataclass(frozen=True)

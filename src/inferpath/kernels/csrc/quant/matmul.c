@@ -33,6 +33,7 @@
 #endif
 
 #include "blocks.h"
+#include "mxfp4.h"
 
 #include "activations.h"
 #include "wide.h"
@@ -155,6 +156,7 @@ static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
 #define FORMAT_CASE(NAME, TYPE, BLOCK, BYTES, OFFSET, IS_SIGNED, TWO_SCALES) \
         case TYPE: *block = BLOCK; *bytes = BYTES; *fn = eight_block_rows(TYPE) ? eight_block_rows(TYPE) : NAME##_rows; return 1;
         FOR_EACH_FORMAT(FORMAT_CASE)
+        case MXFP4: *block = 32; *bytes = MXFP4_BYTES; *fn = mxfp4_rows; return 1;  /* mxfp4.c */
         default: return 0;
     }
 }
@@ -193,7 +195,7 @@ int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *
     for (int i = 0; i < count; i++) q->one_pass = q->one_pass && one_pass_format(qtypes[i]);
     int64_t nb = k / 32;
     q->n = q->starts[count], q->tiles = (m + TILE_ROWS - 1) / TILE_ROWS;
-    q->use_gemm = m >= GEMM_MIN_ROWS && !rows_alone && gemm_ready();
+    q->use_gemm = m >= GEMM_MIN_ROWS && !rows_alone && gemm_ready() && !mxfp4_in(qtypes, count);
     q->use_wide = m >= WIDE_MIN_ROWS && !rows_alone && !q->use_gemm;
     for (int i = 0; i < count; i++) q->use_wide = q->use_wide && (q->wides[i] = wide_kernel(qtypes[i])) != 0;
     int64_t padded = q->tiles * TILE_ROWS;
@@ -326,6 +328,7 @@ int inferpath_quant_dequantize(int qtype, const uint8_t *w, int64_t row_bytes, f
         float *dst = out + r * k;
         switch (qtype) {
             FOR_EACH_FORMAT(DEQUANT_CASE)
+            case MXFP4: mxfp4_dequantize_row(row, k, dst); break;
         }
     }
     return 0;
