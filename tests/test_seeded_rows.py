@@ -129,13 +129,13 @@ def test_seeded_request_never_reads_blocks_the_fast_path_computed(llm):
 
 def record_native_layer_calls(engine: LLMEngine, monkeypatch) -> list[tuple[int, int]]:
     """(rows, rows alone?) of each native all-layers call (kernels/decode_stack.py) the
-    engine's model makes from now on (the call reads its flag last)."""
+    engine's model makes from now on (the call reads its flag before the stage-time buffer)."""
     plan = engine.runner.model.model._native_plan()
     assert not plan.reason, plan.reason
     calls, native = [], plan.decode_fn
 
     def recording(*args):
-        calls.append((args[4], int(args[-1])))
+        calls.append((args[4], int(args[-2])))
         return native(*args)
 
     monkeypatch.setattr(plan, "decode_fn", recording)
