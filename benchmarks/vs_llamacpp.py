@@ -312,7 +312,7 @@ def print_table(results: dict) -> None:
             floor = f"{m['floor_fraction']:.0%}" if "floor_fraction" in m else ""
             print(f"{fmt:8} {key:16} {m.get('decode_tok_s', 0):12.1f} {dr:6.2f} {m.get('deep_tok_s', 0):10.1f} "
                   f"{deep:6.2f} {m.get('prefill_tok_s', 0):13.1f} "
-                  f"{pr:6.2f} {m['load_s']:7.2f} {m['rss_mb']:7.0f} {m.get('baseline_mb', 0):7.0f} "
+                  f"{pr:6.2f} {m.get('load_s', 0):7.2f} {m.get('rss_mb', 0):7.0f} {m.get('baseline_mb', 0):7.0f} "
                   f"{m.get('model_mb', 0):8.0f} {floor:>6}")
             for batch in ("batch8", "batch32"):
                 if f"{batch}_tok_s" in m:
