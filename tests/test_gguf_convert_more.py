@@ -126,6 +126,18 @@ def converted(tmp_path_factory) -> tuple[Path, dict[str, torch.nn.Module]]:
     config.pop("scoring_func")
     save_tiny(transformers.DeepseekV3Config(**config), root / "deepseek2-softmax", "llama3")
     jobs.append((root / "deepseek2-softmax", "f32", root / "deepseek2-softmax-f32.gguf", ()))
+    # DeepSeek-V3 with its YaRN (a scaled mscale, so that the softmax scale it adds shows)
+    config = FAMILIES["deepseek2"][0]().to_dict()
+    config["max_position_embeddings"] = 128
+    config["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                 "original_max_position_embeddings": 32, "mscale": 0.707,
+                                 "mscale_all_dim": 0.707, "beta_fast": 32.0, "beta_slow": 1.0}
+    directory = root / "deepseek2-yarn"
+    model = save_tiny(transformers.DeepseekV3Config(**config), directory, "llama3")
+    _perturb(model)
+    model.save_pretrained(directory)
+    models["deepseek2-yarn"] = model
+    jobs.append((directory, "f32", root / "deepseek2-yarn-f32.gguf", ()))
     convert_with_args(jobs)
     return root, models
 
@@ -200,3 +212,16 @@ def test_deepseek2_file_without_sigmoid_gating_is_refused_by_name(converted) -> 
     root, _ = converted
     with pytest.raises(WeightsError, match="expert_gating_func absent"):
         load_checkpoint(_converted_file(root, "deepseek2-softmax", "f32"))
+
+
+@torch.inference_mode()
+def test_deepseek2_yarn_from_the_file_matches_transformers(converted) -> None:
+    """YaRN as the converter writes it (type, factor, original context, betas, and 0.1 x
+    mscale_all_dim as yarn_log_multiplier) gives the checkpoint's RoPE and softmax scale."""
+    root, models = converted
+    checkpoint = load_checkpoint(_converted_file(root, "deepseek2-yarn", "f32"))
+    scaling = dict(checkpoint.config.rope_scaling)
+    assert scaling["rope_type"] == "yarn" and scaling["factor"] == 4.0
+    assert abs(scaling["mscale_all_dim"] - 0.707) < 1e-6
+    reference = _rounded(models["deepseek2-yarn"], "f32")
+    _compare(reference, build_model(checkpoint), reference.config.vocab_size)

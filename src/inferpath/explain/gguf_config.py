@@ -11,8 +11,9 @@ from pathlib import Path
 from inferpath.config import ModelConfig
 
 
-def gguf_model_config(path: Path) -> ModelConfig:
+def gguf_model_config(path: Path | str) -> ModelConfig:
     from inferpath.weights.gguf import config_from_gguf
     from inferpath.weights.gguf_index import read_gguf_index
 
+    path = Path(path)  # callers pass a str too (Precision.of_gguf's)
     return config_from_gguf(read_gguf_index(path), path)

@@ -89,7 +89,7 @@ def glm4moe(meta, hf: dict[str, Any], tensors: Shapes, path: Path) -> dict[str, 
 def deepseek2(meta, hf: dict[str, Any], tensors: Shapes, path: Path) -> dict[str, Any]:
     """DeepSeek-V2/V3: latent attention sizes from the ``*_mla`` and LoRA-rank keys, the
     router (sigmoid scores with a correction bias only), grouped top-k, shared experts."""
-    _refuse_rope_scaling(meta, path, "deepseek2")
+    rope_scaling = _deepseek2_yarn(meta, hf, path)
     gating = meta("expert_gating_func")
     if gating is None or int(gating) != SIGMOID_GATING:
         said = "absent (llama.cpp then uses softmax)" if gating is None else f"= {gating}"
@@ -118,7 +118,33 @@ def deepseek2(meta, hf: dict[str, Any], tensors: Shapes, path: Path) -> dict[str
               "routed_scaling_factor": float(meta("expert_weights_scale", 1.0)),
               "norm_topk_prob": bool(meta("expert_weights_norm", False)), "scoring_func": "sigmoid",
               "topk_method": "noaux_tc" if any(n.endswith(".exp_probs_b.bias") for n in tensors) else "greedy"}
+    if rope_scaling is not None:
+        fields["rope_scaling"] = rope_scaling
     return fields
+
+
+def _deepseek2_yarn(meta, hf: dict[str, Any], path: Path) -> dict[str, Any] | None:
+    """DeepSeek's YaRN from the file: llama.cpp's converter writes the type, factor, original
+    context, beta_fast/slow when the checkpoint has them, and ``yarn_log_multiplier`` = 0.1 x
+    ``mscale_all_dim``; not ``mscale``, which llama.cpp's deepseek2 graph takes as equal to
+    ``mscale_all_dim`` (the RoPE tables unscaled, the softmax scale times mscale squared, as
+    DeepSeek-V3's config gives: mscale = mscale_all_dim = 1.0). None without scaling."""
+    scaling = hf.get("rope_scaling")
+    if scaling is None:
+        return None
+    if scaling.get("rope_type") != "yarn":
+        raise WeightsError(f"{path}: deepseek2.rope.scaling.type = {scaling.get('rope_type')!r} is not "
+                           "implemented for 'deepseek2' files (only yarn, DeepSeek's)")
+    if "original_max_position_embeddings" not in scaling:
+        raise WeightsError(f"{path}: deepseek2 YaRN without 'deepseek2.rope.scaling.original_context_length'")
+    for key in ("rope.scaling.yarn_ext_factor", "rope.scaling.yarn_attn_factor"):
+        if meta(key) is not None:
+            raise WeightsError(f"{path}: deepseek2.{key} is not implemented (DeepSeek's YaRN has neither)")
+    log_multiplier = meta("rope.scaling.yarn_log_multiplier")
+    mscale = {} if log_multiplier is None else {"mscale": float(log_multiplier) / 0.1,
+                                                "mscale_all_dim": float(log_multiplier) / 0.1}
+    return dict(scaling, beta_fast=float(meta("rope.scaling.yarn_beta_fast", 32.0)),
+                beta_slow=float(meta("rope.scaling.yarn_beta_slow", 1.0)), **mscale)
 
 
 def qwen3next(meta, hf: dict[str, Any], tensors: Shapes, path: Path) -> dict[str, Any]:
