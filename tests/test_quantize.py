@@ -141,7 +141,11 @@ def test_quantize_command_writes_a_gguf_the_gguf_package_reads(tmp_path: Path, c
     fused = _teacher_forced_logits(quantized, tokens, fused_rows=len(tokens))
     dequantized = _teacher_forced_logits(build_model(load_checkpoint(target)), tokens)
     original = _teacher_forced_logits(build_model(load_checkpoint(source)), tokens)
-    assert (fused - dequantized).abs().max() <= 1e-3 * dequantized.abs().max()
+    # the K-quant kernels meet the activations in one int8 pass (per 32 values, as llama.cpp's
+    # Q8_K does per 256): ~1-2% of the largest logit through the layers, top-1 mostly kept
+    assert (fused - dequantized).abs().max() <= 3e-2 * dequantized.abs().max()
+    assert (fused.argmax(-1) == dequantized.argmax(-1)).float().mean() >= 0.9  # a random model: near ties
+    assert (fused - dequantized).abs().mean() <= 0.2 * (original - dequantized).abs().mean()
     assert torch.corrcoef(torch.stack([fused.flatten(), original.flatten()]))[0, 1] > 0.9
 
 

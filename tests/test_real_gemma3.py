@@ -84,17 +84,23 @@ def test_teacher_forced_top1_agrees_with_transformers(reference, checkpoint, tex
 
 @torch.no_grad()
 def test_engine_greedy_continuation_equals_transformers(reference) -> None:
+    """The engine's greedy continuation (blocks read in place, activations met in one int8
+    pass) against transformers on the same file, teacher-forced on our tokens: each token we
+    chose is transformers' best there or a near tie of it (within the activations' rounding:
+    1% of the position's largest |logit|), and most are its best outright."""
     model, tokenizer = reference
     llm = LLM(str(PATH), num_kv_blocks=8, threads=2)
     prompt = llm.tokenizer.encode(PROMPT)
     assert prompt == tokenizer(PROMPT)["input_ids"]  # BOS, no space prefix
     (output,) = llm.generate([prompt], SamplingParams(max_tokens=NUM_GREEDY_TOKENS, temperature=0))
-    out = model(torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
-    expected = [int(out.logits[0, -1].argmax())]
-    while len(expected) < NUM_GREEDY_TOKENS:
-        out = model(torch.tensor([[expected[-1]]]), cache=out.cache, use_cache=True)
-        expected.append(int(out.logits[0, -1].argmax()))
-    assert output.outputs[0].token_ids == expected, output.outputs[0].text
+    ours = list(output.outputs[0].token_ids)
+    assert len(ours) == NUM_GREEDY_TOKENS
+    logits = model(torch.tensor([prompt + ours[:-1]])).logits[0, len(prompt) - 1:]  # (tokens, vocab)
+    best = logits.max(dim=-1).values
+    chosen = logits.gather(1, torch.tensor(ours)[:, None])[:, 0]
+    gaps = (best - chosen) / logits.abs().max(dim=-1).values
+    assert (gaps <= 1e-2).all(), (gaps.max().item(), output.outputs[0].text)
+    assert (gaps == 0).float().mean() >= 0.9, output.outputs[0].text
     assert "Paris" in output.outputs[0].text or "France" in output.outputs[0].text
 
 

@@ -40,6 +40,7 @@ class AnswerFormat:
     parses_tool_calls: bool = False
     live_calls: bool = False  # grammar-enforced hermes calls, streamed as written
     include_reasoning: bool = True
+    tool_names: tuple[str, ...] = ()  # the offered tools (bare-JSON hermes calls name one)
 
     def new_parser(self) -> ReasoningParser | None:
         return new_reasoning_parser(self.reasoning_parser, self.starts_inside)
@@ -90,7 +91,7 @@ def read_answer(fmt: AnswerFormat, text: str) -> Answer:
         else:  # a call of a tool nobody offered: its text is the answer
             content += "".join(call.arguments for call in harmony_calls)
     elif fmt.parses_tool_calls:
-        parsed, calls = parse_tool_calls(content, fmt.tool_format)
+        parsed, calls = parse_tool_calls(content, fmt.tool_format, fmt.tool_names)
         content = parsed if calls else content
     return Answer(reasoning if fmt.include_reasoning else None, content, calls)
 
@@ -103,7 +104,7 @@ class AnswerStream:
         self.parser = fmt.new_parser()
         self.tools: ToolCallStream | LiveHermesStream | None = None
         if fmt.parses_tool_calls and fmt.reasoning_parser != "gpt_oss":
-            self.tools = LiveHermesStream() if fmt.live_calls else ToolCallStream(fmt.tool_format)
+            self.tools = LiveHermesStream() if fmt.live_calls else ToolCallStream(fmt.tool_format, fmt.tool_names)
         self.num_calls = 0  # harmony calls sent
         self.reasoning_text: str | None = None  # all reasoning so far (None: none yet)
 

@@ -93,7 +93,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     answer = answer_format(context.tokenizer, context.reasoning_parser, fmt, prompt_ids,
                            parses_tool_calls=body.parses_tool_calls,
                            live_calls=body.stream and forced is not None and fmt == "hermes",
-                           include_reasoning=body.include_reasoning)
+                           include_reasoning=body.include_reasoning, tool_names=body.tool_names())
     params = format_params(params, answer, context)
     renames = {"max_tokens": "max_completion_tokens"} if body.max_completion_tokens is not None else {}
     submission = await submit(context, "chatcmpl", [prompt_ids], params, prompt_param="messages",

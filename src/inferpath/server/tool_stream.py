@@ -38,10 +38,13 @@ _LIVE_HOLD_BACK = len("}\n" + _HERMES_CLOSE) + 4
 
 
 class ToolCallStream:
-    """One choice's text deltas in, OpenAI deltas out (see the module docstring)."""
+    """One choice's text deltas in, OpenAI deltas out (see the module docstring).
+    ``tool_names`` (hermes): the offered tools; an answer that opens as a bare or fenced
+    JSON object (tools.py's bare calls) is held until finish, since it may be one."""
 
-    def __init__(self, fmt: str) -> None:
+    def __init__(self, fmt: str, tool_names: tuple[str, ...] = ()) -> None:
         self.fmt = fmt
+        self.tool_names = tool_names
         self.text = ""
         self.num_content_sent = 0
         self.holding = False  # a call has started: nothing more goes out until finish
@@ -56,6 +59,8 @@ class ToolCallStream:
         if start is not None:
             self.holding = True
             end = start
+        elif self._may_be_bare_call():
+            return []
         else:
             end = len(self.text) - self._possible_open_tag_len()
         if self.fmt == "hermes":  # whitespace before a call is not content: held back
@@ -64,7 +69,7 @@ class ToolCallStream:
 
     def finish(self) -> tuple[list[dict[str, Any]], bool]:
         """(the remaining deltas, whether the answer held tool calls)."""
-        content, calls = parse_tool_calls(self.text, self.fmt)
+        content, calls = parse_tool_calls(self.text, self.fmt, self.tool_names)
         if not calls:
             return self._content_until(len(self.text)), False
         deltas = self._content_until(len(content)) if len(content) > self.num_content_sent else []
@@ -95,6 +100,19 @@ class ToolCallStream:
         if self.fmt == "llama4" and starts_pythonic(stripped):
             return 0
         return None
+
+    def _may_be_bare_call(self) -> bool:
+        """Whether the answer so far may still become a bare or fenced JSON call (hermes,
+        with tools): it opens with ``{`` or a ```json / ``` fence, or is a prefix of one."""
+        if self.fmt != "hermes" or not self.tool_names or self.num_content_sent:
+            return False
+        head = self.text.lstrip()
+        if head.startswith("{"):
+            return True
+        fence, newline, rest = head.partition("\n")
+        if not newline:  # the fence's first line is not finished
+            return "```json".startswith(fence) or fence.startswith("```json") or fence == "```"
+        return fence.strip() in ("```", "```json") and (not rest.strip() or rest.lstrip().startswith("{"))
 
     def _possible_open_tag_len(self) -> int:
         """How many trailing characters could begin a call opening (held back)."""

@@ -5,7 +5,10 @@ The tools reach the model through its own chat template (the ``tools`` variable)
 model answers in the syntax it was trained on (``TOOL_FORMATS``):
 
 - ``hermes`` (Hermes, Qwen2.5, Qwen3): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
-  one block per call; text before the first block is the message's content.
+  one block per call; text before the first block is the message's content. Small models
+  (Qwen2.5-Coder 0.5B/1.5B) often write the same JSON bare or in a ```json fence instead:
+  an answer that is exactly one such object, naming one of the offered tools with an
+  object of arguments, is read as that call (``_parse_bare_call``); anything else stays text.
 - ``llama3_json`` (Llama-3.1/3.2): the whole answer is ``{"name": ..., "parameters": {...}}``
   (optionally after ``<|python_tag|>``; several calls separated by ``;``).
 - ``llama4`` (Llama 4): a pythonic list ``[name(key=value, ...)]``, optionally inside
@@ -75,6 +78,12 @@ class ToolFields(BaseModel):
         if not self.tools or self.tool_choice == "none":
             return None
         return [tool.model_dump(exclude_none=True) for tool in self.tools]
+
+    def tool_names(self) -> tuple[str, ...]:
+        """The names of the tools offered to the model (none with tool_choice none)."""
+        if not self.tools or self.tool_choice == "none":
+            return ()
+        return tuple(tool.function.name for tool in self.tools)
 
     def forced_tools(self) -> list[FunctionDefinition] | None:
         """The functions the output must call (required: any tool; named: that one), or
@@ -157,10 +166,11 @@ class ToolCall:
         return call if index is None else {"index": index, **call}
 
 
-def parse_tool_calls(text: str, fmt: str) -> tuple[str, list[ToolCall]]:
+def parse_tool_calls(text: str, fmt: str, tool_names: tuple[str, ...] = ()) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a finished output. Text that is not a well-formed call stays
     content (an ``auto`` answer may be plain text). Harmony calls come from the reasoning
-    parser: here its text is content."""
+    parser: here its text is content. ``tool_names``: the offered tools, which a hermes
+    answer may call with bare (or fenced) JSON."""
     if fmt == "llama4":
         from inferpath.server.tool_pythonic import parse_pythonic
         return parse_pythonic(text) or _parse_llama3_json(text)
@@ -168,7 +178,30 @@ def parse_tool_calls(text: str, fmt: str) -> tuple[str, list[ToolCall]]:
         return _parse_llama3_json(text)
     if fmt == "harmony":
         return text, []
-    return _parse_hermes(text)
+    content, calls = _parse_hermes(text)
+    if not calls and tool_names:
+        bare = _parse_bare_call(text, tool_names)
+        if bare is not None:
+            return "", [bare]
+    return content, calls
+
+
+def bare_json_body(text: str) -> str | None:
+    """The JSON of an answer that is one object, bare or in a ```json (or plain ```)
+    fence; None otherwise."""
+    body = text.strip()
+    if body.startswith("```"):
+        first_line, _, rest = body.partition("\n")
+        if first_line.strip("`").strip() not in ("", "json") or not rest.rstrip().endswith("```"):
+            return None
+        body = rest.rstrip()[:-3].strip()
+    return body if body.startswith("{") and body.endswith("}") else None
+
+
+def _parse_bare_call(text: str, tool_names: tuple[str, ...]) -> ToolCall | None:
+    body = bare_json_body(text)
+    call = _call_from_json(body, "arguments") if body is not None else None
+    return call if call is not None and call.name in tool_names else None
 
 
 def _call_from_json(raw: str, arguments_key: str) -> ToolCall | None:

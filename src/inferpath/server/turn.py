@@ -157,7 +157,7 @@ async def start_turn(context: ServingContext, prefix: str, messages: list[dict[s
     answer = answer_format(context.tokenizer, context.reasoning_parser, fmt, prompt_ids,
                            parses_tool_calls=tools.parses_tool_calls,
                            live_calls=stream and forced is not None and fmt == "hermes",
-                           include_reasoning=include_reasoning)
+                           include_reasoning=include_reasoning, tool_names=tools.tool_names())
     params = format_params(params, answer, context)
     submission = await submit(context, prefix, [prompt_ids], params, prompt_param=prompt_param,
                               renames=renames)
