@@ -128,7 +128,8 @@ def _deepseek2_yarn(meta, hf: dict[str, Any], path: Path) -> dict[str, Any] | No
     context, beta_fast/slow when the checkpoint has them, and ``yarn_log_multiplier`` = 0.1 x
     ``mscale_all_dim``; not ``mscale``, which llama.cpp's deepseek2 graph takes as equal to
     ``mscale_all_dim`` (the RoPE tables unscaled, the softmax scale times mscale squared, as
-    DeepSeek-V3's config gives: mscale = mscale_all_dim = 1.0). None without scaling."""
+    DeepSeek-V3's config gives: mscale = mscale_all_dim = 1.0). None without scaling. (Other
+    YaRN keys, ext and attn factors, are refused by gguf_keys.py's check of unknown keys.)"""
     scaling = hf.get("rope_scaling")
     if scaling is None:
         return None
@@ -137,9 +138,6 @@ def _deepseek2_yarn(meta, hf: dict[str, Any], path: Path) -> dict[str, Any] | No
                            "implemented for 'deepseek2' files (only yarn, DeepSeek's)")
     if "original_max_position_embeddings" not in scaling:
         raise WeightsError(f"{path}: deepseek2 YaRN without 'deepseek2.rope.scaling.original_context_length'")
-    for key in ("rope.scaling.yarn_ext_factor", "rope.scaling.yarn_attn_factor"):
-        if meta(key) is not None:
-            raise WeightsError(f"{path}: deepseek2.{key} is not implemented (DeepSeek's YaRN has neither)")
     log_multiplier = meta("rope.scaling.yarn_log_multiplier")
     mscale = {} if log_multiplier is None else {"mscale": float(log_multiplier) / 0.1,
                                                 "mscale_all_dim": float(log_multiplier) / 0.1}
