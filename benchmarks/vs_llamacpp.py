@@ -229,7 +229,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--busy", action="store_true", help="a niced busy loop beside every run")
     parser.add_argument("--formats", default="Q4_1,Q8_0,BF16,Qwen", help="of Q4_1, Q8_0, BF16, Qwen, Qwen1.5B")
-    parser.add_argument("--tasks", default="decode,deep,prefill", help="of decode, deep, prefill")
+    parser.add_argument("--tasks", default="decode,deep,prefill", help="of decode, deep, prefill, batchN (inferpath only: N rows decoding at once)")
     parser.add_argument("--engines", default="llamacpp,inferpath,inferpath-avx2",
                         help=f"comma-separated, of {', '.join(ENGINES)}")
     parser.add_argument("--dtype", default="auto", help="(worker) inferpath's dtype")
@@ -266,8 +266,11 @@ def main() -> None:
         tasks = set(args.tasks.split(","))
         for repeat in range(args.repeats):
             for key in keys:
-                for task in sorted(tasks) + (["batch8", "batch32"] if key == "inferpath"
-                                             and fmt == "Q4_1" and not args.busy else []):
+                batched = sorted(t for t in tasks if t.startswith("batch"))
+                if not batched and fmt == "Q4_1" and not args.busy:
+                    batched = ["batch8", "batch32"]  # the default run's batched rows: SmolLM2
+                plain = sorted(t for t in tasks if not t.startswith("batch"))
+                for task in plain + (batched if key == "inferpath" else []):
                     got = measure(key, path, task, args.threads, args.busy)
                     for name, value in got.items():
                         if name in ("rss_mb", "model_mb") and task != "decode":  # the table's memory: decode's
@@ -314,10 +317,10 @@ def print_table(results: dict) -> None:
                   f"{deep:6.2f} {m.get('prefill_tok_s', 0):13.1f} "
                   f"{pr:6.2f} {m.get('load_s', 0):7.2f} {m.get('rss_mb', 0):7.0f} {m.get('baseline_mb', 0):7.0f} "
                   f"{m.get('model_mb', 0):8.0f} {floor:>6}")
-            for batch in ("batch8", "batch32"):
-                if f"{batch}_tok_s" in m:
-                    print(f"{'':6} {key:16} {batch}: {m[f'{batch}_tok_s']:.1f} tok/s aggregate "
-                          f"({m[f'{batch}_tok_s'] / m['decode_tok_s']:.1f}x its batch 1)")
+            for batch in sorted((n.removesuffix("_tok_s") for n in m if n.startswith("batch") and n.endswith("_tok_s")),
+                                key=lambda n: int(n.removeprefix("batch"))):
+                ratio = f" ({m[f'{batch}_tok_s'] / m['decode_tok_s']:.1f}x its batch 1)" if "decode_tok_s" in m else ""
+                print(f"{'':6} {key:16} {batch}: {m[f'{batch}_tok_s']:.1f} tok/s aggregate{ratio}")
         print(f"{'':6} file {entry['size_mb']:.1f} MB; target: model MB (peak RSS - RSS after imports) <= "
               f"1.5 x file + KV = {entry.get('target_model_mb', 0):.0f} MB")
 
