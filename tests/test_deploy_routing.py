@@ -76,10 +76,48 @@ def test_full_and_down_replicas_are_skipped():
 
 
 def test_spare_replicas_start_only_when_the_queue_is_deep():
-    router = Router(["r0", "r1", "r2"], spill_after=1, spill_at=2, policy="round_robin")
-    assert [router.choose("a").replica for _ in range(2)] == ["r0", "r0"]
-    third = router.choose("a").replica
-    assert third in ("r1", "r2")  # r0 is 2 deep: a spare takes it
+    router = Router(["r0", "r1", "r2"], spill_after=1, spill_at=2, policy="prefix")
+    assert router.cold == {"r1", "r2"}  # spares start scaled to zero
+    assert router.choose("a").replica == "r0" and router.spare_to_wake() is None
+    assert router.choose("a").replica == "r0"
+    assert router.spare_to_wake() == "r1"  # r0 is 2 deep: start the first spare
+    assert router.spare_to_wake() is None  # one at a time: r1 is starting
+    assert router.choose("a").replica == "r0"  # nothing waits for the cold start
+    router.mark_warm("r1")
+    assert router.choose("a").replica == "r1"  # the queue is deep: the running spare takes it
+    assert router.spare_to_wake() is None  # r1 is only 1 deep
+    assert router.choose("a").replica == "r1"
+    assert router.spare_to_wake() == "r2"  # r0 and r1 both deep
+    assert router.choose("a").replica in ("r0", "r1")  # r2 still cold
+
+
+def test_a_running_spare_idles_once_the_queue_is_shallow_and_is_forgotten_when_stopped():
+    router = Router(["r0", "r1"], spill_after=1, spill_at=1, policy="prefix")
+    router.mark_warm("r1")
+    assert router.choose(SYSTEM_A).replica == "r0"
+    assert router.choose(SYSTEM_B).replica == "r1"  # r0 is 1 deep
+    router.release("r0")
+    router.release("r1")
+    # shallow again: an idle spare takes nothing, even for the prefix it holds, so it idles
+    assert router.num_prefix_chunks("r1") > 0
+    assert router.choose(SYSTEM_B).replica == "r0"
+    router.release("r0")
+    router.mark_cold("r1")  # Serve scaled it to zero
+    assert router.num_prefix_chunks("r1") == 0
+    router.choose(SYSTEM_A)
+    assert router.candidates() == ["r0"]  # deep, but a cold spare is never chosen
+    assert router.spare_to_wake() == "r1"
+    with pytest.raises(ValueError, match="'r0' is not a spare replica"):
+        router.mark_cold("r0")
+
+
+def test_a_spare_covers_for_a_running_replica_that_is_down():
+    router = Router(["r0", "r1"], spill_after=1, spill_at=8)
+    router.mark_down("r0")
+    assert router.choose(SYSTEM_A) is None  # the caller waits...
+    assert router.spare_to_wake() == "r1"  # ...while the spare starts
+    router.mark_warm("r1")
+    assert router.choose(SYSTEM_A).replica == "r1"
 
 
 def test_unknown_policy_is_refused():
