@@ -161,3 +161,20 @@ def test_inferpath_and_its_cli_never_import_ray():
     code = ("import sys, inferpath, inferpath.cli, inferpath.cli.serve, inferpath.deploy.routing; "
             "assert 'ray' not in sys.modules, 'ray was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_response_owners_find_the_replica_of_a_response_and_of_its_continuation():
+    from inferpath.deploy.owners import ResponseOwners
+
+    owners = ResponseOwners(max_ids=2)
+    owners.remember(b'{"id": "resp_1", "object": "response", "output": [{"id": "msg_9"}]}',
+                    {"replica": "engine-1"})
+    owners.remember(b'data: {"id":"chatcmpl-2","choices":[]}\n\n', {"replica": "engine-0"})
+    assert owners.get("resp_1")["replica"] == "engine-1"  # the first id, not an item's
+    assert owners.get("chatcmpl-2")["id"] == "chatcmpl-2"
+    body = json.dumps({"input": "again", "previous_response_id": "resp_1"}).encode()
+    assert owners.owner_of_previous("/v1/responses", body) == "engine-1"
+    assert owners.owner_of_previous("/v1/chat/completions", body) is None
+    assert owners.owner_of_previous("/v1/responses", b"{not json previous_response_id") is None
+    owners.remember(b'{"id": "resp_3"}', {"replica": "engine-0"})
+    assert owners.get("resp_1") is None and owners.get("resp_3")  # the oldest went first

@@ -5,7 +5,8 @@ SmolLM2 replicas of 1 thread.
 One scenario, in order: the spare engine-1 starts scaled to zero; a queue on engine-0
 (more requests in flight than ``target_ongoing_requests``) makes the ingress start it and
 route to it; once the queue is gone, Serve scales it back to zero and the router forgets
-it, while requests keep completing on engine-0 throughout. Skipped without ``ray[serve]``.
+it, while requests keep completing on engine-0 throughout; a deep queue again starts it
+again. Skipped without ``ray[serve]``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ MODEL = "smollm2-135m-instruct"
 ENGINE = {"batch_invariant": True, "num_kv_blocks": 64, "max_num_seqs": 4}
 TARGET = 2  # requests in flight per running replica before the spare starts
 APP = "inferpath-autoscale"
-QUESTIONS = [f"Name an animal, number {i}." for i in range(4)]
+# longer than one 64-character routing chunk: the router notes a prefix for each replica
+QUESTIONS = [f"Name one animal that lives where winters are long and cold, number {i}." for i in range(4)]
 
 
 def _running(name: str) -> int:
@@ -76,34 +78,12 @@ def test_a_spare_starts_on_a_deep_queue_and_is_scaled_down_when_idle(cluster):
     assert health["engine-0"]["status"] == "ok"
     assert health["engine-1"]["status"] == "scaled_to_zero" and _running("engine-1") == 0
 
-    async def burst() -> list[dict]:
-        """Keep 6 requests in flight (3x the target on one replica) until engine-1 has
-        served 4 of them (bounded), then let them finish."""
-        results: list[dict] = []
-        async with httpx.AsyncClient(timeout=httpx.Timeout(300)) as client:
-            async def worker(k: int) -> None:
-                deadline = time.monotonic() + 240
-                i = k
-                while sum(r["replica"] == "engine-1" for r in results) < 4:
-                    assert time.monotonic() < deadline, f"engine-1 never served: {results[-3:]}"
-                    results.append(await _ask(client, cluster, QUESTIONS[i % 4], max_tokens=16))
-                    i += 6
-            await asyncio.wait_for(asyncio.gather(*(worker(k) for k in range(6))), timeout=300)
-        return results
-
-    results = asyncio.run(burst())
-    assert all(r["status"] == 200 and r["body"]["choices"][0]["finish_reason"] == "length"
-               for r in results), [r for r in results if r["status"] != 200][:3]
-    assert {r["replica"] for r in results} == {"engine-0", "engine-1"}
-    # greedy and batch-invariant: a question gets one answer, whichever replica served it
-    answers = {}
-    for r in results:
-        answers.setdefault(r["question"], set()).add(r["body"]["choices"][0]["message"]["content"])
-    assert all(len(texts) == 1 for texts in answers.values()), answers
-    events = [(e["replica"], e["event"]) for e in httpx.get(cluster + "/v1/router", timeout=60).json()
-              ["spares"]["events"]]
-    assert events[:2] == [("engine-1", "waking"), ("engine-1", "started")], events
-    assert _running("engine-1") == 1 and _replicas(cluster)["engine-1"]["status"] == "ok"
+    results = asyncio.run(_burst(cluster))
+    _check_burst(results)
+    assert _events(cluster) == [("engine-1", "waking"), ("engine-1", "started")]
+    health = _replicas(cluster)
+    assert _running("engine-1") == 1 and health["engine-1"]["status"] == "ok"
+    assert health["engine-1"]["num_prefix_chunks_routed"] > 0
 
     async def trickle() -> list[dict]:
         """One request at a time (never deep) until engine-1 is scaled to zero (bounded)."""
@@ -124,16 +104,44 @@ def test_a_spare_starts_on_a_deep_queue_and_is_scaled_down_when_idle(cluster):
     assert {r["replica"] for r in during} == {"engine-0"}  # a shallow queue never needs the spare
     health = _replicas(cluster)
     assert health["engine-1"]["num_prefix_chunks_routed"] == 0  # forgotten with its cache
-    events = [(e["replica"], e["event"]) for e in httpx.get(cluster + "/v1/router", timeout=60).json()
-              ["spares"]["events"]]
-    assert events[-1] == ("engine-1", "stopped"), events
+    assert _events(cluster)[-1] == ("engine-1", "stopped")
     metrics = httpx.get(cluster + "/metrics", timeout=60).text
     assert 'inferpath:router_replica_up{replica="engine-1"} 0' in metrics
-    last = asyncio.run(_one_more(cluster))
-    assert last["status"] == 200 and last["replica"] == "engine-0"
-    assert last["body"]["choices"][0]["finish_reason"] == "length"
+
+    # a deep queue again: the forgotten spare is started and learned again
+    again = asyncio.run(_burst(cluster))
+    _check_burst(again)
+    assert _events(cluster)[-2:] == [("engine-1", "waking"), ("engine-1", "started")]
 
 
-async def _one_more(url: str) -> dict:
+async def _burst(url: str) -> list[dict]:
+    """Keep 6 requests in flight (3x the target on one replica) until engine-1 has served
+    4 of them (bounded), then let them finish."""
+    results: list[dict] = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(300)) as client:
-        return await _ask(client, url, QUESTIONS[0], max_tokens=2)
+        async def worker(k: int) -> None:
+            deadline = time.monotonic() + 240
+            i = k
+            while sum(r["replica"] == "engine-1" for r in results) < 4:
+                assert time.monotonic() < deadline, f"engine-1 never served: {results[-3:]}"
+                results.append(await _ask(client, url, QUESTIONS[i % 4], max_tokens=16))
+                i += 6
+        await asyncio.wait_for(asyncio.gather(*(worker(k) for k in range(6))), timeout=300)
+    return results
+
+
+def _check_burst(results: list[dict]) -> None:
+    assert all(r["status"] == 200 and r["body"]["choices"][0]["finish_reason"] == "length"
+               for r in results), [r for r in results if r["status"] != 200][:3]
+    assert {r["replica"] for r in results} == {"engine-0", "engine-1"}
+    # greedy and batch-invariant: a question gets one answer, whichever replica served it
+    answers: dict[str, set[str]] = {}
+    for r in results:
+        answers.setdefault(r["question"], set()).add(r["body"]["choices"][0]["message"]["content"])
+    assert all(len(texts) == 1 for texts in answers.values()), answers
+
+
+def _events(url: str) -> list[tuple[str, str]]:
+    """The spares' events at the ingress: (replica, waking | started | stopped | failed)."""
+    return [(e["replica"], e["event"])
+            for e in httpx.get(url + "/v1/router", timeout=60).json()["spares"]["events"]]

@@ -33,7 +33,6 @@ import asyncio
 import collections
 import json
 import logging
-import re
 import time
 from typing import Any, AsyncIterator
 
@@ -43,13 +42,13 @@ from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, RayError
 
 from inferpath.deploy.metrics_merge import merge_metrics, router_metrics
+from inferpath.deploy.owners import ResponseOwners
 from inferpath.deploy.prompt_text import routing_text
 from inferpath.deploy.routing import POLICIES, RouteDecision, Router
 from inferpath.deploy.spares import Spares
 
 logger = logging.getLogger("inferpath.deploy")
 ingress_app = FastAPI(title="inferpath (replicas)")
-_FIRST_ID = re.compile(rb'"id"\s*:\s*"([^"]+)"')
 _REPLICA_GONE = (RayActorError, ActorUnavailableError)
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "host"}
 
@@ -95,7 +94,7 @@ class Ingress:
         self.probe_interval_s = probe_interval_s
         self.wait_timeout_s = wait_timeout_s
         self.decisions: collections.deque[dict[str, Any]] = collections.deque(maxlen=256)
-        self.owners: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        self.owners = ResponseOwners()
         self._freed = asyncio.Condition()
         self._probe_task: asyncio.Task | None = None
         self._watch_task: asyncio.Task | None = None
@@ -166,7 +165,7 @@ class Ingress:
         the first body chunks read (the stream has started once they are forwarded) and the
         replicas that failed it before any byte (it was retried elsewhere)."""
         text = routing_text(request.url.path, body) if request.method == "POST" else ""
-        owner = self._owner_of_previous(request.url.path, body)
+        owner = self.owners.owner_of_previous(request.url.path, body)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS]
         tried: set[str] = set()
         failed: list[str] = []
@@ -226,34 +225,11 @@ class Ingress:
                                                "param": None, "code": None}}, status_code=502)
             finally:
                 await self._release(decision.replica)
-            self._remember(b"".join(chunks[:1]), record)
+            self.owners.remember(b"".join(chunks[:1]), record)
             return Response(b"".join(chunks), status_code=head["status"], headers=headers)
-        self._remember(b"".join(first), record)
+        self.owners.remember(b"".join(first), record)
         return StreamingResponse(self._relay(decision, first, stream, request.url.path),
                                  status_code=head["status"], headers=headers)
-
-    def _owner_of_previous(self, path: str, body: bytes) -> str | None:
-        """The replica holding the stored response a Responses request continues
-        (``previous_response_id``), if this ingress routed it; else None (routed by text:
-        a replica that does not hold the id answers a clear 404)."""
-        if path != "/v1/responses" or b"previous_response_id" not in body:
-            return None
-        try:
-            previous = json.loads(body).get("previous_response_id")
-        except (ValueError, UnicodeDecodeError, AttributeError):
-            return None
-        record = self.owners.get(previous) if isinstance(previous, str) else None
-        return record["replica"] if record else None
-
-    def _remember(self, first_bytes: bytes, record: dict[str, Any]) -> None:
-        """Note which replica made the response whose id opens ``first_bytes`` (the first
-        ``"id"`` of a body or of a stream's first event is the response's, in every API)."""
-        found = _FIRST_ID.search(first_bytes[:4096])
-        if found:
-            record["id"] = found.group(1).decode("utf-8", "replace")
-            self.owners[record["id"]] = record
-            while len(self.owners) > 4096:
-                self.owners.popitem(last=False)
 
     async def _forward_owned(self, request: Request, response_id: str) -> Response:
         """A request about one response (its trace, its stored Response): to the replica
@@ -318,7 +294,8 @@ class Ingress:
     async def _replica_health(self, name: str) -> dict[str, Any]:
         if name in self.router.cold:  # a spare Serve scaled to zero (asking would start it)
             return {"replica": name, "status": "starting" if name in self.router.waking else "scaled_to_zero",
-                    "num_requests_inflight": self.router.inflight[name], "num_prefix_chunks_routed": 0}
+                    "num_requests_inflight": self.router.inflight[name],
+                    "num_prefix_chunks_routed": self.router.num_prefix_chunks(name)}
         try:
             stats = await asyncio.wait_for(self.handles[name].stats.remote(), timeout=5)
         except (RayError, asyncio.TimeoutError) as exc:
