@@ -76,10 +76,48 @@ def test_full_and_down_replicas_are_skipped():
 
 
 def test_spare_replicas_start_only_when_the_queue_is_deep():
-    router = Router(["r0", "r1", "r2"], spill_after=1, spill_at=2, policy="round_robin")
-    assert [router.choose("a").replica for _ in range(2)] == ["r0", "r0"]
-    third = router.choose("a").replica
-    assert third in ("r1", "r2")  # r0 is 2 deep: a spare takes it
+    router = Router(["r0", "r1", "r2"], spill_after=1, spill_at=2, policy="prefix")
+    assert router.cold == {"r1", "r2"}  # spares start scaled to zero
+    assert router.choose("a").replica == "r0" and router.spare_to_wake() is None
+    assert router.choose("a").replica == "r0"
+    assert router.spare_to_wake() == "r1"  # r0 is 2 deep: start the first spare
+    assert router.spare_to_wake() is None  # one at a time: r1 is starting
+    assert router.choose("a").replica == "r0"  # nothing waits for the cold start
+    router.mark_warm("r1")
+    assert router.choose("a").replica == "r1"  # the queue is deep: the running spare takes it
+    assert router.spare_to_wake() is None  # r1 is only 1 deep
+    assert router.choose("a").replica == "r1"
+    assert router.spare_to_wake() == "r2"  # r0 and r1 both deep
+    assert router.choose("a").replica in ("r0", "r1")  # r2 still cold
+
+
+def test_a_running_spare_idles_once_the_queue_is_shallow_and_is_forgotten_when_stopped():
+    router = Router(["r0", "r1"], spill_after=1, spill_at=1, policy="prefix")
+    router.mark_warm("r1")
+    assert router.choose(SYSTEM_A).replica == "r0"
+    assert router.choose(SYSTEM_B).replica == "r1"  # r0 is 1 deep
+    router.release("r0")
+    router.release("r1")
+    # shallow again: an idle spare takes nothing, even for the prefix it holds, so it idles
+    assert router.num_prefix_chunks("r1") > 0
+    assert router.choose(SYSTEM_B).replica == "r0"
+    router.release("r0")
+    router.mark_cold("r1")  # Serve scaled it to zero
+    assert router.num_prefix_chunks("r1") == 0
+    router.choose(SYSTEM_A)
+    assert router.candidates() == ["r0"]  # deep, but a cold spare is never chosen
+    assert router.spare_to_wake() == "r1"
+    with pytest.raises(ValueError, match="'r0' is not a spare replica"):
+        router.mark_cold("r0")
+
+
+def test_a_spare_covers_for_a_running_replica_that_is_down():
+    router = Router(["r0", "r1"], spill_after=1, spill_at=8)
+    router.mark_down("r0")
+    assert router.choose(SYSTEM_A) is None  # the caller waits...
+    assert router.spare_to_wake() == "r1"  # ...while the spare starts
+    router.mark_warm("r1")
+    assert router.choose(SYSTEM_A).replica == "r1"
 
 
 def test_unknown_policy_is_refused():
@@ -123,3 +161,20 @@ def test_inferpath_and_its_cli_never_import_ray():
     code = ("import sys, inferpath, inferpath.cli, inferpath.cli.serve, inferpath.deploy.routing; "
             "assert 'ray' not in sys.modules, 'ray was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_response_owners_find_the_replica_of_a_response_and_of_its_continuation():
+    from inferpath.deploy.owners import ResponseOwners
+
+    owners = ResponseOwners(max_ids=2)
+    owners.remember(b'{"id": "resp_1", "object": "response", "output": [{"id": "msg_9"}]}',
+                    {"replica": "engine-1"})
+    owners.remember(b'data: {"id":"chatcmpl-2","choices":[]}\n\n', {"replica": "engine-0"})
+    assert owners.get("resp_1")["replica"] == "engine-1"  # the first id, not an item's
+    assert owners.get("chatcmpl-2")["id"] == "chatcmpl-2"
+    body = json.dumps({"input": "again", "previous_response_id": "resp_1"}).encode()
+    assert owners.owner_of_previous("/v1/responses", body) == "engine-1"
+    assert owners.owner_of_previous("/v1/chat/completions", body) is None
+    assert owners.owner_of_previous("/v1/responses", b"{not json previous_response_id") is None
+    owners.remember(b'{"id": "resp_3"}', {"replica": "engine-0"})
+    assert owners.get("resp_1") is None and owners.get("resp_3")  # the oldest went first

@@ -231,6 +231,96 @@ async def _stream(url: str, index: int, streaming_on: dict[str, asyncio.Event]) 
     return result
 
 
+async def _ask(client: httpx.AsyncClient, url: str, question: str, stream: bool) -> dict:
+    """One chat request of 8 greedy tokens, streamed (raw SSE) or not: its replica, route,
+    text, finish reason and any error."""
+    body = {"model": MODEL, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "stream": stream,
+            "messages": [{"role": "user", "content": question}]}
+    result = {"question": question, "text": "", "finish_reason": None, "error": None}
+    async with client.stream("POST", url + "/v1/chat/completions", headers=AUTH, json=body) as response:
+        result.update(status=response.status_code, replica=response.headers.get("x-inferpath-replica"),
+                      route=response.headers.get("x-inferpath-route"))
+        if not stream:
+            payload = json.loads(await response.aread())
+            if "error" in payload:
+                result["error"] = payload["error"]["message"]
+            else:
+                result["text"] = payload["choices"][0]["message"]["content"]
+                result["finish_reason"] = payload["choices"][0]["finish_reason"]
+            return result
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            payload = json.loads(line[len("data: "):])
+            if "error" in payload:
+                result["error"] = payload["error"]["message"]
+            for choice in payload.get("choices", []):
+                result["text"] += choice["delta"].get("content") or ""
+                result["finish_reason"] = choice.get("finish_reason") or result["finish_reason"]
+    return result
+
+
+def _wait_until_back(url: str, index: int, old_pid: int) -> None:
+    """Until /health reports replica ``index`` up again in a new process (Serve restarted it)."""
+    deadline = time.monotonic() + 240
+    while True:
+        health = httpx.get(url + "/health", timeout=60).json()
+        replica = health["replicas"][index]
+        if replica["status"] == "ok" and replica.get("pid") not in (None, old_pid):
+            return
+        assert time.monotonic() < deadline, f"engine-{index} did not come back: {health}"
+        time.sleep(1)
+
+
+def test_requests_inside_a_replica_killed_before_their_first_byte_are_retried(cluster):
+    """engine-1 holds the requests it gets (a test hook: they wait before its app, so no
+    byte of theirs is sent) and is killed with them inside: each is retried on engine-0
+    and completes with the answer it gets there anyway; Serve restarts engine-1."""
+    replica = serve.get_deployment_handle("engine-1", app_name=APP)
+    actor_name = replica.actor_name.remote().result()
+    old_pid = replica.stats.remote().result()["pid"]
+    retries_before = _router_retries(cluster)
+    questions = [f"Name a fruit, number {i}." for i in range(8)]
+
+    replica.hold.remote(True).result()
+
+    async def scenario():
+        async with httpx.AsyncClient(timeout=httpx.Timeout(180)) as client:
+            # streamed and not in pairs: the router alternates, so engine-1 gets both kinds
+            tasks = [asyncio.create_task(_ask(client, cluster, q, stream=i // 2 % 2 == 0))
+                     for i, q in enumerate(questions)]
+            deadline = time.monotonic() + 120
+            while (await replica.stats.remote())["num_held"] < 2:  # some of each kind are inside
+                assert time.monotonic() < deadline, "engine-1 never got a request"
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(0.5)  # the rest the router sends there arrive too
+            num_held = (await replica.stats.remote())["num_held"]
+            ray.kill(ray.get_actor(actor_name, namespace="serve"), no_restart=True)
+            return num_held, await asyncio.wait_for(asyncio.gather(*tasks), timeout=240)  # none hangs
+
+    num_held, results = asyncio.run(scenario())
+    assert all(r["status"] == 200 and r["error"] is None for r in results), results
+    assert all(r["replica"] == "engine-0" for r in results), results  # engine-1 answered none
+    retried = [r for r in results if "retried_from=engine-1" in r["route"]]
+    assert len(retried) == num_held >= 2, (num_held, results)
+    assert all(r["finish_reason"] == "length" and r["text"] for r in results), results
+    assert _router_retries(cluster) - retries_before == num_held
+
+    _wait_until_back(cluster, 1, old_pid)  # a new engine-1, its doors open
+
+    async def again():  # the same questions on the healthy pair: the same greedy answers
+        async with httpx.AsyncClient(timeout=httpx.Timeout(180)) as client:
+            return await asyncio.gather(*(_ask(client, cluster, q, stream=False) for q in questions))
+    answers = asyncio.run(again())
+    assert [a["text"] for a in answers] == [r["text"] for r in results]
+    assert "engine-1" in {a["replica"] for a in answers}
+
+
+def _router_retries(url: str) -> float:
+    families = text_string_to_metric_families(httpx.get(url + "/metrics", timeout=60).text)
+    return sum(s.value for f in families for s in f.samples if s.name == "inferpath:router_retries_total")
+
+
 def test_killed_replica_ends_its_streams_with_an_error_and_comes_back(cluster):
     replica = serve.get_deployment_handle("engine-0", app_name=APP)
     actor_name = replica.actor_name.remote().result()
@@ -256,14 +346,7 @@ def test_killed_replica_ends_its_streams_with_an_error_and_comes_back(cluster):
     # the requests that had not started when it died completed on the other replica
     assert any(r["replica"] == "engine-1" for r in completed)
 
-    deadline = time.monotonic() + 240
-    while True:  # Serve restarts the replica; the ingress routes to it again once it answers
-        health = httpx.get(cluster + "/health", timeout=60).json()
-        first = health["replicas"][0]
-        if first["status"] == "ok" and first.get("pid") not in (None, old_pid):
-            break
-        assert time.monotonic() < deadline, f"engine-0 did not come back: {health}"
-        time.sleep(1)
+    _wait_until_back(cluster, 0, old_pid)  # Serve restarts it; the ingress routes to it again
     sync = openai.OpenAI(base_url=cluster + "/v1", api_key=KEY, max_retries=0, timeout=300)
     served = {sync.chat.completions.with_raw_response.create(
         model=MODEL, messages=[{"role": "user", "content": f"Hello {i}"}], max_tokens=2,
@@ -281,5 +364,8 @@ def test_app_arguments_are_checked_before_anything_starts():
         build_app(MODEL, min_replicas=3, max_replicas=2)
     with pytest.raises(ValueError, match="both --min-replicas and --max-replicas"):
         build_app(MODEL, min_replicas=1)
+    with pytest.raises(ValueError, match=r"target_ongoing_requests \(40\) must be between 1 and "
+                                         r"max_inflight_per_replica \(32\)"):
+        build_app(MODEL, min_replicas=1, max_replicas=2, target_ongoing_requests=40)
     with pytest.raises(ValueError, match="unknown argument.*replicas"):
         app_builder({"model": MODEL, "replicas": "2"})

@@ -31,6 +31,9 @@ def add_replica_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--target-queue-depth", type=int, default=8, metavar="N",
                        help="with --min/--max-replicas: requests in flight per replica before "
                             "a spare one starts (default: 8)")
+    group.add_argument("--scale-down-after", type=float, default=60.0, metavar="S",
+                       help="with --min/--max-replicas: Serve stops a spare replica idle this "
+                            "many seconds (default: 60)")
 
 
 def wants_replicas(args: argparse.Namespace) -> bool:
@@ -56,6 +59,7 @@ def run_replicas(args: argparse.Namespace, model: str, engine_config) -> int:
         app = build_app(model, num_replicas=args.replicas, engine_config=config, policy=args.routing,
                         num_cpus=args.replica_cpus, threads=threads, min_replicas=args.min_replicas,
                         max_replicas=args.max_replicas, target_ongoing_requests=args.target_queue_depth,
+                        scale_down_after_s=args.scale_down_after,
                         served_model_name=args.served_model_name,
                         app_options={"api_key": args.api_key, "max_n": args.max_n,
                                      "allowed_origins": args.allowed_origins,

@@ -16,10 +16,15 @@ the response streams back chunk by chunk. The ingress adds:
 
 Faults. A replica that fails before the ingress forwarded any byte of its response (the
 request never started for the client) is marked down and the request is retried on
-another replica, up to ``max_attempts``; one that fails mid-stream ends the stream with an
-error event (OpenAI's error shape, Anthropic's ``event: error`` on /v1/messages), never a
-hang. Ray Serve restarts a dead replica; a probe every ``probe_interval_s`` marks it up
-again once it answers.
+another replica, up to ``max_attempts`` (the response then says ``retried_from=...`` in
+``x-inferpath-route``); one that fails mid-stream ends the stream with an error event
+(OpenAI's error shape, Anthropic's ``event: error`` on /v1/messages), never a hang. Ray
+Serve restarts a dead replica; a probe every ``probe_interval_s`` marks it up again once
+it answers.
+
+Spares (autoscaling between min and max replicas): spares.py wakes one when the queue is
+deep and follows Serve scaling it down; a cold spare is never called here (a call would
+start it).
 """
 
 # NOTE: no `from __future__ import annotations`: FastAPI reads the route signatures of the
@@ -28,7 +33,6 @@ import asyncio
 import collections
 import json
 import logging
-import re
 import time
 from typing import Any, AsyncIterator
 
@@ -38,12 +42,13 @@ from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, RayError
 
 from inferpath.deploy.metrics_merge import merge_metrics, router_metrics
+from inferpath.deploy.owners import ResponseOwners
 from inferpath.deploy.prompt_text import routing_text
 from inferpath.deploy.routing import POLICIES, RouteDecision, Router
+from inferpath.deploy.spares import Spares
 
 logger = logging.getLogger("inferpath.deploy")
 ingress_app = FastAPI(title="inferpath (replicas)")
-_FIRST_ID = re.compile(rb'"id"\s*:\s*"([^"]+)"')
 _REPLICA_GONE = (RayActorError, ActorUnavailableError)
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "host"}
 
@@ -89,9 +94,13 @@ class Ingress:
         self.probe_interval_s = probe_interval_s
         self.wait_timeout_s = wait_timeout_s
         self.decisions: collections.deque[dict[str, Any]] = collections.deque(maxlen=256)
-        self.owners: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        self.owners = ResponseOwners()
         self._freed = asyncio.Condition()
         self._probe_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task | None = None
+        self.spares = Spares(self.router, self.handles, self._notify, wake_timeout_s=wait_timeout_s,
+                             interval_s=probe_interval_s)
+        self.num_retried: dict[str, int] = {name: 0 for name in names}  # failed before a byte
 
     # ------------------------------------------------------------------ routing
     async def _acquire(self, text: str, exclude: set[str], owner: str | None = None) -> RouteDecision:
@@ -101,12 +110,12 @@ class Ingress:
         deadline = time.monotonic() + self.wait_timeout_s
         async with self._freed:
             while True:
+                decision = None
                 if owner is not None and owner not in exclude and owner not in self.router.down:
                     decision = self.router.choose_owner(owner, text)
-                    if decision is not None:
-                        return decision
                 # a replica tried already is taken again only when no other is free
-                decision = self.router.choose(text, exclude) or self.router.choose(text)
+                decision = decision or self.router.choose(text, exclude) or self.router.choose(text)
+                self.spares.maybe_wake(time.monotonic())  # this request may have made the queue deep
                 if decision is not None:
                     return decision
                 remaining = deadline - time.monotonic()
@@ -127,14 +136,20 @@ class Ingress:
             logger.warning("replica %s failed (%r); marked down until it answers again", replica, exc)
         self.router.mark_down(replica)
 
+    async def _notify(self) -> None:
+        async with self._freed:
+            self._freed.notify_all()
+
     def _ensure_probe(self) -> None:
         if self._probe_task is None or self._probe_task.done():
             self._probe_task = asyncio.create_task(self._probe_loop())
+        if self.router.spares and (self._watch_task is None or self._watch_task.done()):
+            self._watch_task = asyncio.create_task(self.spares.watch(serve.get_replica_context().app_name))
 
     async def _probe_loop(self) -> None:
         while True:
             await asyncio.sleep(self.probe_interval_s)
-            for name in list(self.router.down):
+            for name in list(self.router.down - self.router.cold):  # a call would start a cold spare
                 try:
                     await asyncio.wait_for(self.handles[name].stats.remote(), timeout=self.probe_interval_s * 5)
                 except (RayError, asyncio.TimeoutError, Exception):  # noqa: BLE001 - still down
@@ -145,13 +160,15 @@ class Ingress:
                 logger.warning("replica %s answers again; marked up", name)
 
     # ------------------------------------------------------------------ forwarding
-    async def _open(self, request: Request, body: bytes) -> tuple[RouteDecision, dict, Any, list[bytes]]:
-        """Send the request to a replica; return its decision, head, the rest of its stream
-        and the first body chunks read (the stream has started once they are forwarded)."""
+    async def _open(self, request: Request, body: bytes) -> tuple[RouteDecision, dict, Any, list[bytes], list[str]]:
+        """Send the request to a replica; return its decision, head, the rest of its stream,
+        the first body chunks read (the stream has started once they are forwarded) and the
+        replicas that failed it before any byte (it was retried elsewhere)."""
         text = routing_text(request.url.path, body) if request.method == "POST" else ""
-        owner = self._owner_of_previous(request.url.path, body)
+        owner = self.owners.owner_of_previous(request.url.path, body)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS]
         tried: set[str] = set()
+        failed: list[str] = []
         last_error: BaseException | None = None
         for _ in range(self.max_attempts):
             decision = await self._acquire(text, tried, owner)
@@ -166,33 +183,37 @@ class Ingress:
                 if head is None:
                     await self._release(decision.replica)
                     raise ReplicaFailed(f"replica {decision.replica} sent no response") from None
-                return decision, head, _empty(), []
+                return decision, head, _empty(), [], failed
             except _REPLICA_GONE as exc:
                 await self._release(decision.replica)
                 self._mark_down(decision.replica, exc)
+                self.num_retried[decision.replica] += 1
+                failed.append(decision.replica)
                 last_error = exc
                 continue  # nothing reached the client yet: try another replica
             except BaseException:
                 await self._release(decision.replica)
                 raise
-            return decision, head, stream, first
+            return decision, head, stream, first, failed
         raise ReplicaFailed(f"{self.max_attempts} replicas failed this request; last: {last_error!r}")
 
     async def _forward(self, request: Request) -> Response:
         body = await request.body()
         try:
-            decision, head, stream, first = await self._open(request, body)
+            decision, head, stream, first, failed = await self._open(request, body)
         except (ReplicaFailed, TimeoutError) as exc:
             return JSONResponse({"error": {"message": f"no replica could serve the request: {exc}",
                                            "type": "server_error", "param": None, "code": None}},
                                 status_code=503)
         record = {"time": time.time(), "path": request.url.path, "replica": decision.replica,
                   "reason": decision.reason, "matched_chars": decision.matched_chars,
-                  "load": decision.load}
+                  "load": decision.load, "retried_from": failed}
         self.decisions.append(record)
         headers = {k: v for k, v in head["headers"] if k.lower() not in _HOP_HEADERS}
         headers["x-inferpath-replica"] = decision.replica
         headers["x-inferpath-route"] = f"{decision.reason}; matched_chars={decision.matched_chars}; load={decision.load}"
+        if failed:
+            headers["x-inferpath-route"] += f"; retried_from={','.join(failed)}"
         if not _is_streaming(head):
             try:
                 chunks = first + [chunk async for chunk in stream]
@@ -204,40 +225,18 @@ class Ingress:
                                                "param": None, "code": None}}, status_code=502)
             finally:
                 await self._release(decision.replica)
-            self._remember(b"".join(chunks[:1]), record)
+            self.owners.remember(b"".join(chunks[:1]), record)
             return Response(b"".join(chunks), status_code=head["status"], headers=headers)
-        self._remember(b"".join(first), record)
+        self.owners.remember(b"".join(first), record)
         return StreamingResponse(self._relay(decision, first, stream, request.url.path),
                                  status_code=head["status"], headers=headers)
-
-    def _owner_of_previous(self, path: str, body: bytes) -> str | None:
-        """The replica holding the stored response a Responses request continues
-        (``previous_response_id``), if this ingress routed it; else None (routed by text:
-        a replica that does not hold the id answers a clear 404)."""
-        if path != "/v1/responses" or b"previous_response_id" not in body:
-            return None
-        try:
-            previous = json.loads(body).get("previous_response_id")
-        except (ValueError, UnicodeDecodeError, AttributeError):
-            return None
-        record = self.owners.get(previous) if isinstance(previous, str) else None
-        return record["replica"] if record else None
-
-    def _remember(self, first_bytes: bytes, record: dict[str, Any]) -> None:
-        """Note which replica made the response whose id opens ``first_bytes`` (the first
-        ``"id"`` of a body or of a stream's first event is the response's, in every API)."""
-        found = _FIRST_ID.search(first_bytes[:4096])
-        if found:
-            record["id"] = found.group(1).decode("utf-8", "replace")
-            self.owners[record["id"]] = record
-            while len(self.owners) > 4096:
-                self.owners.popitem(last=False)
 
     async def _forward_owned(self, request: Request, response_id: str) -> Response:
         """A request about one response (its trace, its stored Response): to the replica
         that made it, or, unknown, to each replica until one does not answer 404."""
         record = self.owners.get(response_id)
-        names = [record["replica"]] if record else [n for n in self.handles if n not in self.router.down]
+        names = [record["replica"]] if record else [n for n in self.handles
+                                                     if n not in self.router.down | self.router.cold]
         status, headers, body = 404, [], b""
         for name in names:
             try:
@@ -254,7 +253,8 @@ class Ingress:
         out = {k: v for k, v in headers if k.lower() not in _HOP_HEADERS}
         if record and request.url.path.startswith("/v1/trace/") and status == 200:
             trace = json.loads(body)
-            trace["routing"] = {k: record[k] for k in ("replica", "reason", "matched_chars", "load")}
+            trace["routing"] = {k: record[k] for k in ("replica", "reason", "matched_chars", "load",
+                                                       "retried_from")}
             body = json.dumps(trace).encode()
         if record:
             out["x-inferpath-replica"] = record["replica"]
@@ -285,23 +285,31 @@ class Ingress:
     # ------------------------------------------------------------------ routes
     @ingress_app.get("/health")
     async def health(self) -> JSONResponse:
+        self._ensure_probe()
         replicas = await asyncio.gather(*(self._replica_health(n) for n in self.handles))
         up = sum(r["status"] == "ok" for r in replicas)
         return JSONResponse({"status": "ok" if up else "unavailable", "num_replicas_up": up,
                              "replicas": replicas}, status_code=200 if up else 503)
 
     async def _replica_health(self, name: str) -> dict[str, Any]:
+        if name in self.router.cold:  # a spare Serve scaled to zero (asking would start it)
+            return {"replica": name, "status": "starting" if name in self.router.waking else "scaled_to_zero",
+                    "num_requests_inflight": self.router.inflight[name],
+                    "num_prefix_chunks_routed": self.router.num_prefix_chunks(name)}
         try:
             stats = await asyncio.wait_for(self.handles[name].stats.remote(), timeout=5)
         except (RayError, asyncio.TimeoutError) as exc:
             return {"replica": name, "status": "down", "error": repr(exc)[:300],
                     "num_requests_inflight": self.router.inflight[name]}
         return {"replica": name, "status": "down" if name in self.router.down else "ok",
-                "num_requests_inflight": self.router.inflight[name], **stats}
+                "num_requests_inflight": self.router.inflight[name],
+                "num_prefix_chunks_routed": self.router.num_prefix_chunks(name), **stats}
 
     @ingress_app.get("/metrics")
     async def metrics(self) -> Response:
         async def one(name: str) -> tuple[str, str | None]:
+            if name in self.router.cold:
+                return name, None
             try:
                 return name, await asyncio.wait_for(self.handles[name].metrics.remote(), timeout=5)
             except (RayError, asyncio.TimeoutError):
@@ -309,12 +317,13 @@ class Ingress:
         texts = dict(await asyncio.gather(*(one(n) for n in self.handles)))
         body = merge_metrics({n: t for n, t in texts.items() if t is not None})
         body += router_metrics(self.router, up={n: t is not None and n not in self.router.down
-                                                for n, t in texts.items()})
+                                                for n, t in texts.items()}, retried=self.num_retried)
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @ingress_app.get("/v1/router")
     async def recent_decisions(self) -> dict[str, Any]:
-        return {"policy": self.router.policy, "decisions": list(self.decisions)}
+        return {"policy": self.router.policy, "decisions": list(self.decisions),
+                "spares": {"cold": sorted(self.router.cold), "events": self.spares.events[-64:]}}
 
     @ingress_app.get("/v1/trace/{response_id}")
     async def trace(self, response_id: str, request: Request) -> Response:

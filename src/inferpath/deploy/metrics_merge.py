@@ -42,8 +42,9 @@ def merge_metrics(texts: dict[str, str]) -> str:
     return "\n".join(out) + ("\n" if out else "")
 
 
-def router_metrics(router: Any, up: dict[str, bool]) -> str:
-    """The router's counters: requests routed by replica and reason, in flight, up."""
+def router_metrics(router: Any, up: dict[str, bool], retried: dict[str, int] | None = None) -> str:
+    """The router's counters: requests routed by replica and reason, in flight, up, and
+    the requests each replica failed before their first byte (retried on another)."""
     lines = [f"# HELP {ROUTER_PREFIX}requests_total Requests routed, by replica and reason "
              "(prefix: affinity to a cached prefix; load: the least loaded; round_robin).",
              f"# TYPE {ROUTER_PREFIX}requests_total counter"]
@@ -57,4 +58,8 @@ def router_metrics(router: Any, up: dict[str, bool]) -> str:
               f"# TYPE {ROUTER_PREFIX}replica_up gauge"]
     for replica, is_up in up.items():
         lines.append(f"{ROUTER_PREFIX}replica_up{_labels({'replica': replica})} {int(is_up)}")
+    lines += [f"# HELP {ROUTER_PREFIX}retries_total Requests a replica failed before their first "
+              "byte, sent to another replica.", f"# TYPE {ROUTER_PREFIX}retries_total counter"]
+    for replica, count in (retried or {}).items():
+        lines.append(f"{ROUTER_PREFIX}retries_total{_labels({'replica': replica})} {count}")
     return "\n".join(lines) + "\n"

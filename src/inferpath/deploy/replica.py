@@ -47,6 +47,9 @@ class EngineReplica:
                              served_model_name=served_model_name or served_model_names(model),
                              **(app_options or {}))
         self._started = asyncio.Lock()
+        self._doors_open = asyncio.Event()  # cleared by hold(True): see hold
+        self._doors_open.set()
+        self.num_held = 0
 
     async def _ensure_started(self) -> None:
         # NOTE: the app's lifespan (which starts the engine loop) is not run by an ASGI call;
@@ -59,6 +62,12 @@ class EngineReplica:
                           headers: list[tuple[str, str]], body: bytes) -> AsyncIterator[Any]:
         """Serve one request through the app: yield the head dict, then body ``bytes``."""
         await self._ensure_started()
+        if not self._doors_open.is_set():
+            self.num_held += 1
+            try:
+                await self._doors_open.wait()
+            finally:
+                self.num_held -= 1
         sent: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         disconnected = asyncio.Event()
         received = False
@@ -111,10 +120,22 @@ class EngineReplica:
                 except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - the caller is gone
                     task.cancel()
 
+    async def hold(self, held: bool) -> int:
+        """While ``held``, requests that arrive wait here, before the app sees them: nothing
+        is sent back and the engine never gets them. The fault tests' hook (a replica killed
+        while requests are inside it, not started); ``hold(False)`` lets them in. Returns how
+        many wait now."""
+        if held:
+            self._doors_open.clear()
+        else:
+            self._doors_open.set()
+        return self.num_held
+
     async def stats(self) -> dict[str, Any]:
-        """The engine's occupancy and prefix-cache counters (EngineStats), named."""
+        """The engine's occupancy and prefix-cache counters (EngineStats), named; ``num_held``:
+        requests waiting at ``hold``."""
         stats = asdict(self.async_engine.engine.stats())
-        return {"replica": self.name, "pid": os.getpid(), **stats}
+        return {"replica": self.name, "pid": os.getpid(), "num_held": self.num_held, **stats}
 
     async def metrics(self) -> str:
         """This replica's Prometheus text (the app's own registry)."""

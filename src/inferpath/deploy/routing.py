@@ -10,8 +10,13 @@ blocks of token ids. A replica "holds" a prefix of ``k`` chunks when the k-th ch
 is in its set. The set is an LRU bounded by ``max_chunks_per_replica``, standing in for
 the replica's own eviction (oldest freed blocks first).
 
-Replicas ``spill_after..`` (when set) are spares that autoscale from zero: they take
-requests only when the others are ``spill_at`` deep (see ``candidates``).
+Replicas ``spill_after..`` (when set) are spares that autoscale from zero. A spare is
+*cold* (scaled to zero: no process, no cache) until the ingress wakes it; the router then
+learns it (``mark_warm``) and forgets it again when Serve scales it back to zero
+(``mark_cold`` drops its prefix set). A cold spare is never chosen; ``spare_to_wake``
+names the one to start when every running replica is ``spill_at`` deep, and a running
+spare takes requests only then (see ``candidates``), so it idles, and is scaled down,
+once the queue is shallow again.
 
 Choice, for a request with text chunks h_1..h_n:
 
@@ -102,8 +107,9 @@ class Router:
     """Chooses replicas and counts requests in flight per replica (see the module docstring).
 
     Invariant: ``inflight[r]`` is the number of requests ``choose`` gave to ``r`` minus those
-    ``release``d; a replica marked down is never chosen until marked up again, and its prefix
-    set is dropped (a restarted replica's cache is empty).
+    ``release``d; a replica marked down or cold is never chosen until marked up (warm) again,
+    and its prefix set is dropped (a restarted or re-started replica's cache is empty).
+    Spares start cold; the others are never cold.
     """
 
     def __init__(self, replicas: Sequence[str], policy: str = "prefix", chunk_chars: int = 64,
@@ -124,24 +130,61 @@ class Router:
         self.spill_at = spill_at
         self.inflight = {name: 0 for name in self.replicas}
         self.down: set[str] = set()
+        self.spares = self.replicas[spill_after:] if spill_after is not None else []
+        self.cold: set[str] = set(self.spares)  # scaled to zero: not chosen, no prefix set
+        self.waking: set[str] = set()  # cold spares asked to start, not answering yet
         self._indexes = {name: PrefixIndex(max_chunks_per_replica) for name in self.replicas}
         self._order = itertools.cycle(range(len(self.replicas)))
         self.num_routed = {(name, reason): 0 for name in self.replicas
                            for reason in ("prefix", "load", "round_robin", "owner")}
 
     def candidates(self, exclude: Iterable[str] = ()) -> list[str]:
-        """Healthy replicas with room. With ``spill_after`` k, replicas k.. are spares
-        (autoscaled from zero): an idle spare is a candidate only once every other candidate
-        has ``spill_at`` requests in flight (the queue is deep)."""
-        excluded = set(exclude) | self.down
+        """Healthy running replicas with room. With ``spill_after`` k, replicas k.. are
+        spares: a cold one is never a candidate, an idle running one only once every other
+        candidate has ``spill_at`` requests in flight (the queue is deep)."""
+        excluded = set(exclude) | self.down | self.cold
         free = [r for r in self.replicas if r not in excluded and self.inflight[r] < self.max_inflight]
-        if self.spill_after is None:
+        if not self.spares:
             return free
-        spares = set(self.replicas[self.spill_after:])
-        busy = [r for r in free if r not in spares or self.inflight[r] > 0]
+        busy = [r for r in free if r not in self.spares or self.inflight[r] > 0]
         if all(self.inflight[r] >= self.spill_at for r in busy):
             return free
         return busy
+
+    def is_deep(self) -> bool:
+        """Every running healthy replica has ``spill_at`` requests in flight (or none runs)."""
+        running = [r for r in self.replicas if r not in self.down and r not in self.cold]
+        return all(self.inflight[r] >= self.spill_at for r in running)
+
+    def spare_to_wake(self) -> str | None:
+        """The cold spare to start now: the first one, when the queue is deep, no running
+        spare is idle and none is starting already (one at a time); else None."""
+        if self.waking or not self.is_deep():
+            return None
+        if any(self.inflight[r] == 0 for r in self.spares if r not in self.cold and r not in self.down):
+            return None  # an idle running spare takes the next request
+        cold = [r for r in self.spares if r in self.cold and r not in self.down]
+        if cold:
+            self.waking.add(cold[0])
+            return cold[0]
+        return None
+
+    def mark_warm(self, replica: str) -> None:
+        """``replica`` (a spare) runs: it is chosen from now on, with an empty prefix set."""
+        self.cold.discard(replica)
+        self.waking.discard(replica)
+
+    def mark_cold(self, replica: str) -> None:
+        """``replica`` (a spare) was scaled to zero (or failed to start): forget its prefixes."""
+        if replica not in self.spares:
+            raise ValueError(f"{replica!r} is not a spare replica ({', '.join(self.spares) or 'none'})")
+        self.cold.add(replica)
+        self.waking.discard(replica)
+        self._indexes[replica].clear()
+
+    def num_prefix_chunks(self, replica: str) -> int:
+        """How many chunk hashes the router believes ``replica`` holds."""
+        return len(self._indexes[replica])
 
     def choose(self, text: str, exclude: Iterable[str] = ()) -> RouteDecision | None:
         """The replica for a request whose prompt reads ``text``, or None when every healthy
