@@ -14,7 +14,8 @@ through ``StepTracer.execute``, which
   per-stage clock (``StepRecord.native_decode`` says which);
 - records the batch (every chunk: request, positions, prefill or decode), the KV blocks
   in use after the step, and per sampled chunk the token drawn and the top candidates of
-  the logits (probabilities at temperature 1), computed after the step's clock stopped.
+  the logits (probabilities at temperature 1), computed after the step's clock stopped;
+- for an MoE model, which experts each layer's router chose (``experts_touched``).
 
 Records are kept for the last ``max_steps`` steps and read by request id
 (``steps_of``); a request's records show every step it took part in and how many other
@@ -84,6 +85,14 @@ class StepRecord:
     # the step's layers ran in the native decode call, its rows from the call's own clock
     # (trace_stages.py); False: the module path, its rows from the module wrappers
     native_decode: bool = False
+    # an MoE model's routing: {layer: {expert: tokens of this step routed to it}}, the experts
+    # each MoE layer's router chose over the step's tokens (engine/trace_experts.py); {} else
+    experts_touched: dict[int, dict[int, int]] = field(default_factory=dict)
+
+    @property
+    def num_experts_touched(self) -> dict[int, int]:
+        """{layer: distinct experts its router chose in this step}."""
+        return {layer: len(experts) for layer, experts in self.experts_touched.items()}
 
     @property
     def num_seqs(self) -> int:
@@ -183,6 +192,7 @@ class StepTracer:
                 return self.runner.execute(scheduled)
             self._attach()
             self.clock.take()  # nothing from outside a step
+            self.clock.take_experts()
             self._sampler.seconds, self._sampler.logits = 0.0, None
             start_time = time.monotonic()
             start = time.perf_counter()
@@ -190,14 +200,15 @@ class StepTracer:
             step_s = time.perf_counter() - start
             stages = self.clock.take()
             native = self.clock.native_calls > 0
+            experts = self.clock.take_experts()
             stages["sampling"] = self._sampler.seconds
             stages["other"] = max(0.0, step_s - sum(stages.values()))
             logits, self._sampler.logits = self._sampler.logits, None
         if not scheduled.is_empty:
-            self._record(scheduled, executed, logits, start_time, step_s, stages, native)
+            self._record(scheduled, executed, logits, start_time, step_s, stages, native, experts)
         return executed
 
-    def _record(self, scheduled, executed, logits, start_time, step_s, stages, native) -> None:
+    def _record(self, scheduled, executed, logits, start_time, step_s, stages, native, experts) -> None:
         chunks = [ChunkRecord(c.request.request_id, c.request.index, c.start, c.num_new_tokens,
                               len(c.request.prompt_token_ids)) for c in scheduled.chunks]
         sampling = [record for record, c in zip(chunks, scheduled.chunks) if c.samples]
@@ -216,7 +227,7 @@ class StepTracer:
         usage = self.engine.block_manager.usage()
         with self._records_lock:
             self.steps.append(StepRecord(self._num_steps, start_time, step_s, stages, chunks,
-                                         usage.num_used_blocks, usage.num_total_blocks, native))
+                                         usage.num_used_blocks, usage.num_total_blocks, native, experts))
             self._num_steps += 1
 
     # ------------------------------------------------------------------ reading
