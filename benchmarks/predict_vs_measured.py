@@ -29,11 +29,13 @@ import statistics
 import time
 from pathlib import Path
 
+from dataclasses import replace
+
 import torch
 
 from inferpath import LLM, SamplingParams
 from inferpath.engine.trace import trace
-from inferpath.explain.kernel_cost import gemv_shapes
+from inferpath.explain.kernel_cost import CACHE_SHARE, gemv_shapes, stays_in_cache
 from inferpath.explain.probe import cpu_model, kernel_level
 from inferpath.explain.probe_kernels import with_gemv_shapes
 from inferpath.explain.trace import machine_for, precision_of, request_trace
@@ -98,11 +100,15 @@ def run_model(model: str, tokens: int, keep_shapes: bool, repeats: int) -> dict:
         with trace(engine) as tracer:
             (output,) = llm.generate(prompt, params)
         result = request_trace(tracer, output.request_id, engine, hardware)
-        rounds.append((result, decode_table(result), shapes_s, {k: hardware.gemv_rates[k] for k in shapes}))
-    result, _, _, _ = rounds[-1]
+        # the same steps priced as if every matrix stayed in the cache (the cache rule's other side)
+        resident = request_trace(tracer, output.request_id, engine, replace(hardware, cache_bytes=float("inf")))
+        rounds.append((result, decode_table(result), shapes_s, {k: hardware.gemv_rates[k] for k in shapes},
+                       decode_table(resident)))
+    result = rounds[-1][0]
     table = []
     for i, row in enumerate(rounds[0][1]):
         cells = [r[1][i] for r in rounds]
+        resident_ratios = [r[4][i]["ratio"] for r in rounds if r[4][i]["ratio"] is not None]
         ratios = [c["ratio"] for c in cells if c["ratio"] is not None]
         share = statistics.median(c["share"] for c in cells)
         ratio = statistics.median(ratios) if ratios else None
@@ -112,13 +118,18 @@ def run_model(model: str, tokens: int, keep_shapes: bool, repeats: int) -> dict:
         table.append({**row, "measured_s": statistics.median(c["measured_s"] for c in cells), "ratio": ratio,
                       "predicted_s": statistics.median(predicted) if predicted else None,
                       "ratios": ratios, "share": share, "targeted": targeted, "meets": meets,
+                      "resident_ratio": statistics.median(resident_ratios) if resident_ratios else None,
                       "left_out": LEFT_OUT.get(row["stage"], "") if meets is False else ""})
     steps = sum(s["phase"] == "decode" for s in result["steps"])
+    decode = [s for s in result["steps"] if s["phase"] == "decode"]
+    hot = statistics.median(s["bytes"] for s in decode) if decode else 0.0  # what a decode step moves
     return {"model": model, "weight_plan": result["weight_plan"], "precision": result["precision"],
             "decode_path": result["decode_path"], "num_decode_steps": steps, "repeats": repeats,
             "decode_s": statistics.median(r[0]["decode_s"] for r in rounds), "hardware": result["hardware"],
             "shape_probe_s": [r[2] for r in rounds], "gemv_rates": [r[3] for r in rounds],
             "rows": table, "targeted": sum(r["targeted"] for r in table),
+            "cache": {"hot_bytes": hot, "llc_bytes": hardware.cache_bytes, "share": CACHE_SHARE,
+                      "resident": stays_in_cache(hardware, hot)},
             "met": sum(bool(r["meets"]) for r in table)}
 
 
@@ -128,12 +139,19 @@ def print_model(entry: dict) -> None:
     print(f"decode: {steps} steps, {entry['decode_s'] / steps * 1e3:.2f} ms a step, measured on the "
           f"{entry['decode_path']} path; module call {entry['hardware']['module_call_s'] * 1e6:.1f} us")
     print(f"(medians over {entry['repeats']} rounds of shape rates + one traced request)")
-    print(f"{'row':<13} {'measured':>10} {'predicted':>10} {'ratio':>6} {'share':>6}  target")
+    cache = entry["cache"]
+    print(f"cache rule: a decode step moves {cache['hot_bytes'] / 1e6:.0f} MB against "
+          f"{cache['share']:.0%} of the {cache['llc_bytes'] / 2**20:.0f} MiB last-level cache: matrices priced "
+          f"{'cache-resident' if cache['resident'] else 'streamed from memory'} (column 'if resident': every "
+          "matrix at its resident rate instead)")
+    print(f"{'row':<13} {'measured':>10} {'predicted':>10} {'ratio':>6} {'if resident':>11} {'share':>6}  target")
     for r in entry["rows"]:
         pred = "-" if r["predicted_s"] is None else f"{r['predicted_s'] * 1e3:.2f} ms"
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        resident = "-" if r.get("resident_ratio") is None else f"{r['resident_ratio']:.2f}"
         verdict = "" if not r["targeted"] else ("ok" if r["meets"] else f"MISS: {r['left_out']}")
-        print(f"{r['stage']:<13} {r['measured_s'] * 1e3:>7.2f} ms {pred:>10} {ratio:>6} {r['share']:>6.1%}  {verdict}")
+        print(f"{r['stage']:<13} {r['measured_s'] * 1e3:>7.2f} ms {pred:>10} {ratio:>6} {resident:>11} "
+              f"{r['share']:>6.1%}  {verdict}")
     print(f"{entry['met']} of {entry['targeted']} rows of >= {TARGET_SHARE:.0%} of the step within "
           f"+-{TARGET_ERROR:.0%}")
 

@@ -4,7 +4,7 @@ SmolLM2-135M-Instruct (its packaged Q4_1 GGUF by default) through LLMEngine with
 native kernels and the native decode call. For each batch size, the same requests run
 untraced and traced (``engine.trace.trace``) in alternation, ``--repeats`` times each, so
 whatever else the machine does slows both alike; the figure is the median decode-step time
-of each and their ratio (the budget: at most 1.05x). Native decode is checked, not
+of each and their ratio (the budget: at most 1.05x), with the load average before each round. Native decode is checked, not
 assumed: every decode step, traced or not, must have taken the native call (counted at
 the call), and every traced decode step's record must say so (``StepRecord.native_decode``:
 its stage buffer filled); otherwise the run stops with an error instead of a figure of the
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -90,8 +91,9 @@ def main() -> None:
     decode_step_times(engine, 1, 4, "warmup", [])
     rows = []
     for batch in args.batches:
-        plain, traced, plain_native, traced_native, recorded = [], [], [], [], []
+        plain, traced, plain_native, traced_native, recorded, loads = [], [], [], [], [], []
         for r in range(args.repeats):
+            loads.append(os.getloadavg()[0])
             plain += decode_step_times(engine, batch, args.tokens, f"plain-{batch}-{r}", plain_native, args.cpu_time)
             with trace(engine) as tracer:
                 before = len(tracer.all_steps())
@@ -108,21 +110,25 @@ def main() -> None:
                      # the fastest steps: under other processes' load, closer to the step's own cost
                      "plain_min_ms": min(plain) * 1e3, "traced_min_ms": min(traced) * 1e3,
                      "min_ratio": min(traced) / min(plain),
-                     "native_decode_steps": len(plain_native) + len(traced_native)})
+                     "native_decode_steps": len(plain_native) + len(traced_native),
+                     # the 1-minute load average before each round (2 cores: above 2, others wait too)
+                     "load_average": loads})
     print(f"{MODEL} {args.dtype}, {args.threads} threads, kernels {kernel_level()}, {cpu_model()}, "
           f"native decode in every decode step (checked); {'CPU' if args.cpu_time else 'wall'} time a step")
     print(f"{'batch':>5} {'untraced step':>14} {'traced step':>12} {'ratio':>6}   {'fastest: untraced':>17} "
-          f"{'traced':>9} {'ratio':>6}")
+          f"{'traced':>9} {'ratio':>6}   load average ({os.cpu_count()} CPUs)")
     for row in rows:
+        load = row["load_average"]
         print(f"{row['batch']:>5} {row['plain_step_ms']:>11.2f} ms {row['traced_step_ms']:>9.2f} ms {row['ratio']:>6.3f}"
-              f"   {row['plain_min_ms']:>14.2f} ms {row['traced_min_ms']:>6.2f} ms {row['min_ratio']:>6.3f}")
+              f"   {row['plain_min_ms']:>14.2f} ms {row['traced_min_ms']:>6.2f} ms {row['min_ratio']:>6.3f}"
+              f"   {min(load):.1f}-{max(load):.1f}")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "trace_overhead.json"
     out.write_text(json.dumps({
         "model": MODEL, "dtype": args.dtype, "native_decode": True,
         "clock": "process CPU time" if args.cpu_time else "wall time", "threads": args.threads, "tokens": args.tokens,
         "repeats": args.repeats, "cpu": cpu_model(), "machine": platform.machine(),
-        "kernel_level": kernel_level(), "cpu_flags": sorted(cpu_flags()), "rows": rows,
+        "kernel_level": kernel_level(), "cpu_flags": sorted(cpu_flags()), "cpus": os.cpu_count(), "rows": rows,
     }, indent=2))
     print(f"wrote {out}")
 

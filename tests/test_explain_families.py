@@ -182,6 +182,12 @@ def test_the_trace_prices_every_stage_of_the_family_in_one_row(family, tmp_path)
                              step["context_len"], fused_attention=True)
         assert sorted(covered) == sorted(s.name for s in expected.stages if s.name != "tokenize")
         assert sum(r["predicted_s"] or 0 for r in step["stages"]) == pytest.approx(step["predicted_s"])
+        if llm.engine.model_config.is_moe:  # the routers' choices, through either form of experts
+            k = llm.engine.model_config.num_experts_per_tok
+            assert step["experts"]["layers"] and all(
+                k <= layer["distinct"] <= k * step["num_new_tokens"] for layer in step["experts"]["layers"])
+        else:
+            assert step["experts"] is None
     if family == "qwen3_moe":
         moe = next(r for r in view["summary"] if "router" in r["covers"])
         assert {"gate_proj", "up_proj", "down_proj"} <= set(moe["covers"])

@@ -142,3 +142,40 @@ def test_the_trace_says_which_path_it_measured_and_prices_module_calls(smollm2):
                 assert row["calls_s"] == pytest.approx(calls)
                 assert row["predicted_s"] == pytest.approx(row["kernel_s"] + calls)
     assert view["decode_path"] in ("native", "module", "native + module")
+
+
+def test_the_cache_rule_prices_a_step_that_fits_at_the_resident_rate_by_hand():
+    """A step whose hot data fits in half the last-level cache reads its matrices at the
+    resident rate of their shape; a larger one, or the same without a known cache, streams."""
+    from inferpath.explain.kernel_cost import CACHE_SHARE, hot_bytes
+    from inferpath.explain.presets import resolve_model_config
+
+    config = dataclasses.replace(resolve_model_config("llama-3-8b"), num_layers=2)
+    v = (MatrixRun("Q4_K", 1024, 4096, 6144, 2),)
+    precision = Precision("fp32", 0.6, "Q4_K").with_formats((("v_proj", v),))
+    rates = {"Q4_K/float32/6144x4096": 10e9, "Q4_K/float32/6144x4096/resident": 40e9}
+    q4k = 2 * 1024 * 4096 * 144 / 256
+    streamed = dataclasses.replace(H100, name="machine", gemv_rates=rates, gemm_rates={"Q4_K/float32": 1e12})
+    hot = hot_bytes(pass_cost(config, streamed, precision, 1, 50).stages)
+    activations = 2 * (4096 * 4 + 1024 * 4) / H100.memory_bandwidth
+
+    def v_time(cache_bytes):
+        machine = dataclasses.replace(streamed, cache_bytes=cache_bytes)
+        return pass_cost(config, machine, precision, 1, 50).stage("v_proj").memory_time_s
+
+    assert v_time(0.0) == pytest.approx(q4k / 10e9 + activations)  # no cache known: streamed
+    assert v_time(hot / CACHE_SHARE * 0.99) == pytest.approx(q4k / 10e9 + activations)  # just too large
+    assert v_time(hot / CACHE_SHARE * 1.01) == pytest.approx(q4k / 40e9 + activations)  # fits: resident
+    # the shapes the probe measures for a model: each streamed and resident
+    assert gemv_shapes(precision) == ["Q4_K/float32/6144x4096", "Q4_K/float32/6144x4096/resident"]
+
+
+def test_resident_and_streamed_gemvs_are_measured_apart(monkeypatch):
+    from inferpath.explain import probe_kernels
+
+    monkeypatch.setattr(probe_kernels, "GEMV_BYTES", 1 << 20)
+    monkeypatch.setattr(probe_kernels, "REPEATS", 1)
+    monkeypatch.setattr(probe_kernels, "llc_bytes", lambda: 1 << 20)
+    assert probe_kernels.measure_gemv_key("Q4_K/float32/256x512/resident") > 0
+    assert probe_kernels.measure_gemv_key("Q4_K/float32/256x512") > 0
+    assert probe_kernels.llc_bytes() == 1 << 20

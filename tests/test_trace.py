@@ -136,6 +136,36 @@ def test_a_traced_decode_step_stays_native_and_times_itself(llm, traced):
                                                                  "down_proj", "lm_head"))
 
 
+def test_a_traced_long_prompt_chunk_runs_the_quantized_gemm_and_times_it(llm):
+    """A prompt chunk longer than the native call takes (``MAX_CHUNK_TOKENS``) is served
+    module by module through the quantized GEMM; traced, it runs the same kernels on the
+    same rows as untraced (the dispatch log of a same-length prompt, untraced, is the
+    second path), its record says the module path, and its rows cover its wall time to
+    within 10%."""
+    from inferpath.kernels import ops
+    from inferpath.kernels.decode_stack import MAX_CHUNK_TOKENS
+
+    n = 2 * MAX_CHUNK_TOKENS + 5
+    assert n > MAX_CHUNK_TOKENS
+    params = SamplingParams(max_tokens=1, temperature=0)
+    covered = []
+    for attempt in range(2):  # two prompts each way: the best-covered traced chunk counts
+        plain_ids, traced_ids = ([1000 + 97 * attempt + 13 * i + offset for i in range(n)] for offset in (0, 5))
+        with ops.recording_dispatch() as plain_log:
+            llm.generate(plain_ids, params)
+        with ops.recording_dispatch() as traced_log, trace(llm.engine) as tracer:
+            (out,) = llm.generate(traced_ids, params)
+            (record,) = tracer.steps_of(out.request_id)
+        assert record.num_prefill_tokens == n and not record.native_decode
+        assert [(c.kernel, c.rows) for c in traced_log] == [(c.kernel, c.rows) for c in plain_log]
+        if llm.engine.weight_plan is not None and llm.engine.weight_plan.quantized and ops.quant_rows_fused(n):
+            assert ("quant-fused", n) in [(c.kernel, c.rows) for c in traced_log]  # the quantized GEMM
+        assert all(record.stages[name] > 0 for name in ("qkv_proj", "attention", "o_proj", "gate_up_silu",
+                                                        "down_proj", "lm_head"))
+        covered.append(1 - record.stages["other"] / record.step_s)
+    assert max(covered) >= 0.9, covered
+
+
 def test_top_candidates_and_kv_blocks(llm, traced):
     *_, records, _ = traced
     block_size = llm.engine.block_manager.block_size

@@ -14,7 +14,8 @@ through ``StepTracer.execute``, which
   per-stage clock (``StepRecord.native_decode`` says which);
 - records the batch (every chunk: request, positions, prefill or decode), the KV blocks
   in use after the step, and per sampled chunk the token drawn and the top candidates of
-  the logits (probabilities at temperature 1), computed after the step's clock stopped.
+  the logits (probabilities at temperature 1), computed after the step's clock stopped;
+- for an MoE model, which experts each layer's router chose (``experts_touched``).
 
 Records are kept for the last ``max_steps`` steps and read by request id
 (``steps_of``); a request's records show every step it took part in and how many other
@@ -84,6 +85,14 @@ class StepRecord:
     # the step's layers ran in the native decode call, its rows from the call's own clock
     # (trace_stages.py); False: the module path, its rows from the module wrappers
     native_decode: bool = False
+    # an MoE model's routing: {layer: {expert: tokens of this step routed to it}}, the experts
+    # each MoE layer's router chose over the step's tokens (engine/trace_experts.py); {} else
+    experts_touched: dict[int, dict[int, int]] = field(default_factory=dict)
+
+    @property
+    def num_experts_touched(self) -> dict[int, int]:
+        """{layer: distinct experts its router chose in this step}."""
+        return {layer: len(experts) for layer, experts in self.experts_touched.items()}
 
     @property
     def num_seqs(self) -> int:
@@ -99,6 +108,38 @@ class StepRecord:
 
     def chunk_of(self, request_id: str) -> ChunkRecord | None:
         return next((c for c in self.chunks if c.request_id == request_id), None)
+
+
+CANDIDATE_CHUNK = 192  # logits a chunk when looking for the top candidates
+_OFFSETS = torch.arange(CANDIDATE_CHUNK)  # (chunk,): a chunk's columns from its first
+
+
+def top_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probabilities at temperature 1, ids) of each row's ``k`` largest logits, both
+    (rows, k), largest first: ``logits.softmax(-1).topk(k)`` at half its cost (a ``topk``
+    over a 49,152-token vocabulary costs twice the softmax: SmolLM2, one thread, 8 rows
+    0.32 ms against 0.70, one row 0.07 against 0.12; inside a traced decode step, after the
+    weights streamed through the caches, one row's took ~0.5 ms more than the chunks').
+
+    logits: (rows, vocab). The k largest of a row lie in the k chunks of ``CANDIDATE_CHUNK``
+    logits with the largest maxima (each of them is at least the k-th largest, and at most
+    k chunks hold one), so the ``topk`` runs over those chunks and the tail past the last
+    whole chunk; one softmax gives the probabilities at the ids found.
+    """
+    logits = logits.float()
+    rows, vocab = logits.shape
+    num_chunks = vocab // CANDIDATE_CHUNK
+    if num_chunks < 2 * k:
+        ids = logits.topk(k, dim=-1).indices
+    else:
+        whole = num_chunks * CANDIDATE_CHUNK
+        maxima = logits[:, :whole].view(rows, num_chunks, CANDIDATE_CHUNK).amax(dim=-1)  # (rows, num_chunks)
+        chunks = maxima.topk(k, dim=-1).indices.sort(dim=-1).values  # (rows, k), in vocabulary order
+        cols = (chunks.unsqueeze(-1) * CANDIDATE_CHUNK + _OFFSETS).view(rows, -1)  # (rows, k * chunk)
+        if whole < vocab:  # and the tail
+            cols = torch.cat([cols, torch.arange(whole, vocab).expand(rows, -1)], dim=1)
+        ids = cols.gather(1, logits.gather(1, cols).topk(k, dim=-1).indices)
+    return logits.softmax(dim=-1).gather(1, ids), ids
 
 
 class _LogitsKeepingSampler:
@@ -183,6 +224,7 @@ class StepTracer:
                 return self.runner.execute(scheduled)
             self._attach()
             self.clock.take()  # nothing from outside a step
+            self.clock.take_experts()
             self._sampler.seconds, self._sampler.logits = 0.0, None
             start_time = time.monotonic()
             start = time.perf_counter()
@@ -190,14 +232,15 @@ class StepTracer:
             step_s = time.perf_counter() - start
             stages = self.clock.take()
             native = self.clock.native_calls > 0
+            experts = self.clock.take_experts()
             stages["sampling"] = self._sampler.seconds
             stages["other"] = max(0.0, step_s - sum(stages.values()))
             logits, self._sampler.logits = self._sampler.logits, None
         if not scheduled.is_empty:
-            self._record(scheduled, executed, logits, start_time, step_s, stages, native)
+            self._record(scheduled, executed, logits, start_time, step_s, stages, native, experts)
         return executed
 
-    def _record(self, scheduled, executed, logits, start_time, step_s, stages, native) -> None:
+    def _record(self, scheduled, executed, logits, start_time, step_s, stages, native, experts) -> None:
         chunks = [ChunkRecord(c.request.request_id, c.request.index, c.start, c.num_new_tokens,
                               len(c.request.prompt_token_ids)) for c in scheduled.chunks]
         sampling = [record for record, c in zip(chunks, scheduled.chunks) if c.samples]
@@ -209,14 +252,16 @@ class StepTracer:
                 record.emitted_token_ids = list(run.token_ids)
         # NOTE: a speculative step's logits rows are not one per chunk: no candidates then
         if logits is not None and sampling and not executed.runs:
-            top_probs, top_ids = logits.float().softmax(dim=-1).topk(TOP_CANDIDATES, dim=-1)
+            top_probs, top_ids = top_candidates(logits, TOP_CANDIDATES)
+            top_probs, top_ids = top_probs.tolist(), top_ids.tolist()
             for i, record in enumerate(sampling):  # logits: (num_samples, vocab), chunk order
                 record.token_id = executed.token_ids[i]
-                record.top_ids, record.top_probs = top_ids[i].tolist(), top_probs[i].tolist()
-        usage = self.engine.block_manager.usage()
+                record.top_ids, record.top_probs = top_ids[i], top_probs[i]
+        blocks = self.engine.block_manager  # its usage() also counts the cached free blocks: not needed
+        total = blocks.num_blocks
         with self._records_lock:
             self.steps.append(StepRecord(self._num_steps, start_time, step_s, stages, chunks,
-                                         usage.num_used_blocks, usage.num_total_blocks, native))
+                                         total - blocks.num_free_blocks, total, native, experts))
             self._num_steps += 1
 
     # ------------------------------------------------------------------ reading

@@ -48,6 +48,7 @@ from collections import defaultdict
 
 from torch import nn
 
+from inferpath.engine.trace_experts import ExpertRecorder
 from inferpath.kernels.decode_stack import NATIVE_STAGES, NATIVE_TIMED, new_stage_buffer
 
 # row -> the cost-model stages (explain/cost.py) it is compared with
@@ -126,6 +127,9 @@ class StageClock:
     stage buffer; ``take`` reads and clears it, and ``native_calls`` says how many native
     calls filled it since the last ``take`` before that one.
 
+    An MoE model's experts are watched too (``experts``, engine/trace_experts.py): which
+    experts each layer's router chose, read with ``take_experts``.
+
     Invariant: after ``detach()`` no module carries a wrapper of this clock's (its
     ``forward`` is the class's again) and the stack no buffer.
     """
@@ -136,6 +140,7 @@ class StageClock:
         self._seconds: dict[str, float] = defaultdict(float)
         self._native = new_stage_buffer()  # (len(NATIVE_STAGES) + 1,) float64
         self.native_calls = 0
+        self.experts = ExpertRecorder(model)
 
     @property
     def attached(self) -> bool:
@@ -157,8 +162,10 @@ class StageClock:
         if hasattr(stack, "native_stage_seconds"):  # kernels/decode_stack.CPUDecoderStack
             self._native.zero_()
             stack.native_stage_seconds = self._native
+        self.experts.attach(NATIVE_TIMED)
 
     def detach(self) -> None:
+        self.experts.detach()
         for module in self._wrapped:
             del module.forward  # the instance attribute: the class's forward shows again
         self._wrapped.clear()
@@ -177,6 +184,10 @@ class StageClock:
         setattr(timed_forward, NATIVE_TIMED, True)  # times the module path; the native call times itself
         module.forward = timed_forward
         self._wrapped.append(module)
+
+    def take_experts(self) -> dict[int, dict[int, int]]:
+        """{MoE layer: {expert the router chose: tokens routed to it}} since the last call."""
+        return self.experts.take()
 
     def take(self) -> dict[str, float]:
         """Rows since the last call (parents minus their timed children), then reset."""

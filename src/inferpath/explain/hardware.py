@@ -37,6 +37,9 @@ class HardwareSpec:
     # seconds one stage's module call costs beyond its kernel on the module path (Python,
     # dispatch, threads waking): measured here, 0 for presets (probe_kernels.measure_module_call)
     module_call_s: float = 0.0
+    # the last-level cache's bytes (sysfs; 0: unknown, presets): a step whose hot data fits in
+    # half of it reads its matrices at their cache-resident GEMV rates (explain/kernel_cost.py)
+    cache_bytes: float = 0.0
 
     def flops_for(self, compute_dtype: str) -> float:
         if compute_dtype == "quantized" and "quantized" not in self.peak_flops:
@@ -71,6 +74,7 @@ class HardwareSpec:
             gemv_rates={k: v * num_devices for k, v in self.gemv_rates.items()},
             gemm_rates={k: v * num_devices for k, v in self.gemm_rates.items()},
             memory_bytes=self.memory_bytes * num_devices,
+            cache_bytes=self.cache_bytes * num_devices,
             num_devices=self.num_devices * num_devices,
         )
 

@@ -20,6 +20,15 @@ one does. Where the precision knows each stage's matrices as they run
 
 A hardware preset has no kernel rates: only the bytes change (formats sized as they run).
 
+The cache rule: a matrix is read from memory unless it is still in the last-level cache
+since the step before, which it is only if everything the step reads and writes between its
+two reads (the whole step: every matrix, the KV cache read, the activations: its "hot data")
+fits in the cache beside what else the machine keeps there. A step whose hot data is at most
+``CACHE_SHARE`` of ``HardwareSpec.cache_bytes`` reads each matrix at its call shape's
+cache-resident GEMV rate (``"Q4_1/float32/576x576/resident"``, probed with the copies filling
+a quarter of the cache), any other at its streamed rate. A decode step of SmolLM2-135M in
+Q4_1 reads ~96 MB against a 32 MB cache: streamed, every matrix.
+
 Invariant: a re-priced stage keeps its name, count, parameters, FLOPs and non-weight bytes.
 """
 
@@ -30,23 +39,44 @@ from dataclasses import replace
 from inferpath.explain.stage_formats import MatrixRun, bytes_per_value
 
 
-def gemv_rate(hardware, run: MatrixRun, activations: str) -> float:
-    """Bytes/s of ``run``'s GEMV: its shape's measured rate, its format's, or the bandwidth."""
+CACHE_SHARE = 0.5  # of the last-level cache a step's hot data may fill and stay there (module doc)
+
+
+def gemv_rate(hardware, run: MatrixRun, activations: str, resident: bool = False) -> float:
+    """Bytes/s of ``run``'s GEMV: its shape's measured rate (``resident``: its cache-resident
+    one first), its format's, or the bandwidth."""
     rates = hardware.gemv_rates
-    return (rates.get(f"{run.format}/{activations}/{run.call_rows}x{run.cols}")
+    shape = f"{run.format}/{activations}/{run.call_rows}x{run.cols}"
+    return ((resident and rates.get(f"{shape}/resident")) or rates.get(shape)
             or rates.get(f"{run.format}/{activations}") or hardware.memory_bandwidth)
 
 
+def hot_bytes(stages: tuple) -> float:
+    """What a pass of ``stages`` reads and writes (module doc: its hot data)."""
+    return sum(s.bytes_read + s.bytes_written for s in stages if s.on_accelerator)
+
+
+def stays_in_cache(hardware, hot: float) -> bool:
+    """The cache rule: a pass moving ``hot`` bytes keeps its matrices in the cache between passes."""
+    return bool(hardware.cache_bytes) and hot <= CACHE_SHARE * hardware.cache_bytes
+
+
 def price_stages(stages: tuple, precision, hardware) -> tuple:
-    """``stages`` with each one ``precision.formats`` describes re-priced (module doc)."""
+    """``stages`` with each one ``precision.formats`` describes re-priced (module doc),
+    cache-resident where the priced pass's hot data passes the cache rule."""
     formats = dict(precision.formats)
     if not formats:
         return stages
-    return tuple(price_stage(s, formats[s.name], precision, hardware) if s.name in formats and s.flops else s
-                 for s in stages)
+
+    def priced(resident: bool) -> tuple:
+        return tuple(price_stage(s, formats[s.name], precision, hardware, resident)
+                     if s.name in formats and s.flops else s for s in stages)
+
+    streamed = priced(False)
+    return priced(True) if stays_in_cache(hardware, hot_bytes(streamed)) else streamed
 
 
-def price_stage(stage, runs: tuple[MatrixRun, ...], precision, hardware):
+def price_stage(stage, runs: tuple[MatrixRun, ...], precision, hardware, resident: bool = False):
     values = sum(r.values for r in runs)
     mean_bytes = values * precision.weight_bytes
     share = min(1.0, stage.weight_bytes / mean_bytes) if mean_bytes else 1.0  # experts: those touched
@@ -56,7 +86,7 @@ def price_stage(stage, runs: tuple[MatrixRun, ...], precision, hardware):
     for run in runs:
         run_bytes = share * run.values * bytes_per_value(run.format)
         weights += run_bytes
-        gemv_s += run_bytes / gemv_rate(hardware, run, activations)
+        gemv_s += run_bytes / gemv_rate(hardware, run, activations, resident)
         gemm_s += stage.flops * run.values / values / (hardware.gemm_rates.get(f"{run.format}/{activations}") or peak)
     rows = stage.flops / (2 * share * values) if values else 1.0  # activation rows per matrix read
     other = stage.bytes_read - stage.weight_bytes + stage.bytes_written
@@ -66,8 +96,8 @@ def price_stage(stage, runs: tuple[MatrixRun, ...], precision, hardware):
 
 
 def gemv_shapes(precision) -> list[str]:
-    """The rate keys of every call shape ``precision.formats`` runs (what the probe measures
-    for a model: probe_kernels.measure_gemv_shapes)."""
+    """The rate keys of every call shape ``precision.formats`` runs, streamed and resident
+    (what the probe measures for a model: probe_kernels.with_gemv_shapes)."""
     keys = {f"{r.format}/{precision.activation_format}/{r.call_rows}x{r.cols}"
             for _, runs in precision.formats for r in runs}
-    return sorted(keys)
+    return sorted(keys | {f"{k}/resident" for k in keys})

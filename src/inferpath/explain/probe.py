@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from inferpath.explain.hardware import THIS_MACHINE, HardwareSpec
+from inferpath.explain.probe_kernels import llc_bytes
 from inferpath.explain.probe_guard import carry_observed, load_now, observe, raised_bandwidth, reprobe_reason
 
 DEFAULT_BANDWIDTH_BYTES = 256 * 2**20
@@ -194,7 +195,7 @@ def spec_from_measurement(m: dict) -> HardwareSpec:
         name=THIS_MACHINE, memory_bandwidth=bandwidth,
         peak_flops=peak_flops,
         gemv_rates={**rates.get("gemv", {}), **m.get("shape_gemv", {})}, gemm_rates=dict(rates.get("gemm", {})),
-        module_call_s=m.get("module_call_s", 0.0),
+        module_call_s=m.get("module_call_s", 0.0), cache_bytes=llc_bytes(),
         memory_bytes=m["memory_bytes"],
         source=(f"measured on {m['device']} with {m.get('threads', '?')} threads, kernels "
                 f"{m.get('kernel_level', '?')}: read {m['read_bandwidth'] / 1e9:.1f} GB/s, copy "

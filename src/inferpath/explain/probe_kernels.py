@@ -10,6 +10,10 @@ each: on this 2-core AMD EPYC a Q4_1 GEMV streams ~4 GB/s where the float32 one 
 - GEMV: one row against a weight of ``GEMV_BYTES`` (larger than a last-level cache of
   32 MB, so the weight streams from memory as a model's do), the weight's bytes over the
   best time: bytes/s;
+- the same GEMV of each call shape a model runs, streamed (enough copies, each called once a
+  round, to pass ``GEMV_BYTES``: from memory) and resident (``"...x576/resident"``: copies
+  filling at most a quarter of the last-level cache, ``llc_bytes``, so they stay in it
+  between rounds): the two rates kernel_cost.py's cache rule chooses between;
 - GEMM: ``GEMM_ROWS`` rows (a chat prompt's order of size) against a 1024 x 2048 weight:
   FLOP/s.
 
@@ -31,6 +35,8 @@ GEMV_BYTES = 48 * 2**20  # at most: gemv_bytes()
 GEMM_ROWS = 64
 IN_FEATURES = 2048  # a multiple of every block (256 values for the K formats)
 REPEATS = 4
+MAX_COPIES = 1024  # of a small matrix, to stream GEMV_BYTES of them
+RESIDENT = "resident"  # the suffix of a shape key measured in the cache
 BLOCK_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 # byte offsets of each block's fp16 scale fields
 _SCALE_OFFSETS = {"Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,), "Q4_1": (0, 2), "Q5_1": (0, 2),
@@ -84,19 +90,23 @@ def measure_module_call() -> float:
         return _best(run) / 100
 
 
-def measure_gemv(fmt: str, activations: str, rows: int, cols: int) -> float:
+def measure_gemv(fmt: str, activations: str, rows: int, cols: int, resident: bool = False) -> float:
     """Bytes/s of one activation row against (rows, cols) weights of ``fmt`` through the
-    engine's module for it: enough copies to pass GEMV_BYTES (64 at most; a matrix larger
-    than that is cut to GEMV_BYTES' worth of rows), each called once a round."""
+    engine's module for it: enough copies to pass GEMV_BYTES (``MAX_COPIES`` at most; a
+    matrix larger than that is cut to GEMV_BYTES' worth of rows), each called once a round;
+    ``resident``: as many as fill a quarter of the last-level cache (at least one), so the
+    rounds after the first read them from the cache."""
     import torch
 
-    total = gemv_bytes()
     per_matrix = rows * cols * _bytes_per_value(fmt)
+    total = max(per_matrix, llc_bytes() / 4) if resident else gemv_bytes()
     if per_matrix > total:
         rows = max(1, int(total / (cols * _bytes_per_value(fmt))))
         copies = 1
+    elif resident:
+        copies = max(1, int(total // per_matrix))
     else:
-        copies = min(64, -(-total // int(per_matrix)))
+        copies = min(MAX_COPIES, -(-total // int(per_matrix)))
     with torch.inference_mode():
         linears = [_linear(fmt, rows, cols) for _ in range(copies)]
         one = torch.randn(1, cols).to(getattr(torch, activations))  # (1, in)
@@ -126,10 +136,30 @@ def gemv_bytes() -> int:
 
 
 def measure_gemv_key(key: str) -> float:
-    """``measure_gemv`` of a shape key "FORMAT/ACTIVATIONS/ROWSxCOLS"."""
-    fmt, act, shape = key.split("/")
+    """``measure_gemv`` of a shape key "FORMAT/ACTIVATIONS/ROWSxCOLS", or of one ending in
+    "/resident" (cache-resident)."""
+    fmt, act, shape, *resident = key.split("/")
     rows, cols = (int(v) for v in shape.split("x"))
-    return measure_gemv(fmt, act, rows, cols)
+    return measure_gemv(fmt, act, rows, cols, resident=resident == [RESIDENT])
+
+
+def llc_bytes() -> int:
+    """Bytes of this CPU's last-level cache (the highest cache level sysfs lists for CPU 0),
+    0 where sysfs does not say."""
+    from pathlib import Path
+
+    best_level, size = 0, 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            text = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        value = int(text.rstrip("KMG")) * scale if text.rstrip("KMG").isdigit() else 0
+        if level > best_level and value:
+            best_level, size = level, value
+    return size
 
 
 def _bytes_per_value(fmt: str) -> float:
@@ -213,4 +243,4 @@ def with_gemv_shapes(hardware, keys: list[str], refresh: bool = False, cache_pat
         if key in cached:  # rates live beside the probe they belong to, never alone
             cached[key].setdefault("shape_gemv", {}).update({k: known[k] for k in missing})
             store(path, cached)
-    return replace(hardware, gemv_rates={**hardware.gemv_rates, **known})
+    return replace(hardware, gemv_rates={**hardware.gemv_rates, **known}, cache_bytes=llc_bytes())

@@ -14,7 +14,10 @@ figures are the sums of the cost-model stages it covers (engine/trace_stages.py
 its longest stage. Matmuls are priced at their own kernels' rates in the formats the
 loaded model runs (explain/kernel_cost.py, ``precision_of``); a step that ran module by
 module (not the native decode call: ``StepRecord.native_decode``) adds the probe's cost of
-one module call per instance of each row (``calls_s``).
+one module call per instance of each row (``calls_s``). An MoE step also gives the experts
+its routers chose (``experts``) and the rows holding the routed experts their prediction at
+the experts actually read (``routed_predicted_s``, explain/routed_experts.py) beside the
+nominal one.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from inferpath.config import ModelConfig
 from inferpath.engine.trace_stages import COVERS, ROW_ORDER
 from inferpath.explain.cost import PassCost, Precision, StageCost, pass_cost
 from inferpath.explain.hardware import HardwareSpec
+from inferpath.explain.routed_experts import ROUTED_STAGES, routed_step
 
 _PER_TOKEN_WEIGHTS = ("embedding",)  # rows of the table read per token, not once per step
 _SAMPLED_ONLY = ("lm_head", "sampling")
@@ -169,6 +173,8 @@ def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> di
         # clock) or module by module (engine/trace.py StepRecord.native_decode)
         native = bool(getattr(record, "native_decode", False))
         call_s = 0.0 if native else hardware.module_call_s
+        # an MoE step: priced again at the experts its routers chose (explain/routed_experts.py)
+        routed = routed_step(record, config, hardware, precision, predicted)
         rows = []
         for row in ROW_ORDER:
             if row not in record.stages:
@@ -176,6 +182,8 @@ def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> di
             rows.append({"stage": row, "measured_s": record.stages[row],
                          "covers": [n for n in covers[row] if any(s.name == n for s in predicted.stages)],
                          "note": tracer.fusions.get(row, ""), **row_prediction(row, predicted, call_s, covers)})
+            if routed is not None and set(rows[-1]["covers"]) & set(ROUTED_STAGES):
+                rows[-1]["routed_predicted_s"] = row_prediction(row, routed.cost, call_s, covers)["predicted_s"]
         token = None
         if mine.token_id is not None:
             token = {"id": mine.token_id, "text": tokenizer.decode([mine.token_id]),
@@ -192,6 +200,7 @@ def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> di
             "num_kv_blocks_used": record.num_kv_blocks_used, "num_kv_blocks_total": record.num_kv_blocks_total,
             "flops": predicted.flops, "bytes": predicted.bytes_moved, "intensity": predicted.intensity,
             "bound": predicted.bound, "token": token, "stages": rows,
+            "experts": None if routed is None else routed.json,
         })
     prefill_s = sum(s["step_s"] for s in steps if s["phase"] == "prefill")
     decode_s = sum(s["step_s"] for s in steps if s["phase"] == "decode")

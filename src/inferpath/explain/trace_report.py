@@ -52,6 +52,7 @@ def trace_text(trace: dict, prompt_pieces: list[str] | None = None, show_steps: 
         lines.append(f"step {step['index']} ({step['phase']}, {step['num_seqs']} seq, "
                      f"{step['num_prefill_tokens']}+{step['num_decode_tokens']} tokens): top 5: {shown}")
         lines.append(f"  drew {token['text']!r} (id {token['id']})")
+        lines += _experts_lines(step)
     lines.append("")
     lines.append("KV cache: " + ", ".join(f"{s['context_len']} tok {fmt_bytes(s['kv_bytes'])}" for s in steps[:6])
                  + (" ..." if len(steps) > 6 else ""))
@@ -59,6 +60,19 @@ def trace_text(trace: dict, prompt_pieces: list[str] | None = None, show_steps: 
     lines.append(f"wall time: prefill {fmt_time(trace['prefill_s'])} ({trace['prefill_share']:.1%}), "
                  f"decode {fmt_time(trace['decode_s'])} over {len(decode)} steps ({1 - trace['prefill_share']:.1%})")
     return "\n".join(lines)
+
+
+def _experts_lines(step: dict) -> list[str]:
+    """An MoE step: the experts each layer's router chose, and their bytes beside the nominal."""
+    experts = step.get("experts")
+    if not experts:
+        return []
+    chosen = "; ".join(f"L{layer['layer']}: {layer['experts']}" for layer in experts["layers"][:4])
+    more = " ..." if len(experts["layers"]) > 4 else ""
+    return [f"  experts touched (of {experts['num_experts']}, top-{experts['top_k']} a token): {chosen}{more}",
+            f"  {experts['distinct']} distinct over {len(experts['layers'])} MoE layers "
+            f"(uniform routing expects {experts['expected_per_layer']:.1f} a layer): expert weights read "
+            f"{fmt_bytes(experts['weight_bytes_read'])}, nominal {fmt_bytes(experts['weight_bytes_nominal'])}"]
 
 
 def _ratio(measured: float, predicted: float | None) -> str:

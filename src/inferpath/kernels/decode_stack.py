@@ -120,6 +120,7 @@ class _Plan:
         modules = [m for layer in layers for m in layer.modules()]  # watched for hooks and wrappers
         self.hook_dicts = [m._forward_hooks for m in modules] + [m._forward_pre_hooks for m in modules]
         self.module_dicts = [m.__dict__ for m in modules]
+        self.passed_forwards: list | None = None  # watched(): the instance forwards last passed
         self.groups = []  # keeps every ctypes array alive
         self.layers = (_Layer * len(layers))()
         for i, layer in enumerate(layers):
@@ -211,7 +212,15 @@ class _Plan:
             return True
         if not any(map(operator.contains, self.module_dicts, repeat("forward"))):
             return False
-        return any(not getattr(d["forward"], NATIVE_TIMED, False) for d in self.module_dicts if "forward" in d)
+        # a traced step: the same wrappers as the last step that passed (a C-level list compare
+        # by identity) pass again without looking at each
+        forwards = list(map(dict.get, self.module_dicts, repeat("forward")))
+        if forwards == self.passed_forwards:
+            return False
+        if any(f is not None and not getattr(f, NATIVE_TIMED, False) for f in forwards):
+            return True
+        self.passed_forwards = forwards
+        return False
 
 
 class CPUDecoderStack(DecoderStack):
