@@ -105,6 +105,9 @@ def test_claude_code_writes_the_file_through_a_tool(server, tmp_path):
                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
                "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "1024",  # its 32k default overflows the context
                "API_TIMEOUT_MS": str(AGENT_TIMEOUT * 1000),
+               # its stream watchdog (300 s at least) ignores pings: a long prefill outlasts
+               # it, and Claude Code then retries without streaming
+               "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(AGENT_TIMEOUT * 1000),
                "CLAUDE_CONFIG_DIR": str(tmp_path / "claude-config")}
         run = subprocess.run(
             ["claude", "-p", TASK, "--output-format", "stream-json", "--verbose",
