@@ -25,6 +25,10 @@ ANSWERS = {  # answer -> the call's name, or None (text)
     "Run this:\n" + FENCED: None,  # text around it: an explanation, not a call
     "```python\nprint('hi')\n```": None,
     json.dumps({"name": "exec_command", "arguments": "echo hi"}): None,  # arguments not an object
+    json.dumps({"name": "exec_command", "arguments": "[1]"}): None,  # JSON text, not of an object
+    # the arguments as JSON text, OpenAI's spelling (Qwen2.5-Coder-0.5B wrote Codex's calls so)
+    "```json\n" + json.dumps({**CALL, "arguments": json.dumps(CALL["arguments"])}) + "\n```": "exec_command",
+    "<tool_call>\n" + json.dumps({**CALL, "arguments": json.dumps(CALL["arguments"])}) + "\n</tool_call>": "exec_command",
     '{"cmd": "echo hi"}': None,
     "Sure, here is the file.": None,
 }

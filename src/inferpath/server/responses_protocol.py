@@ -67,7 +67,7 @@ _FUNCTION_KEYS = {"type", "name", "description", "parameters", "strict"}
 _ITEM_KEYS = {
     "message": {"type", "role", "content", "id", "status", "phase"},
     "function_call": {"type", "call_id", "name", "arguments", "id", "status", "namespace"},
-    "function_call_output": {"type", "call_id", "output", "id", "status"},
+    "function_call_output": {"type", "call_id", "output", "id", "status", "name", "namespace"},
     "reasoning": {"type", "id", "summary", "content", "encrypted_content", "status"},
 }
 _TEXT_PARTS = {"input_text", "output_text", "text", "refusal"}
@@ -289,10 +289,7 @@ def items_as_messages(items: list[dict[str, Any]], tools: ResponseTools,
                 messages.append(assistant_turn({"role": "assistant", "content": "",
                                                 "tool_calls": [call]}))
         elif kind == "function_call_output":
-            if not isinstance(item.get("call_id"), str):
-                raise ParamError(f"{where}.call_id is required", f"{where}.call_id")
-            messages.append({"role": "tool", "tool_call_id": item["call_id"],
-                             "content": _text(item.get("output"), f"{where}.output")})
+            messages.append(_tool_output(item, where))
         else:  # reasoning: its text goes with the next assistant turn (reasoning_content)
             text = _reasoning_text(item, where)
             if text is None:
@@ -318,6 +315,28 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str | None:
         if texts:
             return "".join(texts)
     return None
+
+
+def _tool_output(item: dict[str, Any], where: str) -> dict[str, Any]:
+    """A ``function_call_output`` item as a chat ``tool`` message: the output of the call
+    ``call_id``, or, without one, of the function ``name`` (in ``namespace``): Codex 0.169
+    sends such an output that answers no call of the conversation (after ``create_goal``:
+    ``{"name": "goal_objective", "namespace": "agent", "output": ...}``)."""
+    call_id, name, namespace = item.get("call_id"), item.get("name"), item.get("namespace")
+    for key, value in (("call_id", call_id), ("name", name), ("namespace", namespace)):
+        if value is not None and not isinstance(value, str):
+            raise ParamError(f"{where}.{key} must be a string", f"{where}.{key}")
+    if call_id is None and name is None:
+        raise ParamError(f"{where}.call_id is required (or the name of the function whose "
+                         "output this is)", f"{where}.call_id")
+    if namespace is not None and name is None:
+        raise ParamError(f"{where}.namespace needs a name", f"{where}.name")
+    message: dict[str, Any] = {"role": "tool", "content": _text(item.get("output"), f"{where}.output")}
+    if call_id is not None:
+        message["tool_call_id"] = call_id
+    if name is not None:
+        message["name"] = f"{namespace}.{name}" if namespace else name
+    return message
 
 
 def _history_call(item: dict[str, Any], where: str, tools: ResponseTools) -> dict[str, Any]:

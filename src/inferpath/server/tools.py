@@ -9,6 +9,8 @@ model answers in the syntax it was trained on (``TOOL_FORMATS``):
   (Qwen2.5-Coder 0.5B/1.5B) often write the same JSON bare or in a ```json fence instead:
   an answer that is exactly one such object, naming one of the offered tools with an
   object of arguments, is read as that call (``_parse_bare_call``); anything else stays text.
+  In every syntax the arguments may also be JSON text of an object (OpenAI's wire spelling,
+  which Qwen2.5-Coder-0.5B writes too; llama.cpp reads it so).
 - ``llama3_json`` (Llama-3.1/3.2): the whole answer is ``{"name": ..., "parameters": {...}}``
   (optionally after ``<|python_tag|>``; several calls separated by ``;``).
 - ``llama4`` (Llama 4): a pythonic list ``[name(key=value, ...)]``, optionally inside
@@ -212,6 +214,11 @@ def _call_from_json(raw: str, arguments_key: str) -> ToolCall | None:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     arguments = value.get(arguments_key, value.get("arguments", value.get("parameters", {})))
+    if isinstance(arguments, str):  # OpenAI's own spelling: the arguments as JSON text
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
     if not isinstance(arguments, dict):
         return None
     return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False))
