@@ -11,6 +11,7 @@ import sys
 
 from inferpath.cli.engine_flags import add_engine_flags, engine_config_from_args
 from inferpath.deploy.cli import add_replica_flags, run_replicas, wants_replicas
+from inferpath.server.generation_defaults import CHOICES as GENERATION_CHOICES, parse_override, read_generation_defaults
 from inferpath.server.reasoning import REASONING_PARSERS
 from inferpath.server.response_store import DEFAULT_MAX_BYTES, DEFAULT_MAX_RESPONSES
 
@@ -55,6 +56,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--responses-store-bytes", type=_at_least_one, default=DEFAULT_MAX_BYTES,
                         metavar="BYTES", help="the most bytes of stored Responses' JSON kept "
                         f"(default: {DEFAULT_MAX_BYTES} = {DEFAULT_MAX_BYTES >> 20} MiB)")
+    parser.add_argument("--generation-config", choices=GENERATION_CHOICES, default="auto",
+                        help="sampling defaults for fields a request leaves out: 'auto' takes the "
+                             "model directory's generation_config.json (temperature, top_p, top_k, "
+                             "min_p, repetition_penalty; a GGUF file has none), 'none' keeps OpenAI's")
+    parser.add_argument("--override-generation-config", default=None, metavar="JSON",
+                        help="sampling defaults on top of --generation-config, e.g. "
+                             "'{\"temperature\": 0.7, \"top_p\": 0.8, \"top_k\": 20}'")
     add_engine_flags(parser)
     add_replica_flags(parser)
     parser.add_argument("--log-level", default="info",
@@ -98,6 +106,15 @@ def tracing_allowed(trace: str | None, host: str) -> bool:
         return False
 
 
+OPENAI_DEFAULTS = "OpenAI's (temperature 1, top_p 1)"
+
+
+def sampling_defaults_from_args(args: argparse.Namespace, model: str) -> dict:
+    """--generation-config's defaults from ``model``, --override-generation-config on top."""
+    return {**read_generation_defaults(model, args.generation_config),
+            **parse_override(args.override_generation_config)}
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from inferpath.engine import AsyncEngine, LLMEngine
     from inferpath.models import served_model_names
@@ -108,6 +125,11 @@ def run_serve(args: argparse.Namespace) -> int:
 
     model = model_argument(args)
     config = engine_config_from_args(args)
+    try:
+        args.sampling_defaults = sampling_defaults_from_args(args, model)
+    except ValueError as exc:
+        print(f"inferpath serve: {exc}", file=sys.stderr)
+        return 1
     if wants_replicas(args):
         return run_replicas(args, model, config)
     if launched_by_torchrun() and launched_rank()[0] != 0:  # torchrun across hosts: rank 0 serves
@@ -127,10 +149,11 @@ def run_serve(args: argparse.Namespace) -> int:
     tracing = tracing_allowed(args.trace, args.host)
     app = build_app(AsyncEngine(engine), api_key=args.api_key, served_model_name=names,
                     max_n=args.max_n, allowed_origins=args.allowed_origins, tracing=tracing,
-                    reasoning_parser=args.reasoning_parser,
+                    reasoning_parser=args.reasoning_parser, sampling_defaults=args.sampling_defaults,
                     response_store=response_store_from_args(args))
     print(f"inferpath serve: {name} (max_model_len {engine.max_model_len}) on "
           f"http://{args.host}:{args.port}/v1; tracing {'on' if tracing else 'off'}"
-          f"{'' if args.trace else ' (the default for this address; --trace on|off)'}", file=sys.stderr)
+          f"{'' if args.trace else ' (the default for this address; --trace on|off)'}; sampling defaults "
+          f"{args.sampling_defaults or OPENAI_DEFAULTS}", file=sys.stderr)
     serve_forever(app, sock, log_level=args.log_level)
     return 0

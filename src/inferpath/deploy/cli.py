@@ -64,6 +64,7 @@ def run_replicas(args: argparse.Namespace, model: str, engine_config) -> int:
                         app_options={"api_key": args.api_key, "max_n": args.max_n,
                                      "allowed_origins": args.allowed_origins,
                                      "reasoning_parser": args.reasoning_parser,
+                                     "sampling_defaults": getattr(args, "sampling_defaults", None),
                                      "response_store": response_store_from_args(args),
                                      "tracing": tracing_allowed(args.trace, args.host)})
     except ValueError as exc:

@@ -56,6 +56,7 @@ from inferpath.server.responses import (
     get_response,
     list_input_items,
 )
+from inferpath.server.generation_defaults import checked
 from inferpath.server.reasoning import choose_reasoning_parser, format_stop_token_ids
 from inferpath.server.responses_protocol import ResponsesRequest
 from inferpath.server.trace_routes import install_trace_routes
@@ -65,13 +66,15 @@ def build_app(async_engine: Any, api_key: str | None = None,
               served_model_name: str | list[str] | None = None, max_n: int = DEFAULT_MAX_N,
               allowed_origins: list[str] | None = None,
               response_store: ResponseStore | None = None,
-              reasoning_parser: str | None = None, tracing: bool = True) -> FastAPI:
+              reasoning_parser: str | None = None, tracing: bool = True,
+              sampling_defaults: dict[str, Any] | None = None) -> FastAPI:
     """An app serving ``async_engine`` (an ``inferpath.engine.AsyncEngine``) as
     ``served_model_name`` (default: the engine's model name); stored Responses live in
     ``response_store`` (default: a ResponseStore with its default bounds); answers'
     reasoning is split off by ``reasoning_parser`` (default: chosen from the model,
     server/reasoning.py). ``tracing``: whether a request may turn the engine's trace on
-    (server/trace_routes.py)."""
+    (server/trace_routes.py). ``sampling_defaults``: what a request that leaves a sampling
+    field out gets (server/generation_defaults.py; default: OpenAI's)."""
     engine = async_engine.engine
     # several names (vLLM's --served-model-name A B): the first is reported, all accepted
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or ())
@@ -88,6 +91,7 @@ def build_app(async_engine: Any, api_key: str | None = None,
         other_names=tuple(names[1:]),
         reasoning_parser=choose_reasoning_parser(engine.model_config.architecture,
                                                  engine.tokenizer.chat_template, reasoning_parser),
+        sampling_defaults=checked(dict(sampling_defaults or {}), "sampling_defaults"),
     )
     context.format_stop_token_ids = format_stop_token_ids(
         context.reasoning_parser, engine.tokenizer, frozenset(engine.eos_token_ids))

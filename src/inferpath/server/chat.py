@@ -75,7 +75,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     context.check_model(body.model)
     fmt = tool_format(context.tokenizer.chat_template)
     try:
-        params = body.to_sampling_params()
+        params = context.sampling(body.to_sampling_params(), body)
         messages = body.chat_messages()
         variables = template_variables(context.tokenizer.chat_template, body.chat_template_kwargs,
                                        body.reasoning_effort)

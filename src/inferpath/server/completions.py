@@ -36,7 +36,7 @@ async def create_completion(body: CompletionRequest, request: Request,
                             context: ServingContext) -> Response:
     context.check_model(body.model)
     try:
-        params = body.to_sampling_params()
+        params = context.sampling(body.to_sampling_params(), body)
     except ParamError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
     prompts = body.prompts()

@@ -25,6 +25,7 @@ from inferpath.engine import QueueFullError, RequestError
 from inferpath.sampling.params import SamplingParams
 from inferpath.structured import GrammarError
 from inferpath.server.errors import APIError
+from inferpath.server.generation_defaults import with_defaults
 from inferpath.server.metrics import ServerMetrics
 
 #: How often a non-streaming handler checks whether its client is still connected.
@@ -49,6 +50,8 @@ class ServingContext:
     other_names: tuple[str, ...] = ()  # further ids the model answers to (vLLM: several names)
     reasoning_parser: str = "none"  # server/reasoning.py: how answers' thinking is split off
     format_stop_token_ids: tuple[int, ...] = ()  # stops the answer format needs beyond EOS
+    # what a request that leaves a sampling field out gets (server/generation_defaults.py)
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
     # CPU work on request input (tokenizing, chat templates) runs here, never on the
     # event loop: /health and every stream stay responsive during a 1 MB prompt
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
@@ -58,6 +61,10 @@ class ServingContext:
         """``fn(*args, **kwargs)`` in the input thread pool, awaited."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+
+    def sampling(self, params: SamplingParams, body: Any) -> SamplingParams:
+        """``params`` of ``body`` with the server's defaults for the fields it left out."""
+        return with_defaults(params, body, self.sampling_defaults)
 
     def check_n(self, n: int) -> None:
         if n > self.max_n:

@@ -128,7 +128,7 @@ async def create_message(body: MessagesRequest, request: Request, context: Servi
     t = _translate(body, context)
     messages, fields, notes = t.messages, t.fields, t.notes
     try:
-        params = body.to_sampling_params()
+        params = context.sampling(body.to_sampling_params(), body)
     except ParamError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
     turn = await start_turn(context, "msg", messages, fields, params, stream=body.stream,

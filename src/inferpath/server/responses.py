@@ -133,7 +133,7 @@ async def create_response(body: ResponsesRequest, request: Request, context: Ser
             history = _stored(store, body.previous_response_id).messages
         items = input_items(body.input)
         new_messages, item_warnings = items_as_messages(items, tools)
-        params = body.to_sampling_params()
+        params = context.sampling(body.to_sampling_params(), body)
         tool_choice = tools.chat_tool_choice(body.tool_choice)
         if not tools.functions and tool_choice == "auto":
             tool_choice = None  # every tool was a hosted one: nothing to choose from
