@@ -9,7 +9,10 @@ with ``INFERPATH_AGENT_TESTS=1`` and the CLI installed (``npm install -g @openai
 qwen2.5-coder-1.5b-instruct), ``INFERPATH_AGENT_ATTEMPTS`` the tries (default 3: the agents
 send no temperature, so the model samples at 1.0 and a small one does not choose the right
 tool every time; every try's outcome is in the failure message). The prefix cache carries
-the shared prompt from one try to the next.
+the shared prompt from one try to the next. ``INFERPATH_AGENT_SAMPLING`` (JSON) is the
+server's sampling defaults for what the agents leave out (``serve
+--override-generation-config``; default: Qwen2.5's published temperature 0.7, top_p 0.8,
+top_k 20; ``{}`` for OpenAI's temperature 1).
 
 Codex's home must not be under a temporary directory: Codex then refuses to create the
 helper it runs sandboxed commands through, and every command fails to spawn.
@@ -34,6 +37,7 @@ from inferpath.server.launch import ServerThread
 ENABLED = os.environ.get("INFERPATH_AGENT_TESTS") == "1"
 MODEL = os.environ.get("INFERPATH_AGENT_MODEL", "qwen2.5-coder-1.5b-instruct")
 ATTEMPTS = int(os.environ.get("INFERPATH_AGENT_ATTEMPTS", "3"))
+SAMPLING = json.loads(os.environ.get("INFERPATH_AGENT_SAMPLING", '{"temperature": 0.7, "top_p": 0.8, "top_k": 20}'))
 TASK = "create a file hello.txt containing hi"
 #: Seconds one agent run may take (its first turn is the long prefill).
 AGENT_TIMEOUT = 1800
@@ -45,7 +49,8 @@ pytestmark = pytest.mark.skipif(not ENABLED, reason="real agents take minutes a 
 @pytest.fixture(scope="module")
 def server():
     engine = LLMEngine.from_model(MODEL, EngineConfig(max_model_len=32768))
-    running = ServerThread(build_app(AsyncEngine(engine), served_model_name=served_name())).start(timeout=300)
+    running = ServerThread(build_app(AsyncEngine(engine), served_model_name=served_name(),
+                                       sampling_defaults=SAMPLING)).start(timeout=300)
     yield running
     running.stop()
 
