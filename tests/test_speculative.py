@@ -195,33 +195,6 @@ def test_the_flag_is_generated_from_the_engine_config():
     assert (spec.method, spec.num_speculative_tokens, spec.prompt_lookup_max) == ("ngram", 4, 4)
 
 
-def test_constrained_rows_decode_plainly_beside_speculating_ones(parts, plain):
-    import re
-
-    from inferpath.structured.spec import StructuredOutput
-
-    engine = make_engine(parts, NGRAM)
-    constrained = SamplingParams(max_tokens=10, temperature=0,
-                                 structured=StructuredOutput("regex", "(ab){2,5}c"))
-    engine.add_request("constrained", PROMPTS[0], constrained)
-    drafted_for = set()
-    schedule = engine.scheduler.schedule
-
-    def watching():
-        out = schedule()
-        drafted_for.update(c.request.request_id for c in out.chunks if c.draft_token_ids)
-        return out
-
-    engine.scheduler.schedule = watching
-    engine.add_request("free", PROMPTS[0], GREEDY)
-    finals = {}
-    while engine.has_unfinished_requests():
-        finals.update({o.request_id: o for o in engine.step() if o.finished})
-    assert re.fullmatch("(ab){2,5}c", finals["constrained"].outputs[0].text)
-    assert finals["free"].outputs[0].token_ids == plain[0]
-    assert drafted_for == {"free"}
-
-
 def test_the_trace_marks_each_steps_drafts_and_accepted_prefix(parts, plain):
     from inferpath.engine.trace import trace
 
