@@ -135,8 +135,11 @@ class LlamaCpp:
 
         draft = (None if pred_tokens is None else
                  LlamaPromptLookupDecoding(max_ngram_size=ngram, num_pred_tokens=pred_tokens))
+        # NOTE: with a draft, llama-cpp-python 0.3.36 keeps every row's logits but sizes its
+        # score buffer by the logits_all argument: pass it, or prompts past n_batch fail
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=4096, n_threads=threads,
-                                   n_threads_batch=threads, draft_model=draft, verbose=False)
+                                   n_threads_batch=threads, draft_model=draft,
+                                   logits_all=draft is not None, verbose=False)
         self.num_evals = 0
         evaluate = self.llm.eval
 

@@ -4,7 +4,8 @@ which drafter. Imports no torch (a draft model's drafter does, on its own).
 A sequence drafts when it is decoding (exactly one token left to compute), has at least
 two tokens left before ``max_tokens`` (a run of k drafts emits up to k + 1 tokens, so k
 is cut to the tokens left minus one: ``max_tokens`` is never exceeded and no draft is
-wasted), and its acceptance record (engine/spec/acceptance.py) does not pause it.
+wasted), and its acceptance record (engine/spec/acceptance.py: do its drafts pay for their
+verification rows?) does not pause it.
 
 Structured output speculates too: a grammar row's drafts are cut before the first token
 its grammar refuses (and after one that completes it: EOS follows), so every drafted position
@@ -32,18 +33,28 @@ class Speculator:
         self.proposer = proposer
 
     def propose(self, running: Sequence[Request], waiting: Sequence[Request] = ()) -> None:
-        """Draft for every running sequence that should (see the module docstring)."""
-        chosen, num_drafts = [], []
+        """Draft for every running sequence that should (see the module docstring); a
+        paused one gets a shadow proposal where proposals are free (engine/spec/acceptance.py)."""
+        chosen, num_drafts, shadowed = [], [], []
         for request in running:
             k = self._num_drafts(request)
-            if k > 0:
+            if k <= 0:
+                continue
+            if request.spec_acceptance.should_draft(request.all_token_ids):
                 chosen.append(request)
                 num_drafts.append(k)
+            elif getattr(self.proposer, "proposals_are_free", False):
+                shadowed.append(request)
         if chosen:
             self.proposer.propose(chosen, num_drafts)
             for request in chosen:
                 if request.grammar is not None and request.spec_token_ids:
                     _cut_to_grammar(request)
+        if shadowed:
+            self.proposer.propose(shadowed, [1] * len(shadowed))
+            for request in shadowed:
+                request.spec_acceptance.shadow(request.num_tokens, request.spec_token_ids)
+                request.spec_token_ids, request.spec_draft_probs = [], None
         self.proposer.release({r.seq_id for r in running} | {r.seq_id for r in waiting})
 
     def _num_drafts(self, request: Request) -> int:
@@ -60,7 +71,7 @@ class Speculator:
             return 0
         if request.spec_acceptance is None:
             request.spec_acceptance = AcceptanceTracker()
-        return k if request.spec_acceptance.should_draft() else 0
+        return k
 
 
 def _cut_to_grammar(request: Request) -> None:
