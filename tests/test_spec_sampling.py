@@ -219,12 +219,6 @@ def test_a_paused_sequence_resumes_when_its_shadow_guesses_are_right():
         tokens.append(7)
         assert tracker.should_draft(tokens) == (n == SHADOW_HITS - 1)
     assert not tracker.paused and tracker.mean_rate is None
-    shadowed = AcceptanceTracker(min_rate=0.45, shadowed=True)  # its retries come from shadows
-    shadowed.observe(4, 0)
-    shadowed.observe(4, 0)
-    assert shadowed.num_steps_paused == MAX_PAUSE
-    shadowed.observe(4, 4)
-    assert shadowed.pause == MAX_PAUSE
 
 
 def test_deterministic_mode_keeps_tokens_and_logprobs_bitwise_with_drafts(tokenizer):

@@ -12,11 +12,7 @@ clean record.
 Resuming on a match: a drafter whose proposals cost nothing (ngram) keeps proposing
 while paused, as shadows that are not verified; each plain step checks the last shadow's
 first token against the token the target chose. ``SHADOW_HITS`` right guesses in a row
-end the pause at once (the text has turned to copying). Such a tracker (``shadowed``)
-pauses for ``MAX_PAUSE`` steps at once instead of 4: its retries come from the shadows,
-not from a clock (each blind retry costs two verifications: on the 1.5B Q4_K_M file a
-5-row one costs ~4-5 one-token steps, so open chat ran at 0.68x with 4, 8, 16... step
-pauses). Imports no torch.
+end the pause at once (the text has turned to copying). Imports no torch.
 """
 
 from __future__ import annotations
@@ -34,12 +30,11 @@ class AcceptanceTracker:
     it); ``should_draft`` once per step before proposing; ``shadow`` after a paused step's
     unverified proposal."""
 
-    def __init__(self, min_rate: float = VERIFY_ROW_COST, shadowed: bool = False):
+    def __init__(self, min_rate: float = VERIFY_ROW_COST):
         self.min_rate = min_rate
-        self.shadowed = shadowed  # shadow proposals resume it: pauses start at MAX_PAUSE
         self.mean_rate: float | None = None  # None: no verification since the last pause
         self.num_verifications = 0
-        self.pause = MAX_PAUSE if shadowed else FIRST_PAUSE
+        self.pause = FIRST_PAUSE
         self.num_steps_paused = 0  # steps left without drafts
         self.num_pauses = 0
         self._shadow: tuple[int, int] | None = None  # (position, token guessed there)
@@ -59,7 +54,7 @@ class AcceptanceTracker:
             self.num_pauses += 1
             self.mean_rate, self.num_verifications = None, 0
             self._shadow, self.shadow_hits = None, 0
-        elif self.mean_rate >= self.min_rate and not self.shadowed:
+        elif self.mean_rate >= self.min_rate:
             self.pause = FIRST_PAUSE
 
     @property

@@ -70,8 +70,7 @@ class Speculator:
         if k <= 0:
             return 0
         if request.spec_acceptance is None:
-            request.spec_acceptance = AcceptanceTracker(
-                shadowed=getattr(self.proposer, "proposals_are_free", False))
+            request.spec_acceptance = AcceptanceTracker()
         return k
 
 
