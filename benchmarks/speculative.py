@@ -10,12 +10,21 @@ the mean acceptance length (tokens per verification step: 1 + accepted drafts), 
 per decode step (output tokens after the first / decode steps), and the ratio
 speculative / plain of the median tokens/s. Both engines' outputs are checked equal.
 
+llama.cpp on the same GGUF file and the same prompt token ids (llama-cpp-python, greedy,
+the same max tokens, ``n_threads`` = ``--threads``): without a draft, and with its prompt
+lookup decoding (``llama_cpp.llama_speculative.LlamaPromptLookupDecoding`` as
+``draft_model``, ``num_pred_tokens`` = k, ``max_ngram_size`` = ``prompt_lookup_max``
+unless ``--llama-pred-tokens`` / ``--llama-ngram`` say otherwise). All four decode in
+turn within each repeat. llama.cpp's tokens per step are its output tokens after the
+first over its decode ``eval`` calls (one per verification). ``--no-llama`` leaves it out.
+
 Prints a table, writes benchmarks/results/speculative.json. No assertions on time: the
 machine is shared, so read the ratios of one run, not absolute figures.
 
     python benchmarks/speculative.py [--model qwen2.5-coder-0.5b-instruct] [--threads 2]
         [--max-tokens 192] [--repeats 2] [--spec '{"method": "ngram", ...}']
         [--workloads code_edit,summarise,open_chat,code_gen] [--out speculative]
+        [--no-llama] [--llama-pred-tokens 4] [--llama-ngram 4]
 
 A draft model on the 1.5B file (issue 14's), for example:
 
@@ -108,6 +117,62 @@ def decode_once(engine: LLMEngine, prompt_ids: list[int], max_tokens: int, tag: 
     }
 
 
+def gguf_file(model: str) -> Path | None:
+    """The GGUF file behind ``model`` (an alias or a path), or None when it is not one."""
+    from inferpath.models import resolve_model
+
+    path = Path(resolve_model(model))
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
+class LlamaCpp:
+    """llama.cpp (llama-cpp-python) on one GGUF file: without a draft, or with prompt
+    lookup decoding; counts its decode ``eval`` calls (one per step)."""
+
+    def __init__(self, path: Path, threads: int, pred_tokens: int | None, ngram: int):
+        import llama_cpp
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        draft = (None if pred_tokens is None else
+                 LlamaPromptLookupDecoding(max_ngram_size=ngram, num_pred_tokens=pred_tokens))
+        # NOTE: with a draft, llama-cpp-python 0.3.36 keeps every row's logits but sizes its
+        # score buffer by the logits_all argument: pass it, or prompts past n_batch fail
+        self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=4096, n_threads=threads,
+                                   n_threads_batch=threads, draft_model=draft,
+                                   logits_all=draft is not None, verbose=False)
+        self.num_evals = 0
+        evaluate = self.llm.eval
+
+        def counting(tokens):
+            self.num_evals += 1
+            return evaluate(tokens)
+
+        self.llm.eval = counting
+
+    def decode_once(self, prompt_ids: list[int], max_tokens: int, eos: frozenset) -> dict:
+        """Greedy, like ``decode_once``: tokens, decode tokens/s, tokens per decode step."""
+        out, first_time, first_evals = [], None, 0
+        self.num_evals = 0
+        for token in self.llm.generate(prompt_ids, temp=0.0, repeat_penalty=1.0, top_k=1):
+            now = time.perf_counter()
+            if first_time is None:
+                first_time, first_evals = now, self.num_evals
+            if token in eos:
+                break
+            out.append(token)
+            end_time = now
+            if len(out) >= max_tokens:
+                break
+        num_steps = self.num_evals - first_evals
+        return {"token_ids": out, "num_tokens": len(out),
+                "tokens_per_s": (len(out) - 1) / (end_time - first_time) if len(out) > 1 else None,
+                "tokens_per_step": (len(out) - 1) / num_steps if num_steps else None}
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
@@ -120,8 +185,20 @@ def main() -> None:
     parser.add_argument("--module-verify", action="store_true",
                         help="also run the speculative engine with its verification steps on the module path "
                              "(as before the native step took chunks, issue 23 item 0): the same-run 'before'")
+    parser.add_argument("--no-llama", action="store_true", help="leave llama.cpp out")
+    parser.add_argument("--llama-pred-tokens", type=int, default=None,
+                        help="llama.cpp prompt lookup's num_pred_tokens (default: k)")
+    parser.add_argument("--llama-ngram", type=int, default=None,
+                        help="llama.cpp prompt lookup's max_ngram_size (default: prompt_lookup_max)")
     args = parser.parse_args()
     spec = json.loads(args.spec)
+    path = None if args.no_llama else gguf_file(args.model)
+    llamas = {}
+    if path is not None:
+        pred = args.llama_pred_tokens or spec["num_speculative_tokens"]
+        ngram = args.llama_ngram or spec.get("prompt_lookup_max", 4)
+        llamas = {"llama_off": LlamaCpp(path, args.threads, None, ngram),
+                  "llama_pl": LlamaCpp(path, args.threads, pred, ngram)}
     plain = LLMEngine.from_model(args.model, EngineConfig(threads=args.threads, max_model_len=4096))
     fast = LLMEngine.from_model(args.model, EngineConfig(threads=args.threads, max_model_len=4096,
                                                          speculative_config=spec))
@@ -130,20 +207,38 @@ def main() -> None:
     for name in args.workloads.split(","):
         prompt_ids = plain.tokenizer.encode_chat([{"role": "user", "content": WORKLOADS[name]}])
         runs = {"off": [], "spec": []} | ({"spec_module": []} if args.module_verify else {})
+        runs |= {mode: [] for mode in llamas}
         for r in range(args.repeats):
             for mode in runs:
+                if mode in llamas:
+                    runs[mode].append(llamas[mode].decode_once(prompt_ids, args.max_tokens,
+                                                               plain.eos_token_ids))
+                    continue
                 engine = plain if mode == "off" else fast
                 decode_stack.MAX_CHUNK_TOKENS = 0 if mode == "spec_module" else native_chunk_tokens
                 runs[mode].append(decode_once(engine, prompt_ids, args.max_tokens, f"{name}-{mode}-{r}"))
             decode_stack.MAX_CHUNK_TOKENS = native_chunk_tokens
-        same = all(run["token_ids"] == runs["off"][0]["token_ids"] for m in runs.values() for run in m)
+        ours = [run for m, v in runs.items() if m not in llamas for run in v]
+        same = all(run["token_ids"] == runs["off"][0]["token_ids"] for run in ours)
         med = {m: statistics.median(x["tokens_per_s"] for x in v) for m, v in runs.items()}
         spec_run = runs["spec"][-1]
+        llama_row = {}
+        if llamas:
+            off_ids = runs["off"][0]["token_ids"]
+            llama_row = {
+                "llama_off_tokens_per_s": med["llama_off"], "llama_pl_tokens_per_s": med["llama_pl"],
+                "speedup_vs_llama_pl": med["spec"] / med["llama_pl"],
+                "speedup_vs_llama_off": med["spec"] / med["llama_off"],
+                "llama_pl_speedup": med["llama_pl"] / med["llama_off"],
+                "llama_pl_tokens_per_step": runs["llama_pl"][-1]["tokens_per_step"],
+                # greedy on other kernels: the same tokens up to a near tie
+                "llama_same_prefix": {m: common_prefix(off_ids, runs[m][-1]["token_ids"]) for m in llamas},
+            }
         rows.append({
             "workload": name, "num_prompt_tokens": len(prompt_ids),
             "num_tokens": spec_run["num_tokens"], "same_tokens": same,
             "off_tokens_per_s": med["off"], "spec_tokens_per_s": med["spec"],
-            "speedup": med["spec"] / med["off"],
+            "speedup": med["spec"] / med["off"], **llama_row,
             **({"spec_module_tokens_per_s": med["spec_module"], "speedup_module_verify":
                 med["spec_module"] / med["off"]} if args.module_verify else {}),
             "acceptance_length": spec_run["acceptance_length"],
@@ -164,11 +259,26 @@ def main() -> None:
         if args.module_verify:
             print(f"{'':<10} verification on the module path: {row['spec_module_tokens_per_s']:.1f} tok/s, "
                   f"{row['speedup_module_verify']:.2f}x")
+    if llamas:
+        print(f"llama.cpp (llama-cpp-python) on {path.name}: off, and prompt lookup "
+              f"(num_pred_tokens {pred}, max_ngram_size {ngram}); ratios: inferpath speculative over each")
+        print(f"{'workload':<10} {'llama off':>9} {'llama PL':>8} {'PL/off':>6} {'PL tok/step':>11} "
+              f"{'spec/PL':>7} {'spec/llama off':>14} {'same prefix off/PL':>18}")
+        for row in rows:
+            same = row["llama_same_prefix"]
+            per_step = row["llama_pl_tokens_per_step"]
+            print(f"{row['workload']:<10} {row['llama_off_tokens_per_s']:>9.1f} "
+                  f"{row['llama_pl_tokens_per_s']:>8.1f} {row['llama_pl_speedup']:>5.2f}x "
+                  f"{(f'{per_step:.2f}' if per_step else '-'):>11} {row['speedup_vs_llama_pl']:>6.2f}x "
+                  f"{row['speedup_vs_llama_off']:>13.2f}x "
+                  f"{same['llama_off']:>8}/{same['llama_pl']}")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{args.out}.json"
     out.write_text(json.dumps({"model": args.model, "threads": args.threads, "batch": 1,
                                "max_tokens": args.max_tokens, "repeats": args.repeats,
                                "speculative_config": spec, "note": "shared, noisy machine",
+                               "llama_cpp": None if not llamas else {
+                                   "file": str(path), "num_pred_tokens": pred, "max_ngram_size": ngram},
                                "workloads": rows}, indent=1))
     print(f"saved {out}")
 

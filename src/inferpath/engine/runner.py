@@ -164,13 +164,16 @@ class ModelRunner:
                 # a speculative chunk samples at its last real token and at every draft, each
                 # row seeing the drafts before it as output (penalties, min_tokens)
                 first_row = len(rows)
+                grammar = request.grammar  # row j's matcher: the grammar after drafts[:j]
+                grammars = (grammar.along(chunk.draft_token_ids) if grammar is not None
+                            else [None] * (num_drafts + 1))
                 for j in range(num_drafts + 1):
                     logits_indices.append(query_start_loc[-1] - 1 - num_drafts + j)
                     output_ids = (request.output_token_ids if j == 0 else
                                   request.output_token_ids + list(chunk.draft_token_ids[:j]))
                     rows.append(SamplingRow(request.params, request.prompt_token_ids,
                                             output_ids, request.generator,
-                                            self.eos_token_ids, request.grammar, request.row_invariant))
+                                            self.eos_token_ids, grammars[j], request.row_invariant))
                 probs = request.spec_draft_probs
                 drafts.append(DraftRows(first_row, chunk.draft_token_ids,
                                         None if probs is None or not num_drafts else probs[:num_drafts]))

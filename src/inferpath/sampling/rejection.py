@@ -16,7 +16,11 @@ drafts d_0..d_{k-1} drawn from q_0..q_{k-1}:
   p_j(d_j) and the residual is p_j with d_j removed. p_j is the distribution the sampler
   would draw from (``Sampler.probabilities``: penalties, temperature, top-k/top-p/min-p).
 
-Logprobs of emitted tokens are those of the raw logits of their rows, as without drafts.
+A grammar row's rows carry the grammar after the drafts before them (``GrammarMatcher.along``),
+so each p_j is masked as the plain sampler would mask it there; a sampled grammar row's run
+is then passed through the sampler's closing rules token by token (``_steer``), and a token
+they change ends the run. Logprobs of emitted tokens are those of the raw logits of their
+rows, as without drafts.
 A row the sampler cannot use (NaN logits) ends the run before it; at row 0 the chunk
 fails as a plain one would.
 """
@@ -30,6 +34,7 @@ import torch
 
 from inferpath.engine.outputs import RunnerOutput, TokenRun
 from inferpath.sampling.logprobs import compute_logprobs
+from inferpath.sampling.constraints import keep_closable
 from inferpath.sampling.sampler import Sampler, SamplingRow, draw_from_probs
 
 
@@ -138,6 +143,8 @@ def _rejection_run(sampler: Sampler, logits: torch.Tensor, rows: Sequence[Sampli
             residual = p
         tokens.append(_draw(residual, generator))
         break
+    _steer(tokens, rows[first:first + len(tokens)], chunk.draft_token_ids, errors)
+    del emitted[len(tokens):]
 
     wants = row.params.logprobs is not None
     lp = [None] * len(emitted)
@@ -157,6 +164,25 @@ def _rejection_run(sampler: Sampler, logits: torch.Tensor, rows: Sequence[Sampli
         error = None if errors[j] is None else f"sampling failed for this request: {errors[j]}"
         chosen[i] = (tokens[j], lp[j], error)
     return emitted
+
+
+def _steer(tokens: list[int], rows: Sequence[SamplingRow], drafts: Sequence[int],
+           errors: Sequence[str | None]) -> None:
+    """Apply the sampler's closing rules (``keep_closable``) to a grammar row's run, token
+    by token: a token steered away from its draft ends the run there (the rows after it
+    assumed the draft), as the plain sampler would have steered the same draw."""
+    if rows[0].grammar is None:
+        return
+    for j, row in enumerate(rows):
+        if errors[j] is not None:
+            return
+        steered = int(keep_closable(torch.tensor([tokens[j]]), [row])[0])
+        if steered != tokens[j]:
+            tokens[j] = steered
+            del tokens[j + 1:]
+            return
+        if j >= len(drafts) or tokens[j] != drafts[j]:
+            return
 
 
 def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:

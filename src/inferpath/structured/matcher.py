@@ -7,6 +7,7 @@ booleans and sets the disallowed logits to -inf, leaving free rows untouched.
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -190,6 +191,40 @@ class GrammarMatcher:
             self._lexer.feed(self.hints.tokens[token_id] if token_id < len(self.hints.tokens) else b"")
             self._tail.append(token_id)
         return accepted
+
+    # ------------------------------------------------------------------ drafted positions
+    def fork(self) -> GrammarMatcher:
+        """An independent matcher at the same place (llguidance's ``deep_copy``, ~2 us, with
+        the JSON lexer's state and the loop tail); this one is left as it is."""
+        twin = copy.copy(self)
+        twin._matcher = self._matcher.deep_copy()
+        twin._lexer = copy.deepcopy(self._lexer)
+        twin._tail = deque(self._tail, maxlen=LOOP_TAIL)
+        return twin
+
+    def valid_prefix(self, token_ids: Sequence[int]) -> int:
+        """How many of ``token_ids``, from the first, the grammar allows in turn: up to the
+        first it refuses, or through the one that completes it (after which only EOS is
+        allowed: nothing is drafted past it). This matcher is not advanced."""
+        probe = self._matcher.deep_copy()
+        for n, token_id in enumerate(token_ids):
+            if probe.is_stopped() or not probe.consume_token(token_id):
+                return n
+        return len(token_ids)
+
+    def along(self, token_ids: Sequence[int]) -> list[GrammarMatcher]:
+        """[self, after token_ids[:1], ..., after all of them]: the matcher of each row of a
+        speculative chunk (row j sees drafts[:j] as output). ``token_ids`` must be a
+        ``valid_prefix``; ValueError naming the token otherwise. Only forks advance: this
+        matcher moves through the tokens the verifier accepts, as ``accept`` is given them."""
+        matchers = [self]
+        for token_id in token_ids:
+            twin = matchers[-1].fork()
+            if not twin.accept(token_id):
+                raise ValueError(f"drafted token {token_id} is not allowed by the grammar here; "
+                                 "drafts must be cut to GrammarMatcher.valid_prefix first")
+            matchers.append(twin)
+        return matchers
 
     @property
     def is_terminated(self) -> bool:

@@ -82,23 +82,31 @@ class DraftModelProposer:
                 active.append((request, k, request.all_token_ids[start:]))
         drafts: dict[object, list[int]] = {r.seq_id: [] for r, _, _ in active}
         probs: dict[object, list[torch.Tensor]] = {r.seq_id: [] for r, _, _ in active}
+        # a grammar row drafts under its grammar: a fork advanced through its own drafts
+        forks = {r.seq_id: r.grammar.fork() for r, _, _ in active if r.grammar is not None}
         feeds = [(r, fed) for r, _, fed in active]
         for step in range(max((k for _, k, _ in active), default=0)):
             logits = self._forward([(r.seq_id, fed) for r, fed in feeds])  # (num_feeds, vocab)
-            tokens = self._choose(logits, [r for r, _ in feeds], drafts, probs)
+            tokens = self._choose(logits, [r for r, _ in feeds], drafts, probs, forks)
             next_feeds = []
             for (request, _), token in zip(feeds, tokens):
                 drafts[request.seq_id].append(token)
                 k = next(k for r, k, _ in active if r is request)
+                fork = forks.get(request.seq_id)
+                if fork is not None and (not fork.accept(token) or fork.is_terminated):
+                    continue  # refused or complete: the speculator cuts the drafts here
                 if step + 1 < k:
                     next_feeds.append((request, [token]))
             feeds = next_feeds
-        for request, k, _ in active:
+            if not feeds:
+                break
+        for request, _, _ in active:
             request.spec_token_ids = drafts[request.seq_id]
             if probs[request.seq_id]:
                 request.spec_draft_probs = torch.stack(probs[request.seq_id])  # (k, vocab)
-            # fed to the draft: the real tokens, then d_1..d_{k-1} from position num_tokens
-            self._fed[request.seq_id] = (request.num_tokens, drafts[request.seq_id][:k - 1])
+            # fed to the draft: the real tokens, then every draft but the last from position
+            # num_tokens (d_1..d_{k-1} when all k were drafted)
+            self._fed[request.seq_id] = (request.num_tokens, drafts[request.seq_id][:-1])
 
     def _sync(self, request: Request) -> int:
         """How many of the request's tokens have valid draft K/V now; the draft feeds the
@@ -131,11 +139,12 @@ class DraftModelProposer:
         return True
 
     def _choose(self, logits: torch.Tensor, requests: list[Request], drafts: dict,
-                probs: dict) -> list[int]:
+                probs: dict, forks: dict) -> list[int]:
         """One draft token per row: the argmax for greedy rows, a draw from the draft's
-        distribution (kept in ``probs``) for sampled ones."""
+        distribution (kept in ``probs``) for sampled ones; under the row's grammar (its
+        fork in ``forks``) where it has one."""
         rows = [SamplingRow(r.params, r.prompt_token_ids, r.output_token_ids + drafts[r.seq_id],
-                            r.generator, r.eos_token_ids) for r in requests]
+                            r.generator, r.eos_token_ids, forks.get(r.seq_id)) for r in requests]
         greedy = [i for i, r in enumerate(requests) if r.params.is_greedy]
         sampled = [i for i, r in enumerate(requests) if not r.params.is_greedy]
         tokens = [0] * len(requests)

@@ -37,6 +37,8 @@ class _Index:
 class NgramProposer:
     """Proposes drafts by prompt lookup; see the module docstring."""
 
+    proposals_are_free = True  # a paused sequence's shadow proposals cost a dict lookup
+
     def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int):
         self.ns = range(prompt_lookup_max, prompt_lookup_min - 1, -1)  # longest first
         self._indexes: dict[object, _Index] = {}

@@ -1,12 +1,18 @@
 """Speculator: after each step, which running sequences draft, how many tokens, and by
 which drafter. Imports no torch (a draft model's drafter does, on its own).
 
-A sequence drafts when it is decoding (exactly one token left to compute), is not
-constrained by a grammar (structured output is verified token by token by its matcher,
-which cannot be rolled back here: such rows simply decode plainly), has at least two
-tokens left before ``max_tokens`` (a run of k drafts emits up to k + 1 tokens, so k is
-cut to the tokens left minus one: ``max_tokens`` is never exceeded and no draft is
-wasted), and its acceptance record (engine/spec/acceptance.py) does not pause it.
+A sequence drafts when it is decoding (exactly one token left to compute), has at least
+two tokens left before ``max_tokens`` (a run of k drafts emits up to k + 1 tokens, so k
+is cut to the tokens left minus one: ``max_tokens`` is never exceeded and no draft is
+wasted), and its acceptance record (engine/spec/acceptance.py: do its drafts pay for their
+verification rows?) does not pause it.
+
+Structured output speculates too: a grammar row's drafts are cut before the first token
+its grammar refuses (and after one that completes it: EOS follows), so every drafted position
+has a matcher (``GrammarMatcher.along``, a fork per position, built by the runner) whose
+mask the verifier applies to that position's logits. The request's own matcher advances
+only through the tokens the verifier emits (``Request.append_output``), so a rejected
+tail never reaches it: nothing has to be rolled back.
 """
 
 from __future__ import annotations
@@ -27,19 +33,32 @@ class Speculator:
         self.proposer = proposer
 
     def propose(self, running: Sequence[Request], waiting: Sequence[Request] = ()) -> None:
-        """Draft for every running sequence that should (see the module docstring)."""
-        chosen, num_drafts = [], []
+        """Draft for every running sequence that should (see the module docstring); a
+        paused one gets a shadow proposal where proposals are free (engine/spec/acceptance.py)."""
+        chosen, num_drafts, shadowed = [], [], []
         for request in running:
             k = self._num_drafts(request)
-            if k > 0:
+            if k <= 0:
+                continue
+            if request.spec_acceptance.should_draft(request.all_token_ids):
                 chosen.append(request)
                 num_drafts.append(k)
+            elif getattr(self.proposer, "proposals_are_free", False):
+                shadowed.append(request)
         if chosen:
             self.proposer.propose(chosen, num_drafts)
+            for request in chosen:
+                if request.grammar is not None and request.spec_token_ids:
+                    _cut_to_grammar(request)
+        if shadowed:
+            self.proposer.propose(shadowed, [1] * len(shadowed))
+            for request in shadowed:
+                request.spec_acceptance.shadow(request.num_tokens, request.spec_token_ids)
+                request.spec_token_ids, request.spec_draft_probs = [], None
         self.proposer.release({r.seq_id for r in running} | {r.seq_id for r in waiting})
 
     def _num_drafts(self, request: Request) -> int:
-        if (request.status is not RequestStatus.RUNNING or request.grammar is not None
+        if (request.status is not RequestStatus.RUNNING
                 or request.num_tokens - request.num_computed_tokens != 1):
             return 0
         params = request.params
@@ -52,7 +71,18 @@ class Speculator:
             return 0
         if request.spec_acceptance is None:
             request.spec_acceptance = AcceptanceTracker()
-        return k if request.spec_acceptance.should_draft() else 0
+        return k
+
+
+def _cut_to_grammar(request: Request) -> None:
+    """Cut ``request``'s drafts (and their distributions) before the first token its
+    grammar refuses, or after the one that completes it."""
+    drafts = request.spec_token_ids
+    n = request.grammar.valid_prefix(drafts)
+    if n < len(drafts):
+        request.spec_token_ids = drafts[:n]
+        if request.spec_draft_probs is not None:
+            request.spec_draft_probs = request.spec_draft_probs[:n] if n else None
 
 
 def build_speculator(config: SpeculativeConfig, *, target_config=None, draft=None,
