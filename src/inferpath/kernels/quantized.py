@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from inferpath.kernels import build, ops
+from inferpath.kernels.repacked import kernel_type
 from inferpath.weights.quantized import QuantizedTensor
 
 
@@ -50,7 +51,7 @@ class QuantLinear(nn.Module):
         if self._matmul is None:
             out = nn.functional.linear(x32, self.qweight.dequantize(), bias)
         else:
-            out = ops.quantized_linear(x32, self.qweight.data, int(self.qweight.qtype), self.in_features,
+            out = ops.quantized_linear(x32, self.qweight.data, kernel_type(self.qweight), self.in_features,
                                        bias, self._matmul, self._dequantize)
         return out.to(dtype).reshape(*lead, self.out_features)
 
