@@ -125,3 +125,24 @@ def test_what_cannot_be_repacked_is_refused():
     if build.native_quant_matmul() is not None:
         with pytest.raises(RuntimeError, match="quantized matmul rejected"):
             _matmul(torch.randn(1, 256), bad)
+
+
+@pytest.mark.parametrize("level", ["generic", "avx2", "avx512"])
+def test_the_weight_plan_repacks_where_the_kernel_is_simd(level, monkeypatch):
+    """The allow-list: Q4_K and Q6_K at the avx2 and avx512 levels; INFERPATH_REPACK=0 off."""
+    from inferpath.config import EngineConfig
+    from inferpath.engine.weight_plan import plan_weights
+    from inferpath.models import resolve_model
+
+    if not build.can_run(level):
+        pytest.skip(f"this CPU cannot execute the {level} level")
+    monkeypatch.setenv("INFERPATH_ISA", level)
+    path = resolve_model("qwen2.5-coder-0.5b-instruct")  # Q5_0 + Q8_0 + Q6_K + Q4_K
+    plan = plan_weights(path, EngineConfig())
+    expected = ("Q6_K", "Q4_K") if plan.kernel_level in ("avx2", "avx512") else ()
+    assert plan.repacked == expected and ("repacked by 8 rows" in plan.describe()) == bool(expected)
+    monkeypatch.setenv("INFERPATH_REPACK", "0")
+    assert plan_weights(path, EngineConfig()).repacked == ()
+    monkeypatch.setenv("INFERPATH_REPACK", "yes")
+    with pytest.raises(ValueError, match="INFERPATH_REPACK='yes'"):
+        plan_weights(path, EngineConfig())

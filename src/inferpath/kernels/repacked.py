@@ -54,7 +54,9 @@ class RepackedTensor:
 
     @property
     def type_name(self) -> str:
-        return f"{self.qtype.name} repacked by 8 rows"
+        return self.qtype.name  # the format (a WeightPlan's ``runs``); ``repacked`` tells the layout
+
+    repacked = True
 
     @property
     def nbytes(self) -> int:
