@@ -53,19 +53,20 @@ static void repack_group(int qtype, const uint8_t *src, int64_t row_bytes, int64
                 uint8_t *o = dst + t * Q6_K_R8_BYTES;
                 const uint8_t *sb = row + 210 * t;
                 memcpy(o + 2 * r, sb + 208, 2);
+                if (r == 0) memset(o + 144, 0, 16);  /* padding: the quants 32-byte aligned */
                 for (int h = 0; h < 16; h++) o[16 + 8 * h + r] = sb[192 + h];
                 for (int s = 0; s < 8; s++) q6_k_quants(row, 8 * t + s, q[s]);
                 for (int p = 0; p < 4; p++)
                     for (int g = 0; g < 8; g++)
                         for (int e = 0; e < 4; e++)
-                            o[144 + (p * 8 + g) * 32 + 4 * r + e] =
+                            o[q6_ql_at(p) + g * 32 + 4 * r + e] =
                                 (uint8_t)((q[2 * p][4 * g + e] & 0xf) | ((q[2 * p + 1][4 * g + e] & 0xf) << 4));
                 for (int h = 0; h < 2; h++)
                     for (int g = 0; g < 8; g++)
                         for (int e = 0; e < 4; e++) {
                             int bits = 0;
                             for (int i = 0; i < 4; i++) bits |= (q[4 * h + i][4 * g + e] >> 4) << (2 * i);
-                            o[1168 + (h * 8 + g) * 32 + 4 * r + e] = (uint8_t)bits;
+                            o[q6_qh_at(h) + g * 32 + 4 * r + e] = (uint8_t)bits;
                         }
             }
         }
@@ -107,7 +108,7 @@ dequantize_group(int qtype, const uint8_t *group, int64_t nsb, int64_t k, float 
                 } else {
                     const uint8_t *o = group + t * Q6_K_R8_BYTES;
                     const float d = half_to_float(o + 2 * r);
-                    const uint8_t *ql = o + 144 + (s / 2) * 256, *qh = o + 1168 + (s / 4) * 256;
+                    const uint8_t *ql = o + q6_ql_at(s / 2), *qh = o + q6_qh_at(s / 4);
                     for (int e = 0; e < 32; e++) {
                         const int at = (e / 4) * 32 + 4 * r + e % 4;
                         int q = ((s % 2) ? ql[at] >> 4 : ql[at] & 0xf) | (((qh[at] >> (2 * (s % 4))) & 3) << 4);
@@ -205,7 +206,7 @@ static inline __attribute__((always_inline)) void r8_tile(const int qtype, const
             const __m256i high = _mm256_set1_epi8(0x30);
             for (int s = 0; s < 8; s++) {
                 const int64_t b = 8 * t + s;
-                const uint8_t *ql = o + 144 + (s / 2) * 256, *qh = o + 1168 + (s / 4) * 256;
+                const uint8_t *ql = o + q6_ql_at(s / 2), *qh = o + q6_qh_at(s / 4);
                 const int i = s % 4;
                 for (int g = 0; g < 8; g++) {
                     __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * g));
@@ -301,7 +302,7 @@ void __attribute__((optimize("fp-contract=off"))) r8_rows(int qtype, const uint8
                         acc = fmaf(dmn, x->s[b * lanes + j], acc);
                     } else {
                         const uint8_t *o = group + t * Q6_K_R8_BYTES;
-                        const uint8_t *ql = o + 144 + (s / 2) * 256, *qh = o + 1168 + (s / 4) * 256;
+                        const uint8_t *ql = o + q6_ql_at(s / 2), *qh = o + q6_qh_at(s / 4);
                         for (int g = 0; g < 8; g++)
                             for (int e = 0; e < 32; e++) {
                                 int l = (s % 2) ? ql[32 * g + e] >> 4 : ql[32 * g + e] & 0xf;
