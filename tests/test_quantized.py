@@ -186,16 +186,19 @@ def _teacher_forced_logits(model, tokens: list[int], fused_rows: int | None = No
         ops.QUANT_MATMUL_MAX_ROWS = default
 
 
-@pytest.mark.parametrize("rows_alone", [False, True], ids=["rows-together", "rows-alone"])
+@pytest.mark.parametrize("rows_alone,repacked", [(False, False), (True, False), (True, True)],
+                         ids=["rows-together", "rows-alone", "rows-alone-repacked"])
 @pytest.mark.parametrize("alias,fused_head", [("smollm2-135m-instruct", True), ("qwen2.5-coder-0.5b-instruct", False)])
-def test_real_model_quantized_agrees_with_its_dequantized_self(alias, fused_head, rows_alone):
+def test_real_model_quantized_agrees_with_its_dequantized_self(alias, fused_head, rows_alone, repacked):
     """SmolLM2 (Q4_1 + a Q8_0 embedding and tied head) and Qwen2.5-Coder (Q5_0, Q8_0, Q4_K,
     Q6_K; an untied Q8_0 head): the quantized path against the same file dequantized to
     float32, teacher-forced over 520 tokens of text: top-1 agreement >= 99%, perplexity
     within 1%. Every row goes through the fused int8 kernels: the 520 rows together (what a
     prompt runs: gemm.c's panels at the avx512 level, the wide kernel below it), or each
     row alone (the row kernel: what a decode step runs). SmolLM2's LM head included;
-    Qwen's 151,936-row head (Q8_0, as SmolLM2's) takes the dequantized tile for time."""
+    Qwen's 151,936-row head (Q8_0, as SmolLM2's) takes the dequantized tile for time.
+    ``repacked``: its Q4_K and Q6_K linears repacked by 8 rows (kernels/repacked.py; SmolLM2
+    has none: the same run)."""
     from inferpath.kernels import accelerate
     from inferpath.kernels.quantized import build_quantized_model
     from inferpath.model import build_model
@@ -212,9 +215,11 @@ def test_real_model_quantized_agrees_with_its_dequantized_self(alias, fused_head
     kinds = {t.type_name for t in checkpoint.quantized_tensors.values()}
     assert kinds == {"smollm2-135m-instruct": {"Q4_1", "Q8_0"}, "qwen2.5-coder-0.5b-instruct": {"Q5_0", "Q8_0", "Q4_K", "Q6_K"},
                      "qwen2.5-coder-1.5b-instruct": {"Q4_K", "Q6_K"}}[alias]  # (test_quantized_1_5b.py)
-    quantized = build_quantized_model(checkpoint)
+    quantized = build_quantized_model(checkpoint, repack_formats=("Q4_K", "Q6_K") if repacked else ())
     accelerate(quantized)
     assert isinstance(quantized.lm_head, QuantLinear)
+    packed = [m for m in quantized.modules() if isinstance(m, QuantLinear) and getattr(m.qweight, "repacked", False)]
+    assert bool(packed) == (repacked and alias != "smollm2-135m-instruct"), len(packed)
     fused = _teacher_forced_logits(quantized, tokens, fused_rows=len(tokens), fused_head=fused_head,
                                    rows_alone=rows_alone)
     del quantized, checkpoint

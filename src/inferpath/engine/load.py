@@ -92,7 +92,7 @@ def build_for_engine(checkpoint, plan: WeightPlan, engine_config) -> nn.Module:
         raise ValueError(f"the checkpoint of {checkpoint.path} was not loaded by its weight plan "
                          f"({plan.describe()}): load it with engine.load.load_by_plan")
     if plan.quantized:
-        model = build_quantized_model(checkpoint, plan.activation_dtype)
+        model = build_quantized_model(checkpoint, plan.activation_dtype, plan.repacked)
     elif plan.keep_bf16:
         model = build_bf16_weight_model(checkpoint)
     else:

@@ -13,7 +13,9 @@ stay in their blocks, read as laid out by the fused kernels (float32 activations
 float weights run in bfloat16 where the CPU multiplies bf16 natively (AVX512-BF16 or
 AMX), else in float32 — except matrices stored in bfloat16, which stay bfloat16 (read
 where they lie) and are widened inside the float32 kernels (kernels/bf16_weights.py).
-Without the kernels, or sharded, blocks are dequantized (the reference path). An explicit
+Q4_K and Q6_K matrices are repacked at load into groups of eight rows where the kernels
+run at avx2 or avx512 (``repacked``; kernels/repacked.py). Without the kernels, or
+sharded, blocks are dequantized (the reference path). An explicit
 dtype converts every weight to it (blocks dequantized); ``quantization`` quantizes float
 matrices at load. The KV cache holds the activations' dtype.
 """
@@ -21,6 +23,7 @@ matrices at load. The KV cache holds the activations' dtype.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from collections import Counter
 from dataclasses import dataclass
@@ -64,6 +67,7 @@ class WeightPlan:
     bytes_per_weight: float
     tensor_parallel_size: int = 1
     quantization: str | None = None
+    repacked: tuple[str, ...] = ()  # formats whose linear weights are repacked by 8 rows at load
 
     @property
     def keep_quantized(self) -> bool:
@@ -88,7 +92,8 @@ class WeightPlan:
         act, kv = (str(d).removeprefix("torch.") for d in (self.activation_dtype, self.kv_dtype))
         dtypes = f"{act} activations and KV" if act == kv else f"{act} activations, {kv} KV"
         tp = f", {self.tensor_parallel_size} TP ranks" if self.tensor_parallel_size > 1 else ""
-        return f"{how}, {dtypes}, kernels {self.kernel_level}{tp}"
+        repacked = f" ({' + '.join(self.repacked)} repacked by 8 rows)" if self.repacked else ""
+        return f"{how}{repacked}, {dtypes}, kernels {self.kernel_level}{tp}"
 
 
 def auto_float_dtype() -> torch.dtype:
@@ -157,7 +162,21 @@ def plan_weights(path: str | Path, engine_config) -> WeightPlan:
             runs, per_weight = (_name(act),), act.itemsize
     level = (build.kernel_level(family) if kernels and act in _KERNEL_DTYPES else None) or "PyTorch"
     return WeightPlan(checkpoint, stored, how, runs, act, act, level, family, float(per_weight),
-                      engine_config.tensor_parallel_size, quantization)
+                      engine_config.tensor_parallel_size, quantization, _repacked(how, family, level, runs))
+
+
+def _repacked(how: str, family: str, level: str, runs: tuple[str, ...]) -> tuple[str, ...]:
+    """The formats repacked by 8 rows at load (kernels/repacked.py): those of the allow-list
+    the matrices run in, where they run through the quantized kernels at a level whose r8
+    kernel is SIMD, unless INFERPATH_REPACK=0 (the file's layout: before/after figures)."""
+    from inferpath.kernels.repacked import REPACK_FORMATS, REPACK_LEVELS
+
+    flag = os.environ.get("INFERPATH_REPACK", "1").strip()
+    if flag not in ("0", "1"):
+        raise ValueError(f"INFERPATH_REPACK={flag!r}: use 1 (repack Q4_K/Q6_K by 8 rows, the default) or 0 (off)")
+    if flag == "0" or how not in (AS_LAID_OUT, QUANTIZED) or family != "quantized" or level not in REPACK_LEVELS:
+        return ()
+    return tuple(fmt for fmt in runs if fmt in REPACK_FORMATS)
 
 
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # activations the native kernels take

@@ -17,6 +17,7 @@ import ctypes
 import torch
 
 from inferpath.kernels import build, ops
+from inferpath.kernels.repacked import kernel_type
 from inferpath.model.batch_invariant import rows_must_be_invariant
 
 GGUF_FLOAT_TYPES = {torch.float32: 0, torch.bfloat16: 30}  # GGUF's ids of F32 and BF16 matrices
@@ -48,10 +49,10 @@ class QuantGroup(_WeightArrays):
     input: x is quantized once for all of them (``inferpath_quant_matmul_group``)."""
 
     def __init__(self, fn, weights: list, biases: list) -> None:
-        super().__init__([int(w.qtype) for w in weights], [w.data for w in weights], [w.shape[0] for w in weights],
-                         biases)
+        types = [kernel_type(w) for w in weights]  # a RepackedTensor's is its r8 id
+        super().__init__(types, [w.data for w in weights], [w.shape[0] for w in weights], biases)
         self._fn = fn
-        self._blocks, self._bias_list = [(w.data, int(w.qtype)) for w in weights], biases  # for dequantized tiles
+        self._blocks, self._bias_list = list(zip([w.data for w in weights], types)), biases  # for dequantized tiles
         self.in_features = weights[0].shape[1]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from inferpath.kernels import build, ops
+from inferpath.kernels.repacked import kernel_type, repack, repackable
 from inferpath.weights.quantized import QuantizedTensor
 
 
@@ -40,7 +41,8 @@ class QuantLinear(nn.Module):
         self._matmul, self._dequantize = build.native_quant_matmul(), build.native_quant_dequantize()
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, {self.qweight.type_name}"
+        layout = " repacked by 8 rows" if getattr(self.qweight, "repacked", False) else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.qweight.type_name}{layout}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, in_features) -> (num_tokens, out_features)
@@ -50,7 +52,7 @@ class QuantLinear(nn.Module):
         if self._matmul is None:
             out = nn.functional.linear(x32, self.qweight.dequantize(), bias)
         else:
-            out = ops.quantized_linear(x32, self.qweight.data, int(self.qweight.qtype), self.in_features,
+            out = ops.quantized_linear(x32, self.qweight.data, kernel_type(self.qweight), self.in_features,
                                        bias, self._matmul, self._dequantize)
         return out.to(dtype).reshape(*lead, self.out_features)
 
@@ -84,10 +86,15 @@ def quantized_kernels_available() -> bool:
     return build.native_quant_matmul() is not None
 
 
-def build_quantized_model(checkpoint, dtype: torch.dtype = torch.float32):
+def build_quantized_model(checkpoint, dtype: torch.dtype = torch.float32, repack_formats: tuple[str, ...] = ()):
     """A Transformer whose quantized weights (``checkpoint.quantized_tensors``) stay in
     their blocks, under ``QuantLinear``/``QuantEmbedding``; float tensors load as usual
-    (``Transformer.load_weights``, which names any missing or misshapen one)."""
+    (``Transformer.load_weights``, which names any missing or misshapen one).
+
+    ``repack_formats`` (a ``WeightPlan.repacked``): the linear weights of these formats are
+    repacked into groups of eight rows (kernels/repacked.py) where r8.c takes their shape,
+    the mapped pages under them dropped; an embedding's table (a tied LM head's too) stays
+    as laid out, its rows looked up in place."""
     from inferpath.model import Transformer
 
     from inferpath.kernels.quant_experts import swap_quantized_experts  # gpt-oss's stacked experts
@@ -100,6 +107,9 @@ def build_quantized_model(checkpoint, dtype: torch.dtype = torch.float32):
         if isinstance(module, nn.Embedding):
             replacement = QuantEmbedding(weight, dtype)
         elif isinstance(module, nn.Linear):
+            tied = checkpoint.config.tie_word_embeddings and name == "model.embed_tokens.weight"
+            if weight.type_name in repack_formats and repackable(weight) and not tied:
+                weight = repack(weight)
             replacement = QuantLinear(weight, module.bias)
         else:
             raise ValueError(f"quantized tensor {name!r} belongs to a {type(module).__name__}, "

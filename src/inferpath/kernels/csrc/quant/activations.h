@@ -54,7 +54,9 @@ static inline int64_t half_lane_of(int64_t j, int64_t b, int64_t nb, int half, i
  * finer. The second pass doubled the kernel's integer work per weight, and at one thread the
  * row kernel is bound by its instructions, not memory (docs/kquant_kernels.md). A group of
  * weights (a fused Q/K/V) takes one pass only if all of its formats do. */
-static inline int one_pass_format(int qtype) { return qtype == Q4_K || qtype == Q5_K || qtype == Q6_K; }
+static inline int one_pass_format(int qtype) {
+    return qtype == Q4_K || qtype == Q5_K || qtype == Q6_K || qtype == Q4_K_R8 || qtype == Q6_K_R8;
+}
 
 /* Where value e (a multiple of 4) of row i's block b lies in the interleaved copy the
  * wide kernel reads (wide.c): per tile of TILE_ROWS rows, per block and per group of four

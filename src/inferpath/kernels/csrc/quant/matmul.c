@@ -38,6 +38,7 @@
 #include "activations.h"
 #include "wide.h"
 #include "prepared.h"
+#include "r8.h"
 #include "../drivers/pool.h"
 
 #if defined(__AVX2__)
@@ -157,6 +158,7 @@ static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
         case TYPE: *block = BLOCK; *bytes = BYTES; *fn = eight_block_rows(TYPE) ? eight_block_rows(TYPE) : NAME##_rows; return 1;
         FOR_EACH_FORMAT(FORMAT_CASE)
         case MXFP4: *block = 32; *bytes = MXFP4_BYTES; *fn = mxfp4_rows; return 1;  /* mxfp4.c */
+        case Q4_K_R8: case Q6_K_R8: *block = 256; *bytes = r8_row_bytes(qtype); *fn = 0; return 1;  /* r8.c */
         default: return 0;
     }
 }
@@ -188,6 +190,7 @@ int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *
         if (!format_of(qtypes[i], &block, &bytes, &q->fns[i]) || ns[i] < 1 || k < block || k % block
             || row_bytes[i] != k / block * bytes)
             return -1;
+        if (r8_format(qtypes[i]) && ns[i] % R8_ROWS) return -1;  /* whole groups of eight rows */
         q->starts[i + 1] = q->starts[i] + ns[i];
         q->qtypes[i] = qtypes[i];
     }
@@ -197,7 +200,8 @@ int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *
     q->n = q->starts[count], q->tiles = (m + TILE_ROWS - 1) / TILE_ROWS;
     q->use_gemm = m >= GEMM_MIN_ROWS && !rows_alone && gemm_ready() && !mxfp4_in(qtypes, count);
     q->use_wide = m >= WIDE_MIN_ROWS && !rows_alone && !q->use_gemm;
-    for (int i = 0; i < count; i++) q->use_wide = q->use_wide && (q->wides[i] = wide_kernel(qtypes[i])) != 0;
+    for (int i = 0; i < count; i++)  /* repacked weights (r8.c) take their own kernel: not counted */
+        q->use_wide = q->use_wide && (r8_format(qtypes[i]) || (q->wides[i] = wide_kernel(qtypes[i])) != 0);
     int64_t padded = q->tiles * TILE_ROWS;
     q->xq = (int8_t *)malloc((size_t)((q->use_wide ? 4 : 2) * padded * k)), q->xr = q->xq + m * k;
     int64_t lanes = padded * nb;  /* per-block scalars, tile-major */
@@ -217,19 +221,17 @@ void quant_release(quant_matmul *q) {
     q->xq = 0, q->xd = 0;
 }
 
-/* Output columns [c0, c1) of y (m, n): for each tile of x, each column's weight row (a tile
- * of x and a range of weight rows stay in cache while they meet). */
-void quant_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
+/* Output columns [c0, c1) of y (m, n), all of weight i (not repacked): for each tile of x,
+ * each column's weight row (a tile of x and a range of weight rows stay in cache while
+ * they meet). */
+static void row_columns(const quant_matmul *q, int i, float *y, int64_t c0, int64_t c1) {
     const int64_t k = q->k, nb = k / 32, m = q->m, n = q->n;
-    if (q->use_gemm && gemm_columns(q, y, c0, c1) == 0) return;
     for (int64_t t = 0; t < q->tiles; t++) {
         int64_t j0 = t * TILE_ROWS, rows = m - j0 < TILE_ROWS ? m - j0 : TILE_ROWS;
         const float *d = q->xd + j0 * nb, *sx = q->xs + j0 * nb, *h = q->xh + 2 * j0 * nb;
         q8_rows xj = {q->xq + j0 * k, q->xr + j0 * k, d, sx, h, k, lanes_for(m), q->one_pass};
         wide_rows xw = {q->wq + j0 * k, q->wr + j0 * k, d, sx, h, k, q->one_pass};
-        int i = 0;
         for (int64_t r = c0; r < c1; r++) {
-            while (r >= q->starts[i + 1]) i++;
             int64_t local = r - q->starts[i];
             const uint8_t *row = q->ws[i] + local * q->row_bytes[i];
             float add = q->biases[i] ? q->biases[i][local] : 0.0f, out[TILE_ROWS];
@@ -237,6 +239,42 @@ void quant_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
             else q->fns[i](row, &xj, rows, out);
             for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + r] = out[j] + add;
         }
+    }
+}
+
+/* The same for a repacked weight (r8.c): groups of eight columns, each against a tile of
+ * x at once. A range that starts or ends inside a group computes the whole group and keeps
+ * its columns (decode.c's and the pool's chunks are multiples of 16: whole groups where
+ * the group's weights start at multiples of 8). */
+static void r8_columns(const quant_matmul *q, int i, float *y, int64_t c0, int64_t c1) {
+    const int64_t k = q->k, nb = k / 32, m = q->m, n = q->n, start = q->starts[i];
+    const int64_t group_bytes = R8_ROWS * q->row_bytes[i];
+    for (int64_t t = 0; t < q->tiles; t++) {
+        int64_t j0 = t * TILE_ROWS, rows = m - j0 < TILE_ROWS ? m - j0 : TILE_ROWS;
+        q8_rows xj = {q->xq + j0 * k, q->xr + j0 * k, q->xd + j0 * nb, q->xs + j0 * nb, q->xh + 2 * j0 * nb, k,
+                      lanes_for(m), q->one_pass};
+        for (int64_t g = (c0 - start) / R8_ROWS; start + g * R8_ROWS < c1; g++) {
+            float out[TILE_ROWS * R8_ROWS];
+            r8_rows(q->qtypes[i], q->ws[i] + g * group_bytes, &xj, rows, out);
+            int64_t lo = start + g * R8_ROWS, hi = lo + R8_ROWS;
+            lo = lo < c0 ? c0 : lo, hi = hi > c1 ? c1 : hi;
+            for (int64_t r = lo; r < hi; r++) {
+                const int64_t local = r - start, lane = local % R8_ROWS;
+                const float add = q->biases[i] ? q->biases[i][local] : 0.0f;
+                for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + r] = out[j * R8_ROWS + lane] + add;
+            }
+        }
+    }
+}
+
+/* Output columns [c0, c1) of y (m, n), weight by weight: repacked ones through r8.c, the
+ * others through gemm.c's panels (use_gemm) or the row and wide kernels. */
+void quant_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
+    for (int i = 0; i < q->count; i++) {
+        const int64_t lo = c0 > q->starts[i] ? c0 : q->starts[i], hi = c1 < q->starts[i + 1] ? c1 : q->starts[i + 1];
+        if (lo >= hi) continue;
+        if (r8_format(q->qtypes[i])) r8_columns(q, i, y, lo, hi);
+        else if (!(q->use_gemm && gemm_columns(q, y, lo, hi) == 0)) row_columns(q, i, y, lo, hi);
     }
 }
 
@@ -322,6 +360,11 @@ int inferpath_quant_dequantize(int qtype, const uint8_t *w, int64_t row_bytes, f
     rows_fn fn;
     if (!format_of(qtype, &block, &bytes, &fn) || rows < 1 || k < block || k % block || row_bytes != k / block * bytes)
         return -1;
+    if (r8_format(qtype)) {  /* whole groups of eight rows (r8.c) */
+        if (rows % R8_ROWS) return -1;
+        r8_dequantize(qtype, w, rows, k, out, num_threads);
+        return 0;
+    }
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * k >= 65536)
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *row = w + r * row_bytes;

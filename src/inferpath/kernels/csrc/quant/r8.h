@@ -1,0 +1,68 @@
+/* K-quants repacked at load into groups of eight output rows (r8.c), for matmul.c.
+ *
+ * A repacked tensor keeps its GGUF format's values, scales and float16 d / dmin, laid out
+ * so that one 32-byte load holds four quant values of each of eight rows for the same
+ * four input positions (a 32-bit lane per row): one broadcast of x's four bytes and one
+ * vpdpbusd (AVX2: vpmaddubsw, vpmaddwd) accumulate the eight rows' partial dots side by
+ * side, and the lanes are the eight outputs, with no horizontal reduction. Per group of
+ * eight rows and per super-block of 256 values (t), bytes:
+ *
+ *   Q4_K_R8 1184 (= 8 x 148, the file's 8 x 144 + 2.8%):
+ *       0  d[8]     float16, a row each        16  dmin[8] float16
+ *      32  scales[8 sub-blocks][8 rows] uint8 (6-bit values unpacked)
+ *      96  mins[8][8] uint8
+ *     160  quants[4 pairs p][8 quads g][8 rows][4]: byte (p, g, r, e) holds row r's value
+ *          4g + e of sub-block 2p in its low nibble, of sub-block 2p + 1 in its high one
+ *   Q6_K_R8 1696 (= 8 x 212, the file's 8 x 210 + 1%):
+ *       0  d[8] float16                        16  scales[16 halves][8 rows] int8
+ *     144  16 bytes of zeros: every 32-byte load below (and each super-block) 32-byte
+ *          aligned (1680 bytes unpadded: half the loads split cache lines, and a
+ *          streamed 8960 x 1536 weight ran at 4 GB/s instead of 18)
+ *          then, in the order the kernel first reads them (p0 with h0, p1, p2 with h1,
+ *          p3: a forward stream; regions in the order of the fields, read back and forth
+ *          between them, streamed at a third of the rate):
+ *     p    low four bits of pair p (sub-blocks 2p, 2p + 1): [8 quads][8 rows][4], as
+ *          Q4_K_R8's quants, at 160, 672, 928, 1440 (q6_ql_at)
+ *     h    high two bits of quarter h (sub-blocks 4h..4h+3): [8 quads][8 rows][4], bits
+ *          2i, 2i+1 of byte (g, r, e): value 4g + e of sub-block 4h + i; at 416, 1184
+ *
+ * A repacked tensor of n rows (n a multiple of 8) is n rows of R8_ROW_BYTES per
+ * super-block in matmul.c's terms: rows 8G..8G+7 together hold group G, so row ranges at
+ * multiples of 8 are ranges of groups.
+ */
+#ifndef INFERPATH_QUANT_R8_H
+#define INFERPATH_QUANT_R8_H
+
+#include <stdint.h>
+
+#include "activations.h"
+#include "blocks.h"
+
+#define R8_ROWS 8
+#define Q4_K_R8_BYTES 1184  /* a group's super-block */
+#define Q6_K_R8_BYTES 1696
+
+/* the bytes a repacked format takes per row and super-block (a group's / 8), 0 if none */
+static inline int64_t r8_row_bytes(int qtype) {
+    return qtype == Q4_K_R8 ? Q4_K_R8_BYTES / R8_ROWS : qtype == Q6_K_R8 ? Q6_K_R8_BYTES / R8_ROWS : 0;
+}
+static inline int r8_format(int qtype) { return r8_row_bytes(qtype) != 0; }
+
+/* where Q6_K_R8's low bits of pair p and high bits of quarter h lie in a super-block */
+static inline int q6_ql_at(int p) { return p == 0 ? 160 : p == 1 ? 672 : p == 2 ? 928 : 1440; }
+static inline int q6_qh_at(int h) { return h == 0 ? 416 : 1184; }
+
+/* One group (8 weight rows, k values each) against rows 0..rows-1 (<= TILE_ROWS) of x:
+ * out[j * 8 + r] = weight row r . x row j. Each x row's float sums are one multiply-add
+ * chain over the super-blocks and sub-blocks, whatever ``rows`` is (batch invariance),
+ * and every level (this file's portable form included) runs the same chain: equal to the
+ * bit across levels. */
+__attribute__((visibility("hidden"))) void r8_rows(int qtype, const uint8_t *group, const q8_rows *x, int64_t rows,
+                                                   float *out);
+
+/* The rows [0, rows) (a multiple of 8) of a repacked tensor as float32 (rows, k), equal to
+ * the bit to matmul.c's dequantizer of the file's blocks. */
+__attribute__((visibility("hidden"))) void r8_dequantize(int qtype, const uint8_t *w, int64_t rows, int64_t k,
+                                                         float *out, int num_threads);
+
+#endif
