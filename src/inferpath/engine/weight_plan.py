@@ -92,8 +92,13 @@ class WeightPlan:
         act, kv = (str(d).removeprefix("torch.") for d in (self.activation_dtype, self.kv_dtype))
         dtypes = f"{act} activations and KV" if act == kv else f"{act} activations, {kv} KV"
         tp = f", {self.tensor_parallel_size} TP ranks" if self.tensor_parallel_size > 1 else ""
-        repacked = f" ({' + '.join(self.repacked)} repacked by 8 rows)" if self.repacked else ""
-        return f"{how}{repacked}, {dtypes}, kernels {self.kernel_level}{tp}"
+        if self.repacked and self.matrices == AS_LAID_OUT:  # "Q5_0 + Q8_0 as laid out, Q4_K + Q6_K repacked by 8 rows"
+            kept = [r for r in self.runs if r not in self.repacked]
+            how = (f"{' + '.join(kept)} {self.matrices}, " if kept else "") + \
+                f"{' + '.join(self.repacked)} repacked by 8 rows"
+        elif self.repacked:
+            how += f" ({' + '.join(self.repacked)} repacked by 8 rows)"
+        return f"{how}, {dtypes}, kernels {self.kernel_level}{tp}"
 
 
 def auto_float_dtype() -> torch.dtype:
