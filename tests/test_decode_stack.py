@@ -90,7 +90,9 @@ def test_verification_steps_take_the_native_call_bitwise_equal_to_the_module_pat
     assert native == generate("smollm2-135m-instruct", False, prompts=prompts, speculative_config=PROMPT_LOOKUP)
 
 
-def test_verification_steps_of_qwen_with_biases_and_k_quants_are_native_and_bitwise_equal():
+@pytest.mark.parametrize("repack", ["0", "1"], ids=["as-laid-out", "repacked"])
+def test_verification_steps_of_qwen_with_biases_and_k_quants_are_native_and_bitwise_equal(repack, monkeypatch):
+    monkeypatch.setenv("INFERPATH_REPACK", repack)  # Q4_K and Q6_K in the file's layout or by 8 rows
     if build.native_decode_layers() is None or build.native_prefill_attention(torch.float32) is None:
         pytest.skip(f"chunks are native where the prefill attention kernel is: {build.kernel_status()}")
     chunk_calls: list[bool] = []
@@ -136,8 +138,10 @@ def test_chunks_below_the_prefill_kernels_level_take_the_module_path(monkeypatch
     assert len(chunk_calls) >= 2 and not any(chunk_calls)
 
 
-def test_native_decode_with_biases_and_k_quants():
-    """Qwen2.5-Coder: Q/K/V biases, Q5_0 / Q8_0 / Q4_K / Q6_K weights."""
+@pytest.mark.parametrize("repack", ["0", "1"], ids=["as-laid-out", "repacked"])
+def test_native_decode_with_biases_and_k_quants(repack, monkeypatch):
+    """Qwen2.5-Coder: Q/K/V biases, Q5_0 / Q8_0 / Q4_K / Q6_K weights (Q4_K, Q6_K repacked or not)."""
+    monkeypatch.setenv("INFERPATH_REPACK", repack)
     if build.native_decode_layers() is None:
         pytest.skip(build.kernel_status())
     calls: list[bool] = []

@@ -129,7 +129,8 @@ def test_what_cannot_be_repacked_is_refused():
 
 @pytest.mark.parametrize("level", ["generic", "avx2", "avx512"])
 def test_the_weight_plan_repacks_where_the_kernel_is_simd(level, monkeypatch):
-    """The allow-list: Q4_K and Q6_K at the avx2 and avx512 levels; INFERPATH_REPACK=0 off."""
+    """The allow-list: Q4_K and Q6_K at the avx2 and avx512 levels, with INFERPATH_REPACK=1;
+    off by default (and with 0)."""
     from inferpath.config import EngineConfig
     from inferpath.engine.weight_plan import plan_weights
     from inferpath.models import resolve_model
@@ -138,6 +139,8 @@ def test_the_weight_plan_repacks_where_the_kernel_is_simd(level, monkeypatch):
         pytest.skip(f"this CPU cannot execute the {level} level")
     monkeypatch.setenv("INFERPATH_ISA", level)
     path = resolve_model("qwen2.5-coder-0.5b-instruct")  # Q5_0 + Q8_0 + Q6_K + Q4_K
+    assert plan_weights(path, EngineConfig()).repacked == ()  # the default: the file's layout
+    monkeypatch.setenv("INFERPATH_REPACK", "1")
     plan = plan_weights(path, EngineConfig())
     expected = ("Q6_K", "Q4_K") if plan.kernel_level in ("avx2", "avx512") else ()
     assert plan.repacked == expected and ("repacked by 8 rows" in plan.describe()) == bool(expected)
