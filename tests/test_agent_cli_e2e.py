@@ -48,7 +48,9 @@ pytestmark = pytest.mark.skipif(not ENABLED, reason="real agents take minutes a 
 
 @pytest.fixture(scope="module")
 def server():
-    engine = LLMEngine.from_model(MODEL, EngineConfig(max_model_len=32768))
+    # Claude Code's first prompt is ~18.8k tokens: the default 512 MiB of KV holds 9,360 of
+    # the 1.5B model's (57,344 B a token in float32), 2 GiB about 37k
+    engine = LLMEngine.from_model(MODEL, EngineConfig(max_model_len=32768, kv_cache_memory_bytes=2 * 1024**3))
     running = ServerThread(build_app(AsyncEngine(engine), served_model_name=served_name(),
                                        sampling_defaults=SAMPLING)).start(timeout=300)
     yield running
