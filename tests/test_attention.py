@@ -16,13 +16,8 @@ import torch
 from inferpath.kernels import build as kernel_build
 from inferpath.kernels import gemv_available, kernel_status
 from inferpath.kernels.modules import CPUPagedAttention
-from inferpath.model.attention import (
-    KVWrite,
-    PagedAttention,
-    build_attention_plan,
-    causal_mask,
-    reference_attention,
-)
+from inferpath.model.attention import KVWrite, PagedAttention, reference_attention
+from inferpath.model.attention_plan import build_attention_plan, causal_mask
 from inferpath.model.metadata import AttentionMetadata
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 6, 2, 8, 4, 1600

@@ -37,7 +37,8 @@ from inferpath.kernels.decode_stack import CPUDecoderStack
 from inferpath.kernels.fused import CPUSelfAttention, CPUSwiGLUMLP
 from inferpath.kernels.ops import (run_paged_decode_attention, run_prefill_attention, run_rms_norm, run_rope,
                                    run_silu_mul, small_batch_linear)
-from inferpath.model.attention import DecodeGroup, PagedAttention, PrefillChunk
+from inferpath.model.attention import PagedAttention
+from inferpath.model.attention_plan import DecodeGroup, PrefillChunk
 from inferpath.model.layers import RMSNorm, SiluAndMul, SwiGLUMLP
 from inferpath.model.rope import RotaryEmbedding
 from inferpath.model.self_attention import SelfAttention

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferpath.config import ModelConfig
-from inferpath.model.attention import AttentionPlan, DecodeGroup, PrefillChunk
+from inferpath.model.attention_plan import AttentionPlan, DecodeGroup, PrefillChunk
 from inferpath.model.layers import RMSNorm
 from inferpath.model.rope import RopeTable, RotaryEmbedding
 

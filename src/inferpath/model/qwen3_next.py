@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from inferpath.config import ModelConfig
-from inferpath.model.attention import AttentionPlan
+from inferpath.model.attention_plan import AttentionPlan
 from inferpath.model.rope import RopeTable
 from inferpath.model.self_attention import SelfAttention
 

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from inferpath.config import ModelConfig
-from inferpath.model.attention import AttentionPlan, KVWrite, PagedAttention
+from inferpath.model.attention import KVWrite, PagedAttention
+from inferpath.model.attention_plan import AttentionPlan
 from inferpath.model.layers import make_norm
 from inferpath.model.llama4 import l2_norm, temperature_scales
 from inferpath.model.rope import PartialRotaryEmbedding, RopeTable, RotaryEmbedding

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from inferpath.config import ROUTED_MOE_ARCHITECTURES, ModelConfig, require_engine_support
-from inferpath.model.attention import build_attention_plan
+from inferpath.model.attention_plan import build_attention_plan
 from inferpath.model.batch_invariant import rows_must_be_invariant
 from inferpath.model.layers import RMSNorm, gated_mlp, make_norm
 from inferpath.model.metadata import AttentionMetadata
