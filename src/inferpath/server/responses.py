@@ -2,7 +2,7 @@
 
 A translation onto the chat path (turn.py): ``instructions`` become the system message,
 the conversation of ``previous_response_id`` (response_store.py) comes next, then the
-input items (responses_protocol.py); the answer comes back as output items: a
+input items (responses_items.py); the answer comes back as output items: a
 ``reasoning`` item when the model reasoned (server/reasoning.py; its text in one
 ``reasoning_text`` part), a ``message`` with one ``output_text`` part, and one
 ``function_call`` item per call (with its ``call_id``). A length stop is status ``incomplete`` (reason ``max_output_tokens``).
@@ -30,13 +30,8 @@ from inferpath.server.event_stream import named_event_response
 from inferpath.server.protocol_extras import ParamError
 from inferpath.server.reasoning import template_variables
 from inferpath.server.response_store import ResponseNotFound, ResponseStore, StoredResponse
-from inferpath.server.responses_protocol import (
-    ResponsesRequest,
-    ResponseTools,
-    input_items,
-    items_as_messages,
-    response_tools,
-)
+from inferpath.server.responses_items import input_items, items_as_messages
+from inferpath.server.responses_protocol import ResponsesRequest, ResponseTools, response_tools
 from inferpath.server.responses_stream import ResponseEvents
 from inferpath.server.tools import ToolCall
 from inferpath.server.turn import TurnResult, function_tools, start_turn
