@@ -47,6 +47,10 @@ HIDDEN int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1)
  * 1 thread, ms GEMM vs the row/wide kernels: 2 rows 13.8 vs 11.1, 3: 15.0 vs 14.1, 4: 15.8
  * vs 17.0, 6: 17.6 vs 19.6, 8: 19.6 vs 20.6, 12: 26.7 vs 38.7, 32: 48.1 vs 75.6. */
 #define GEMM_MIN_ROWS 4
+/* The same for repacked weights (r8.h), whose own kernel (r8.c) serves fewer rows. */
+#ifndef R8_GEMM_MIN_ROWS
+#define R8_GEMM_MIN_ROWS 16
+#endif
 #define GEMM_PANEL 32
 
 #endif
