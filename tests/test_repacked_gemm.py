@@ -10,14 +10,14 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from inferpath.kernels import build
+from inferpath.kernels import build, ops
 from inferpath.kernels.groups import QuantGroup
 from inferpath.kernels.repacked import repack
 from test_quantized import isa, random_weight  # noqa: F401 (isa: a fixture)
 from test_repacked import R8_TYPES, _matmul, _x
 
 Q = GGMLQuantizationType
-R8_GEMM_MIN_ROWS = 16  # csrc/quant/prepared.h: repacked weights take gemm.c's panels from this many rows
+R8_GEMM_MIN_ROWS = 6  # csrc/quant/prepared.h: repacked weights take gemm.c's panels from this many rows
 # (output rows, input columns): whole panels of 32, a panel of 4 groups and one of 1 (40), 3 (88)
 SHAPES = [(64, 512), (40, 3 * 256), (88, 5 * 256)]
 
@@ -26,6 +26,17 @@ def _close(out: torch.Tensor, expected: torch.Tensor, x: torch.Tensor, values: t
     """Equal up to float32 summation order: within 4e-6 of sum |x| |w| (the integer sums are exact)."""
     scale = x.abs().double() @ values.abs().double().T
     return bool(((out.double() - expected.double()).abs() <= 4e-6 * scale + 1e-5).all())
+
+
+def _within_x_rounding(out: torch.Tensor, x: torch.Tensor, values: torch.Tensor, bias) -> bool:
+    """out is x @ values^T + bias in float32 but for x's int8 rounding: x meets the weights in
+    one int8 pass per 32 values (activations.h), each value within half a step (max|x| / 127
+    / 2) of x, so each output within that times |w|, + float32 rounding."""
+    rows, k = x.shape
+    expected = x @ values.T + (0 if bias is None else bias)
+    step = x.reshape(rows, k // 32, 32).abs().amax(-1, keepdim=True).expand(rows, k // 32, 32).reshape(rows, k) / 254
+    bound = step.double() @ values.abs().double().T * 1.001 + 1e-5 * (x.abs().double() @ values.abs().double().T) + 1e-4
+    return bool(((out.double() - expected.double()).abs() <= bound).all())
 
 
 def _gemm_runs(level: str) -> bool:
@@ -49,12 +60,7 @@ def test_repacked_prompts_equal_the_files_layout(qtype, shape, rows, isa):
     if _gemm_runs(isa):
         assert torch.equal(repacked, laid_out)
     values = torch.from_numpy(quants.dequantize(weight.data.numpy(), qtype).astype(np.float32)).reshape(n, k)
-    expected = x @ values.T + bias  # float32
-    # x meets the weights in one int8 pass per 32 values (activations.h): each value within
-    # half a step (max|x| / 127 / 2) of x, so each output within that times |w|, + rounding
-    step = x.reshape(rows, k // 32, 32).abs().amax(-1, keepdim=True).expand(rows, k // 32, 32).reshape(rows, k) / 254
-    bound = step.double() @ values.abs().double().T * 1.001 + 1e-5 * (x.abs().double() @ values.abs().double().T) + 1e-4
-    assert ((repacked.double() - expected.double()).abs() <= bound).all()
+    assert _within_x_rounding(repacked, x, values, bias)
 
 
 @pytest.mark.parametrize("rows", [R8_GEMM_MIN_ROWS - 1, R8_GEMM_MIN_ROWS])
@@ -72,7 +78,9 @@ def test_the_kernel_switches_at_r8_gemm_min_rows(rows, isa):
 
 def test_a_fused_group_of_repacked_weights_equals_the_files(isa):
     """Q/K/V as one call (outputs side by side, panels split at weight boundaries and chunk
-    ends), repacked against as laid out, with biases; 70 and 512 rows."""
+    ends), repacked against as laid out, with biases; 70 and 512 rows (at avx2 the file's
+    layout takes dequantized tiles past ops.QUANT_MATMUL_MAX_ROWS, repacked weights r8.c's
+    tiles at every row count: both then against float32)."""
     shapes = [(Q.Q6_K, 96), (Q.Q4_K, 24), (Q.Q4_K, 40)]
     files = [random_weight(t, n, 512, seed=i) for i, (t, n) in enumerate(shapes)]
     biases = [torch.randn(96), torch.randn(24), None]
@@ -81,9 +89,13 @@ def test_a_fused_group_of_repacked_weights_equals_the_files(isa):
     for rows in (70, 512):
         x = _x(rows, 512, rows)
         expected, out = laid_out(x), repacked(x)
+        values = torch.cat([w.dequantize() for w in files])
         if _gemm_runs(isa):
             assert torch.equal(out, expected), rows
-        assert _close(out, expected, x, torch.cat([w.dequantize() for w in files])), rows
+        elif ops.quant_rows_fused(rows):  # else the file's layout takes dequantized tiles and a float GEMM
+            assert _close(out, expected, x, values), rows
+        bias = torch.cat([b if b is not None else torch.zeros(40) for b in biases])
+        assert _within_x_rounding(out, x, values, bias), rows
 
 
 def test_a_repacked_weight_after_an_odd_one_starts_mid_group(isa):

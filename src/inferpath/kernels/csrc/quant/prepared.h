@@ -49,7 +49,7 @@ HIDDEN int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1)
 #define GEMM_MIN_ROWS 4
 /* The same for repacked weights (r8.h), whose own kernel (r8.c) serves fewer rows. */
 #ifndef R8_GEMM_MIN_ROWS
-#define R8_GEMM_MIN_ROWS 16
+#define R8_GEMM_MIN_ROWS 6
 #endif
 #define GEMM_PANEL 32
 
