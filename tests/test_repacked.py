@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType
 from inferpath.kernels import build, ops
 from inferpath.kernels.groups import QuantGroup
 from inferpath.kernels.quantized import QuantLinear
-from inferpath.kernels.repacked import RepackedTensor, kernel_type, repack, repackable
+from inferpath.kernels.repacked import REPACK_DEFAULT_LEVELS, RepackedTensor, kernel_type, repack, repackable
 from inferpath.model.batch_invariant import row_invariant_dispatch
 from test_quantized import isa, one_pass_x, random_weight  # noqa: F401 (isa: a fixture)
 
@@ -134,8 +134,9 @@ def test_what_cannot_be_repacked_is_refused():
 
 @pytest.mark.parametrize("level", ["generic", "avx2", "avx512"])
 def test_the_weight_plan_repacks_where_the_kernel_is_simd(level, monkeypatch):
-    """The allow-list: Q4_K and Q6_K at the avx2 and avx512 levels, with INFERPATH_REPACK=1;
-    off by default (and with 0)."""
+    """The allow-list: Q4_K and Q6_K at the avx2 and avx512 levels with INFERPATH_REPACK=1,
+    and by default at REPACK_DEFAULT_LEVELS (avx2); the file's layout with 0; any other
+    value refused."""
     from inferpath.config import EngineConfig
     from inferpath.engine.weight_plan import plan_weights
     from inferpath.models import resolve_model
@@ -144,13 +145,17 @@ def test_the_weight_plan_repacks_where_the_kernel_is_simd(level, monkeypatch):
         pytest.skip(f"this CPU cannot execute the {level} level")
     monkeypatch.setenv("INFERPATH_ISA", level)
     path = resolve_model("qwen2.5-coder-0.5b-instruct")  # Q5_0 + Q8_0 + Q6_K + Q4_K
-    assert plan_weights(path, EngineConfig()).repacked == ()  # the default: the file's layout
+    monkeypatch.delenv("INFERPATH_REPACK", raising=False)
+    default = plan_weights(path, EngineConfig())
+    expected = ("Q6_K", "Q4_K") if default.kernel_level in ("avx2", "avx512") else ()
+    assert default.repacked == (expected if default.kernel_level in REPACK_DEFAULT_LEVELS else ())
+    assert ("repacked by 8 rows" in default.describe()) == bool(default.repacked)
     monkeypatch.setenv("INFERPATH_REPACK", "1")
     plan = plan_weights(path, EngineConfig())
-    expected = ("Q6_K", "Q4_K") if plan.kernel_level in ("avx2", "avx512") else ()
     assert plan.repacked == expected and ("repacked by 8 rows" in plan.describe()) == bool(expected)
     monkeypatch.setenv("INFERPATH_REPACK", "0")
-    assert plan_weights(path, EngineConfig()).repacked == ()
+    off = plan_weights(path, EngineConfig())
+    assert off.repacked == () and "repacked" not in off.describe()
     monkeypatch.setenv("INFERPATH_REPACK", "yes")
     with pytest.raises(ValueError, match="INFERPATH_REPACK='yes'"):
         plan_weights(path, EngineConfig())

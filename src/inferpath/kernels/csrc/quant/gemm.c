@@ -16,6 +16,11 @@
  * weight's and x's scales, and the format's min and offset joining as min * sum(x). A
  * format with two scales a block (Q6_K) folds each 16-value half apart. So a row's result
  * is the row kernel's up to float32 summation order.
+ *
+ * Q4_K and Q6_K repacked by 8 rows (r8.h) pack into the same panel (r8_pack: 4 groups of 8
+ * columns, no transpose: a group holds each quad's 8 rows side by side already), with the
+ * bytes and floats the file's blocks give, so a repacked weight's GEMM equals its file's
+ * to the bit (tests/test_repacked_gemm.py).
  */
 #include <stdlib.h>
 #include <string.h>
