@@ -9,8 +9,8 @@ by ``scripts/test.sh``: each test here skips, saying so, when it is not in the c
   1% (test_quantized.py's check, at this size).
 - Resident memory of the quantized model, loaded and run by the engine in a fresh
   process: what it adds <= 1.1x the file (the blocks are read in place from the mapped
-  file, or repacked by 8 rows with the mapped pages under them dropped: the plan's
-  default; nothing is dequantized beside them).
+  file, or repacked by 8 rows with the mapped pages under them dropped; both are
+  measured; nothing is dequantized beside them).
 """
 
 from __future__ import annotations
@@ -63,17 +63,22 @@ engine = LLMEngine.from_model(sys.argv[1], EngineConfig(threads=2, max_num_seqs=
 engine.add_request('r', 'def fibonacci(n):', SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
 while engine.has_unfinished_requests():
     engine.step()
-print(json.dumps({'added_mb': rss_mb() - before, 'format': engine.weight_format.describe()}))
+print(json.dumps({'added_mb': rss_mb() - before, 'format': engine.weight_format.describe(),
+                  'repacked': list(engine.weight_plan.repacked)}))
 """
 
 
-def test_the_1_5b_model_is_resident_within_1_1x_its_file(path):
+@pytest.mark.parametrize("repack", ["1", "0"], ids=["repacked", "as-laid-out"])
+def test_the_1_5b_model_is_resident_within_1_1x_its_file(path, repack):
     """Decode steps touch every weight but the embedding table's unread rows; the KV cache
-    (8 MiB) and the activations are the rest."""
+    (8 MiB) and the activations are the rest. Both layouts: repacked by 8 rows
+    (INFERPATH_REPACK=1, where the kernels are SIMD) and the file's (0)."""
     done = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(path)], capture_output=True, text=True,
-                          timeout=600, env={**os.environ})
+                          timeout=600, env={**os.environ, "INFERPATH_REPACK": repack})
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     file_mb = path.stat().st_size / 2**20
     assert "Q4_K" in got["format"] and "Q6_K" in got["format"], got["format"]
+    simd = build.kernel_level("quantized") in ("avx2", "avx512")
+    assert set(got["repacked"]) == ({"Q4_K", "Q6_K"} if repack == "1" and simd else set()), got
     assert got["added_mb"] <= 1.1 * file_mb, (got, file_mb)

@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType
 from inferpath.kernels import build, ops
 from inferpath.kernels.groups import QuantGroup
 from inferpath.kernels.quantized import QuantLinear
-from inferpath.kernels.repacked import RepackedTensor, kernel_type, repack, repackable
+from inferpath.kernels.repacked import REPACK_DEFAULT_LEVELS, RepackedTensor, kernel_type, repack, repackable
 from inferpath.model.batch_invariant import row_invariant_dispatch
 from test_quantized import isa, one_pass_x, random_weight  # noqa: F401 (isa: a fixture)
 
@@ -55,10 +55,11 @@ def test_repacked_meets_x_in_one_int8_pass(qtype, rows, isa):
 
 @pytest.mark.parametrize("qtype", R8_TYPES, ids=[t.name for t in R8_TYPES])
 def test_every_level_gives_the_same_bits(qtype):
-    """The SIMD kernels and the portable spec run one float chain per row: equal to the bit."""
+    """The SIMD kernels and the portable spec run one float chain per row: equal to the bit
+    (5 rows: fewer than gemm.c's panels take, R8_GEMM_MIN_ROWS)."""
     weight = random_weight(qtype, 16, 2 * 256, seed=7)
     packed = repack(weight, drop_source=False)
-    x = _x(6, 2 * 256, 1)
+    x = _x(5, 2 * 256, 1)
     outs = {}
     for level in build.LEVEL_NAMES:
         if build.can_run(level) and build.resolve_level("quantized", level)[0] == level:
@@ -72,13 +73,16 @@ def test_every_level_gives_the_same_bits(qtype):
 
 @pytest.mark.parametrize("qtype", R8_TYPES, ids=[t.name for t in R8_TYPES])
 def test_a_row_alone_equals_the_same_row_in_a_tile(qtype, isa):
+    """r8.c's kernel: a row's float chain whatever the rows beside it (13 rows where rows
+    must be invariant; 5, a verification tile, fewer than gemm.c's panels take anyway)."""
     weight = random_weight(qtype, 32, 4 * 256, seed=11)
     packed = repack(weight, drop_source=False)
     x = _x(13, 4 * 256, 2)
-    tile = _matmul(x, packed)
+    with row_invariant_dispatch():
+        tile = _matmul(x, packed)
     for j in (0, 4, 12):
         assert torch.equal(_matmul(x[j:j + 1].contiguous(), packed), tile[j:j + 1])
-    assert torch.equal(_matmul(x[:5].contiguous(), packed), tile[:5])  # a verification tile of 5
+    assert torch.equal(_matmul(x[:5].contiguous(), packed), tile[:5])
 
 
 def test_a_group_mixing_repacked_and_laid_out_weights(isa):
@@ -98,8 +102,9 @@ def test_a_group_mixing_repacked_and_laid_out_weights(isa):
 
 
 def test_the_module_runs_repacked_weights_at_every_row_count(isa, monkeypatch):
-    """QuantLinear over a RepackedTensor: fused rows, row-invariant dispatch, and past the
-    fused rows the dequantized tiles (tile edges at multiples of 8)."""
+    """QuantLinear over a RepackedTensor: fused rows (every row count where weights are
+    repacked, ops.R8_MATMUL_MAX_ROWS), row-invariant dispatch, and past the fused rows the
+    dequantized tiles (tile edges at multiples of 8; the generic level)."""
     monkeypatch.setattr(ops, "DEQUANT_TILE_VALUES", 21 * 256)
     weight = random_weight(Q.Q4_K, 48, 256, seed=4)
     module = QuantLinear(repack(weight, drop_source=False))
@@ -107,7 +112,7 @@ def test_the_module_runs_repacked_weights_at_every_row_count(isa, monkeypatch):
     for rows in (1, 8, 200):
         x = _x(rows, 256, rows)
         w = weight.dequantize().double()
-        if ops.quant_rows_fused(rows):
+        if ops.quant_rows_fused(rows, repacked=True):
             expected, scale = one_pass_x(x).double() @ w.T, x.abs().double() @ w.abs().T
             assert ((module(x).double() - expected).abs() <= 2e-6 * scale + 1e-6).all(), rows
         else:  # dequantized tiles, as the file's: float32 rounding only
@@ -129,8 +134,9 @@ def test_what_cannot_be_repacked_is_refused():
 
 @pytest.mark.parametrize("level", ["generic", "avx2", "avx512"])
 def test_the_weight_plan_repacks_where_the_kernel_is_simd(level, monkeypatch):
-    """The allow-list: Q4_K and Q6_K at the avx2 and avx512 levels, with INFERPATH_REPACK=1;
-    off by default (and with 0)."""
+    """The allow-list: Q4_K and Q6_K at the avx2 and avx512 levels with INFERPATH_REPACK=1,
+    and by default at REPACK_DEFAULT_LEVELS (avx2); the file's layout with 0; any other
+    value refused."""
     from inferpath.config import EngineConfig
     from inferpath.engine.weight_plan import plan_weights
     from inferpath.models import resolve_model
@@ -139,13 +145,17 @@ def test_the_weight_plan_repacks_where_the_kernel_is_simd(level, monkeypatch):
         pytest.skip(f"this CPU cannot execute the {level} level")
     monkeypatch.setenv("INFERPATH_ISA", level)
     path = resolve_model("qwen2.5-coder-0.5b-instruct")  # Q5_0 + Q8_0 + Q6_K + Q4_K
-    assert plan_weights(path, EngineConfig()).repacked == ()  # the default: the file's layout
+    monkeypatch.delenv("INFERPATH_REPACK", raising=False)
+    default = plan_weights(path, EngineConfig())
+    expected = ("Q6_K", "Q4_K") if default.kernel_level in ("avx2", "avx512") else ()
+    assert default.repacked == (expected if default.kernel_level in REPACK_DEFAULT_LEVELS else ())
+    assert ("repacked by 8 rows" in default.describe()) == bool(default.repacked)
     monkeypatch.setenv("INFERPATH_REPACK", "1")
     plan = plan_weights(path, EngineConfig())
-    expected = ("Q6_K", "Q4_K") if plan.kernel_level in ("avx2", "avx512") else ()
     assert plan.repacked == expected and ("repacked by 8 rows" in plan.describe()) == bool(expected)
     monkeypatch.setenv("INFERPATH_REPACK", "0")
-    assert plan_weights(path, EngineConfig()).repacked == ()
+    off = plan_weights(path, EngineConfig())
+    assert off.repacked == () and "repacked" not in off.describe()
     monkeypatch.setenv("INFERPATH_REPACK", "yes")
     with pytest.raises(ValueError, match="INFERPATH_REPACK='yes'"):
         plan_weights(path, EngineConfig())

@@ -13,11 +13,12 @@ stay in their blocks, read as laid out by the fused kernels (float32 activations
 float weights run in bfloat16 where the CPU multiplies bf16 natively (AVX512-BF16 or
 AMX), else in float32 — except matrices stored in bfloat16, which stay bfloat16 (read
 where they lie) and are widened inside the float32 kernels (kernels/bf16_weights.py).
-With ``INFERPATH_REPACK=1``, Q4_K and Q6_K matrices are repacked at load into groups of
-eight rows where the kernels run at avx2 or avx512 (``repacked``; kernels/repacked.py):
-off by default, since prefill's GEMM panels do not read that layout yet (a 512-token
-prefill of the 1.5B file took 75 tok/s repacked against 125 as laid out; decode at 1
-thread 13.5 against 11.3). Without the kernels, or
+Q4_K and Q6_K matrices are repacked at load into groups of eight rows (``repacked``;
+kernels/repacked.py) where the kernels run at avx2 or avx512 with ``INFERPATH_REPACK=1``,
+and by default at the levels of ``REPACK_DEFAULT_LEVELS`` (avx2: prefill 1.1-1.7x the
+file's layout there; at avx512 a 2-thread 512-token prefill measured 0.84-0.94x, so it
+stays opt-in; docs/kquant_kernels.md); ``INFERPATH_REPACK=0`` keeps the file's layout.
+Without the kernels, or
 sharded, blocks are dequantized (the reference path). An explicit
 dtype converts every weight to it (blocks dequantized); ``quantization`` quantizes float
 matrices at load. The KV cache holds the activations' dtype.
@@ -176,12 +177,14 @@ def plan_weights(path: str | Path, engine_config) -> WeightPlan:
 def _repacked(how: str, family: str, level: str, runs: tuple[str, ...]) -> tuple[str, ...]:
     """The formats repacked by 8 rows at load (kernels/repacked.py): those of the allow-list
     the matrices run in, where they run through the quantized kernels at a level whose r8
-    kernel is SIMD, unless INFERPATH_REPACK=0 (the file's layout: before/after figures)."""
-    from inferpath.kernels.repacked import REPACK_FORMATS, REPACK_LEVELS
+    kernel is SIMD, with INFERPATH_REPACK=1 or by default at REPACK_DEFAULT_LEVELS; never
+    with INFERPATH_REPACK=0 (the file's layout: before/after figures)."""
+    from inferpath.kernels.repacked import REPACK_DEFAULT_LEVELS, REPACK_FORMATS, REPACK_LEVELS
 
-    flag = os.environ.get("INFERPATH_REPACK", "0").strip()  # off until prefill's panels read the layout
+    flag = os.environ.get("INFERPATH_REPACK", "1" if level in REPACK_DEFAULT_LEVELS else "0").strip()
     if flag not in ("0", "1"):
-        raise ValueError(f"INFERPATH_REPACK={flag!r}: use 1 (repack Q4_K/Q6_K by 8 rows) or 0 (off, the default)")
+        raise ValueError(f"INFERPATH_REPACK={flag!r}: use 1 (repack Q4_K/Q6_K by 8 rows; the default at "
+                         f"{', '.join(REPACK_DEFAULT_LEVELS)}) or 0 (off)")
     if flag == "0" or how not in (AS_LAID_OUT, QUANTIZED) or family != "quantized" or level not in REPACK_LEVELS:
         return ()
     return tuple(fmt for fmt in runs if fmt in REPACK_FORMATS)

@@ -17,7 +17,7 @@ import ctypes
 import torch
 
 from inferpath.kernels import build, ops
-from inferpath.kernels.repacked import kernel_type
+from inferpath.kernels.repacked import R8_BASE, kernel_type
 from inferpath.model.batch_invariant import rows_must_be_invariant
 
 GGUF_FLOAT_TYPES = {torch.float32: 0, torch.bfloat16: 30}  # GGUF's ids of F32 and BF16 matrices
@@ -58,7 +58,7 @@ class QuantGroup(_WeightArrays):
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (m, in_features) float32 contiguous -> (m, num_out) float32: the fused kernels
         (``ops.quant_rows_fused``), else dequantized tiles spanning the weights, one GEMM each."""
-        if not ops.quant_rows_fused(x.shape[0]):
+        if not ops.quant_rows_fused(x.shape[0], repacked=all(t >= R8_BASE for _, t in self._blocks)):
             return ops.dequantized_linear(x, self._blocks, self._bias_list, build.native_quant_dequantize())
         ops.note_dispatch("quant-rows" if rows_must_be_invariant() else "quant-fused", x.shape[0])
         out = torch.empty((x.shape[0], self.num_out), dtype=torch.float32)

@@ -31,6 +31,7 @@ from typing import NamedTuple
 import torch
 
 from inferpath.kernels import build
+from inferpath.kernels.repacked import R8_BASE
 from inferpath.model.batch_invariant import rows_must_be_invariant, rowwise_linear
 
 GEMV_MAX_ROWS = {torch.float32: 32, torch.bfloat16: 8}
@@ -281,14 +282,22 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 QUANT_MATMUL_MAX_ROWS = {"generic": 32, "avx2": 96, "avx512": 1 << 62}
 
 
-def quant_rows_fused(rows: int, level: str | None = None) -> bool:
+# Weights repacked by 8 rows (kernels/repacked.py) take the fused kernels at every row count
+# where they are repacked: at avx2 r8.c's tiles beat dequantized tiles + GEMM at 512 rows,
+# ms, AMD EPYC Zen 4, INFERPATH_ISA=avx2, 1 / 2 threads: Q4_K 8960 x 1536 107 vs 169 / 53
+# vs 95, Q6_K 1536 x 8960 120 vs 155 / 82 vs 87 (the generic level repacks nothing).
+R8_MATMUL_MAX_ROWS = {"generic": QUANT_MATMUL_MAX_ROWS["generic"], "avx2": 1 << 62, "avx512": 1 << 62}
+
+
+def quant_rows_fused(rows: int, level: str | None = None, repacked: bool = False) -> bool:
     """Whether ``rows`` rows of x take the fused quantized kernels (always when rows must
     be batch-invariant: rows are independent there), at ``level``: by default the one the
     quantized kernels run at (``build.kernel_level("quantized")``, a model's
     ``WeightPlan.kernel_level``), which is below ``active_level()`` where that level's
-    build failed."""
+    build failed. ``repacked``: every weight of the call is repacked by 8 rows."""
     level = level or build.kernel_level("quantized") or "generic"
-    return rows <= QUANT_MATMUL_MAX_ROWS[level] or rows_must_be_invariant()
+    limits = R8_MATMUL_MAX_ROWS if repacked else QUANT_MATMUL_MAX_ROWS
+    return rows <= limits[level] or rows_must_be_invariant()
 
 
 DEQUANT_TILE_VALUES = 1 << 22  # 16 MB of float32 per dequantized weight tile
@@ -322,7 +331,7 @@ def quantized_linear(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
                      matmul_fn, dequantize_fn) -> torch.Tensor:
     """x (m, cols) float32 contiguous -> (m, rows) float32 against a quantized weight: the
     fused kernels (``quant_rows_fused``), else dequantized tiles and F.linear."""
-    if quant_rows_fused(x.shape[0]):
+    if quant_rows_fused(x.shape[0], repacked=qtype >= R8_BASE):
         return run_quant_matmul(matmul_fn, x, data, qtype, bias, data.shape[0])
     return dequantized_linear(x, [(data, qtype)], [bias], dequantize_fn)
 

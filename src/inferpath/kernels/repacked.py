@@ -7,7 +7,8 @@ result needs no horizontal reduction. Q4_K takes 1184 bytes per group and super-
 against the file's 8 x 144 (+2.8%); Q6_K 1696 against 8 x 210 (+1%: 32-byte aligned loads).
 
 Which tensors are repacked is the weight plan's (``WeightPlan.repacked``: the allow-list
-``REPACK_FORMATS`` at the levels ``REPACK_LEVELS``, where the kernel is SIMD); a matrix
+``REPACK_FORMATS`` at the levels ``REPACK_LEVELS``, where the kernel is SIMD: by default
+at ``REPACK_DEFAULT_LEVELS``, else with ``INFERPATH_REPACK=1``); a matrix
 whose rows are not a multiple of 8, or that an embedding shares (a tied LM head), stays
 as laid out. The repacked copy replaces the mapped one: the file's pages under it are
 dropped from this process (``madvise(MADV_DONTNEED)``; a file mapping's pages are read
@@ -32,6 +33,11 @@ R8_BASE = 1000  # csrc/quant/blocks.h: a repacked format's kernel id is R8_BASE 
 R8_ROWS = 8
 REPACK_FORMATS = ("Q4_K", "Q6_K")  # the allow-list: formats r8.c has a kernel for
 REPACK_LEVELS = ("avx2", "avx512")  # levels whose r8 kernel is SIMD (generic runs the C spec)
+# Levels that repack without INFERPATH_REPACK=1: where prefill is at least as fast as the
+# file's layout. 512-token prefill, AMD EPYC Zen 4 (benchmarks/repack_ab.py, medians):
+# avx2 1.5B 1.71x at 1 and 2 threads, 0.5B 1.13x / 1.30x; avx512 1.5B 0.99-1.06x at 1
+# thread but 0.84-0.94x at 2 (0.5B 0.98x / 0.92x): opt-in there until that is explained.
+REPACK_DEFAULT_LEVELS = ("avx2",)
 ROW_BYTES = {Q.Q4_K: 1184 // R8_ROWS, Q.Q6_K: 1696 // R8_ROWS}  # per super-block, a group's / 8
 
 

@@ -16,6 +16,11 @@
  * weight's and x's scales, and the format's min and offset joining as min * sum(x). A
  * format with two scales a block (Q6_K) folds each 16-value half apart. So a row's result
  * is the row kernel's up to float32 summation order.
+ *
+ * Q4_K and Q6_K repacked by 8 rows (r8.h) pack into the same panel (r8_pack: 4 groups of 8
+ * columns, no transpose: a group holds each quad's 8 rows side by side already), with the
+ * bytes and floats the file's blocks give, so a repacked weight's GEMM equals its file's
+ * to the bit (tests/test_repacked_gemm.py).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +28,7 @@
 #include "blocks.h"
 #include "activations.h"
 #include "prepared.h"
+#include "r8.h"
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -108,6 +114,60 @@ static void NAME##_pack(const uint8_t *w, int64_t row_bytes, int cols, int64_t n
     }                                                                                               \
 }
 FOR_EACH_FORMAT(DEFINE_PACK)
+
+/* The same panel from a repacked weight (r8.h): w is the group of the panel's first column
+ * (a group boundary), groups group_bytes apart. A group's 32 bytes for one quad of one
+ * sub-block are its eight rows' four values side by side already, so a panel's quad is
+ * four such loads (nibbles selected; Q6_K: its two high bits joined), and the scales and
+ * mins are eight rows' at once: the same floats as the file's blocks give above (d * scale,
+ * -dmin * min; Q6_K: d * scale_h, 0 - 32 * it), so the GEMM's results are the as-laid-out
+ * GEMM's to the bit. A group past ``cols`` is zero; the columns of a partial group past
+ * it are computed and never stored. */
+static void r8_pack(int qtype, const uint8_t *w, int64_t group_bytes, int cols, int64_t nb, uint8_t *panel) {
+    const int groups = (cols + R8_ROWS - 1) / R8_ROWS;
+    const int64_t sb_bytes = qtype == Q4_K_R8 ? Q4_K_R8_BYTES : Q6_K_R8_BYTES;
+    const __m256i low = _mm256_set1_epi8(0xf), high = _mm256_set1_epi8(0x30);
+    if (cols < PANEL) memset(panel, 0, (size_t)(nb * BLOCK_BYTES));
+    for (int64_t t = 0; t < nb / 8; t++)
+        for (int G = 0; G < groups; G++) {
+            const uint8_t *o = w + G * group_bytes + t * sb_bytes;
+            if (t + 1 < nb / 8)  /* the group's next super-block */
+                for (int64_t at = 0; at < sb_bytes; at += 64) _mm_prefetch((const char *)o + sb_bytes + at, _MM_HINT_T0);
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)o));
+            for (int s = 0; s < 8; s++) {
+                uint8_t *pb = panel + (8 * t + s) * BLOCK_BYTES;
+                float *scale = (float *)(pb + 8 * QUAD_BYTES) + 8 * G, *min = scale + 2 * PANEL;
+                if (qtype == Q4_K_R8) {
+                    const uint8_t *qs = o + 160 + (s / 2) * 256;
+                    for (int g = 0; g < 8; g++) {
+                        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * g));
+                        v = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(v, 4) : v, low);
+                        _mm256_store_si256((__m256i *)(pb + g * QUAD_BYTES + 32 * G), v);
+                    }
+                    const __m256 neg_dmin = _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16))));  /* -dmin */
+                    const __m256 sc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 32 + 8 * s)))));
+                    const __m256 mn = _mm256_mul_ps(neg_dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 96 + 8 * s)))));
+                    _mm256_store_ps(scale, sc), _mm256_store_ps(scale + PANEL, sc);
+                    _mm256_store_ps(min, mn), _mm256_store_ps(min + PANEL, mn);  /* OFFSET 0: min - 0 * scale */
+                } else {
+                    const uint8_t *ql = o + q6_ql_at(s / 2), *qh = o + q6_qh_at(s / 4);
+                    const int i = s % 4;
+                    for (int g = 0; g < 8; g++) {
+                        __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * g));
+                        __m256i h = _mm256_loadu_si256((const __m256i *)(qh + 32 * g));
+                        h = i == 0 ? _mm256_slli_epi16(h, 4) : i == 1 ? _mm256_slli_epi16(h, 2) : i == 2 ? h : _mm256_srli_epi16(h, 2);
+                        __m256i v = _mm256_or_si256(_mm256_and_si256(s % 2 ? _mm256_srli_epi16(l, 4) : l, low), _mm256_and_si256(h, high));
+                        _mm256_store_si256((__m256i *)(pb + g * QUAD_BYTES + 32 * G), v);
+                    }
+                    for (int half = 0; half < 2; half++) {
+                        const __m256 sc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 16 + 8 * (2 * s + half))))));
+                        _mm256_store_ps(scale + half * PANEL, sc);
+                        _mm256_store_ps(min + half * PANEL, _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(_mm256_set1_ps(32.0f), sc)));
+                    }
+                }
+            }
+        }
+}
 
 typedef void (*pack_fn)(const uint8_t *, int64_t, int, int64_t, uint8_t *);
 
@@ -219,8 +279,14 @@ int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
         const int cols = (int)(end - c);
         const int64_t local = c - q->starts[i];
         int two_scales;
-        pack_fn pack = pack_of(q->qtypes[i], &two_scales);
-        pack(q->ws[i] + local * q->row_bytes[i], q->row_bytes[i], cols, nb, panel);
+        if (r8_format(q->qtypes[i])) {  /* from a group boundary only (else r8.c's kernel serves) */
+            if (local % R8_ROWS) return -1;
+            two_scales = q->qtypes[i] == Q6_K_R8;
+            r8_pack(q->qtypes[i], q->ws[i] + local * q->row_bytes[i], R8_ROWS * q->row_bytes[i], cols, nb, panel);
+        } else {
+            pack_fn pack = pack_of(q->qtypes[i], &two_scales);
+            pack(q->ws[i] + local * q->row_bytes[i], q->row_bytes[i], cols, nb, panel);
+        }
         const float *bias = q->biases[i] ? q->biases[i] + local : 0;
         const int64_t tiles = (m + MR - 1) / MR, base = m / tiles, longer = m % tiles;  /* balanced: 32 rows 6,6,5,5,5,5 */
         for (int64_t t = 0, j0 = 0; t < tiles; t++) {

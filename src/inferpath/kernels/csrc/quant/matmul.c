@@ -268,13 +268,15 @@ static void r8_columns(const quant_matmul *q, int i, float *y, int64_t c0, int64
 }
 
 /* Output columns [c0, c1) of y (m, n), weight by weight: repacked ones through r8.c, the
- * others through gemm.c's panels (use_gemm) or the row and wide kernels. */
+ * others through gemm.c's panels (use_gemm) or the row and wide kernels; repacked ones
+ * of R8_GEMM_MIN_ROWS rows or more through gemm.c's panels too, packed from the groups. */
 void quant_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
     for (int i = 0; i < q->count; i++) {
         const int64_t lo = c0 > q->starts[i] ? c0 : q->starts[i], hi = c1 < q->starts[i + 1] ? c1 : q->starts[i + 1];
         if (lo >= hi) continue;
-        if (r8_format(q->qtypes[i])) r8_columns(q, i, y, lo, hi);
-        else if (!(q->use_gemm && gemm_columns(q, y, lo, hi) == 0)) row_columns(q, i, y, lo, hi);
+        if (r8_format(q->qtypes[i])) {
+            if (!(q->use_gemm && q->m >= R8_GEMM_MIN_ROWS && gemm_columns(q, y, lo, hi) == 0)) r8_columns(q, i, y, lo, hi);
+        } else if (!(q->use_gemm && gemm_columns(q, y, lo, hi) == 0)) row_columns(q, i, y, lo, hi);
     }
 }
 

@@ -47,6 +47,11 @@ HIDDEN int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1)
  * 1 thread, ms GEMM vs the row/wide kernels: 2 rows 13.8 vs 11.1, 3: 15.0 vs 14.1, 4: 15.8
  * vs 17.0, 6: 17.6 vs 19.6, 8: 19.6 vs 20.6, 12: 26.7 vs 38.7, 32: 48.1 vs 75.6. */
 #define GEMM_MIN_ROWS 4
+/* The same for repacked weights (r8.h), whose own kernel (r8.c) serves fewer rows (a
+ * 5-row verification tile among them). 1 thread, AMD EPYC Zen 4, ms r8.c vs the GEMM:
+ * Q4_K 8960 x 1536 4 rows 0.42 vs 0.49, 5: 0.51 vs 0.54, 6: 0.60 vs 0.58, 8: 0.83 vs 0.68;
+ * Q6_K 1536 x 8960 5: 0.84-1.21 vs 0.76, 6: 0.96-1.36 vs 0.86, 8: 1.67-2.24 vs 1.21-1.47. */
+#define R8_GEMM_MIN_ROWS 6
 #define GEMM_PANEL 32
 
 #endif
