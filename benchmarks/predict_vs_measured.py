@@ -12,11 +12,17 @@ whether it meets the target (a row of at least 5% of the step within +-30% of it
 prediction); a row that misses names what the model leaves out. It says which path the
 trace measured (native decode or the module path: ``StepRecord.native_decode``).
 
-Prints the tables and writes benchmarks/results/predict_vs_measured.json. No assertions:
+The sampler's cost is measured for the rows the request sampled (explain/sampler_cost.py),
+hot and cold, after the request. Beside each row's ratio over all decode steps (sums) it
+prints the median step's (robust to the steps another process interrupts on a shared
+machine), the ratio if every matrix were cache-resident, and the ratio with the native
+step's matmuls at the module path's rates (what the native shape probe changed), all of one run.
+
+Prints the tables and writes the JSON ``--out`` names. No assertions:
 the machine is shared and noisy; run it quiet, and quote same-run ratios.
 
     python benchmarks/predict_vs_measured.py [--models smollm2-135m-instruct qwen2.5-coder-1.5b-instruct]
-        [--tokens 48] [--repeats 3] [--threads 2] [--keep-shapes]
+        [--tokens 48] [--repeats 3] [--threads 2] [--keep-shapes] --out benchmarks/results/NEW.json
 """
 
 from __future__ import annotations
@@ -119,14 +125,18 @@ def run_model(model: str, tokens: int, keep_shapes: bool, repeats: int) -> dict:
         result = request_trace(tracer, output.request_id, engine, hardware)
         # the same steps priced as if every matrix stayed in the cache (the cache rule's other side)
         resident = request_trace(tracer, output.request_id, engine, replace(hardware, cache_bytes=float("inf")))
-        rounds.append((result, decode_table(result), shapes_s, {k: hardware.gemv_rates[k] for k in shapes},
-                       decode_table(resident)))
+        # and as before the native rates: the native step's matmuls at the module's rates (same run)
+        module_rates = {k: v for k, v in hardware.gemv_rates.items() if "/native" not in k}
+        as_module = request_trace(tracer, output.request_id, engine, replace(hardware, gemv_rates=module_rates))
+        rounds.append((result, decode_table(result), shapes_s, {k: hardware.gemv_rates.get(k) for k in shapes},
+                       decode_table(resident), decode_table(as_module)))
     result = rounds[-1][0]
     table = []
     for i, row in enumerate(rounds[0][1]):
         cells = [r[1][i] for r in rounds]
         resident_ratios = [r[4][i]["ratio"] for r in rounds if r[4][i]["ratio"] is not None]
         step_ratios = [c["median_step_ratio"] for c in cells if c["median_step_ratio"] is not None]
+        module_ratios = [r[5][i]["ratio"] for r in rounds if r[5][i]["ratio"] is not None]
         ratios = [c["ratio"] for c in cells if c["ratio"] is not None]
         share = statistics.median(c["share"] for c in cells)
         ratio = statistics.median(ratios) if ratios else None
@@ -138,6 +148,7 @@ def run_model(model: str, tokens: int, keep_shapes: bool, repeats: int) -> dict:
                       "ratios": ratios, "share": share, "targeted": targeted, "meets": meets,
                       "resident_ratio": statistics.median(resident_ratios) if resident_ratios else None,
                       "median_step_ratio": statistics.median(step_ratios) if step_ratios else None,
+                      "module_rates_ratio": statistics.median(module_ratios) if module_ratios else None,
                       "left_out": LEFT_OUT.get(row["stage"], "") if meets is False else ""})
     steps = sum(s["phase"] == "decode" for s in result["steps"])
     decode = [s for s in result["steps"] if s["phase"] == "decode"]
@@ -166,15 +177,20 @@ def print_model(entry: dict) -> None:
           f"{cache['share']:.0%} of the {cache['llc_bytes'] / 2**20:.0f} MiB last-level cache: matrices priced "
           f"{'cache-resident' if cache['resident'] else 'streamed from memory'} (column 'if resident': every "
           "matrix at its resident rate instead)")
+    print("ratio: over all decode steps (sums); median step: the median step's row against its prediction; "
+          "module rates: the native step's layer matmuls at the module path's rates instead (as before the native "
+          "shape probe)")
     print(f"{'row':<13} {'measured':>10} {'predicted':>10} {'ratio':>6} {'median step':>11} {'if resident':>11} "
-          f"{'share':>6}  target")
+          f"{'module rates':>12} {'share':>6}  target")
     for r in entry["rows"]:
         pred = "-" if r["predicted_s"] is None else f"{r['predicted_s'] * 1e3:.2f} ms"
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
         resident = "-" if r.get("resident_ratio") is None else f"{r['resident_ratio']:.2f}"
         step = "-" if r.get("median_step_ratio") is None else f"{r['median_step_ratio']:.2f}"
+        module = "-" if r.get("module_rates_ratio") is None else f"{r['module_rates_ratio']:.2f}"
         verdict = "" if not r["targeted"] else ("ok" if r["meets"] else f"MISS: {r['left_out']}")
         print(f"{r['stage']:<13} {r['measured_s'] * 1e3:>7.2f} ms {pred:>10} {ratio:>6} {step:>11} {resident:>11} "
+              f"{module:>12} "
               f"{r['share']:>6.1%}  {verdict}")
     print(f"{entry['met']} of {entry['targeted']} rows of >= {TARGET_SHARE:.0%} of the step within "
           f"+-{TARGET_ERROR:.0%} (over all decode steps); {entry['met_median_step']} of {entry['targeted']} "
