@@ -13,7 +13,11 @@ each: on this 2-core AMD EPYC a Q4_1 GEMV streams ~4 GB/s where the float32 one 
 - the same GEMV of each call shape a model runs, streamed (enough copies, each called once a
   round, to pass ``GEMV_BYTES``: from memory) and resident (``"...x576/resident"``: copies
   filling at most a quarter of the last-level cache, ``llc_bytes``, so they stay in it
-  between rounds): the two rates kernel_cost.py's cache rule chooses between;
+  between rounds): the two rates kernel_cost.py's cache rule chooses between; streamed
+  copies pass at least ``STREAM_LLC_MULTIPLE`` last-level caches (``streamed_bytes``);
+- the same shapes as the native decode step runs them (``".../native"``,
+  ``measure_native_gemv``: one C call over the copies through decode.c's matmul and pool, no
+  module call between them): what a native step's layer matmuls are priced at;
 - GEMM: ``GEMM_ROWS`` rows (a chat prompt's order of size) against a 1024 x 2048 weight:
   FLOP/s.
 
