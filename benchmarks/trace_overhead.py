@@ -8,10 +8,11 @@ of each and their ratio (the budget: at most 1.05x), with the load average befor
 assumed: every decode step, traced or not, must have taken the native call (counted at
 the call), and every traced decode step's record must say so (``StepRecord.native_decode``:
 its stage buffer filled); otherwise the run stops with an error instead of a figure of the
-module path. Prints a table and writes benchmarks/results/trace_overhead.json with the
+module path. Prints a table and writes the JSON ``--out`` names with the
 machine's CPU flags. No assertions on time: the machine is shared and noisy.
 
-    python benchmarks/trace_overhead.py [--threads 2] [--dtype auto] [--tokens 32] [--repeats 3] [--cpu-time]
+    python benchmarks/trace_overhead.py --out benchmarks/results/NEW.json [--threads 2] [--dtype auto] [--tokens 32]
+        [--repeats 5] [--cpu-time]
 """
 
 from __future__ import annotations
@@ -77,12 +78,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5, help="alternating rounds (untraced, traced) a batch size")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--cpu-time", action="store_true",
                         help="time each step by the process's CPU time, not wall time: with --threads 1 on a "
                              "machine other processes load, the step's own work (pool workers' spinning "
                              "counts too with more threads)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="the JSON to write (a new name under benchmarks/results/)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     engine = LLMEngine.from_model(MODEL, EngineConfig(dtype=args.dtype, enable_prefix_caching=False,
@@ -122,8 +125,8 @@ def main() -> None:
         print(f"{row['batch']:>5} {row['plain_step_ms']:>11.2f} ms {row['traced_step_ms']:>9.2f} ms {row['ratio']:>6.3f}"
               f"   {row['plain_min_ms']:>14.2f} ms {row['traced_min_ms']:>6.2f} ms {row['min_ratio']:>6.3f}"
               f"   {min(load):.1f}-{max(load):.1f}")
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "trace_overhead.json"
+    out = args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "model": MODEL, "dtype": args.dtype, "native_decode": True,
         "clock": "process CPU time" if args.cpu_time else "wall time", "threads": args.threads, "tokens": args.tokens,

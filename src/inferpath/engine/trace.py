@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from inferpath.engine.trace_stages import StageClock, fusion_notes
+from inferpath.explain.sampler_cost import row_kind
 
 TOP_CANDIDATES = 5
 
@@ -53,6 +54,8 @@ class ChunkRecord:
     num_new_tokens: int
     num_prompt_tokens: int
     token_id: int | None = None  # the token sampled at the chunk's end, if it sampled
+    # the sampler's kind of work for this row (explain/sampler_cost.row_kind) if it sampled
+    sampling_kind: str | None = None
     top_ids: list[int] = field(default_factory=list)
     top_probs: list[float] = field(default_factory=list)
     # speculative decoding: the drafts this chunk verified (the last len() of its tokens),
@@ -244,6 +247,8 @@ class StepTracer:
         chunks = [ChunkRecord(c.request.request_id, c.request.index, c.start, c.num_new_tokens,
                               len(c.request.prompt_token_ids)) for c in scheduled.chunks]
         sampling = [record for record, c in zip(chunks, scheduled.chunks) if c.samples]
+        for record, c in zip(sampling, [c for c in scheduled.chunks if c.samples]):
+            record.sampling_kind = row_kind(c.request.params)
         for i, (record, c) in enumerate(zip(sampling, [c for c in scheduled.chunks if c.samples])):
             run = executed.runs.get(i)
             if c.draft_token_ids and run is not None:

@@ -40,6 +40,9 @@ class HardwareSpec:
     # the last-level cache's bytes (sysfs; 0: unknown, presets): a step whose hot data fits in
     # half of it reads its matrices at their cache-resident GEMV rates (explain/kernel_cost.py)
     cache_bytes: float = 0.0
+    # seconds one call of the engine's sampler costs, keyed by vocabulary and the rows' kinds
+    # (explain/sampler_cost.py: measured here by running it; presets: none, the roofline's price)
+    sampler_s: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
 
     def flops_for(self, compute_dtype: str) -> float:
         if compute_dtype == "quantized" and "quantized" not in self.peak_flops:

@@ -20,6 +20,16 @@ one does. Where the precision knows each stage's matrices as they run
 
 A hardware preset has no kernel rates: only the bytes change (formats sized as they run).
 
+Which kernel runs a layer's matmuls depends on the step's path (the trace says which:
+``StepRecord.native_decode``). Module by module, each is a module call (``QuantLinear``:
+Python, an output allocation, the ctypes call; a matrix of fewer than 2^20 multiply-adds on
+one thread): priced at the shape's module rate (``"Q4_1/float32/576x576"``), whose probe
+pays all of that once per call. In the native decode call (csrc/drivers/decode.c) they are
+C calls of the step's own matmul, split over its pool whatever their size: priced at the
+shape's native rate (``"Q4_1/float32/576x576/native"``, probed through the same C matmul:
+probe_kernels.measure_native_gemv), which holds none of a module call's cost. The LM head
+runs after the call, as a module, on either path (``NATIVE_STAGES`` lists what the call runs).
+
 The cache rule: a matrix is read from memory unless it is still in the last-level cache
 since the step before, which it is only if everything the step reads and writes between its
 two reads (the whole step: every matrix, the KV cache read, the activations: its "hot data")
@@ -36,19 +46,27 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from inferpath.explain.cost import LAYER_MATMUL_STAGES
 from inferpath.explain.stage_formats import MatrixRun, bytes_per_value
 
 
 CACHE_SHARE = 0.5  # of the last-level cache a step's hot data may fill and stay there (module doc)
+NATIVE = "native"  # the suffix of a shape key measured through the native step's matmul
+# the stages the native decode call runs (the layers' matmuls); the LM head is a module on both paths
+NATIVE_STAGES = frozenset(LAYER_MATMUL_STAGES)
 
 
-def gemv_rate(hardware, run: MatrixRun, activations: str, resident: bool = False) -> float:
-    """Bytes/s of ``run``'s GEMV: its shape's measured rate (``resident``: its cache-resident
-    one first), its format's, or the bandwidth."""
+def gemv_rate(hardware, run: MatrixRun, activations: str, resident: bool = False, native: bool = False) -> float:
+    """Bytes/s of ``run``'s GEMV: its shape's measured rate (``native``: the native step's
+    first; ``resident``: the cache-resident one first), its format's, or the bandwidth."""
     rates = hardware.gemv_rates
     shape = f"{run.format}/{activations}/{run.call_rows}x{run.cols}"
-    return ((resident and rates.get(f"{shape}/resident")) or rates.get(shape)
-            or rates.get(f"{run.format}/{activations}") or hardware.memory_bandwidth)
+    keys = [f"{shape}/{NATIVE}", shape] if native else [shape]
+    for key in keys:
+        rate = (resident and rates.get(f"{key}/resident")) or rates.get(key)
+        if rate:
+            return rate
+    return rates.get(f"{run.format}/{activations}") or hardware.memory_bandwidth
 
 
 def hot_bytes(stages: tuple) -> float:
@@ -61,22 +79,25 @@ def stays_in_cache(hardware, hot: float) -> bool:
     return bool(hardware.cache_bytes) and hot <= CACHE_SHARE * hardware.cache_bytes
 
 
-def price_stages(stages: tuple, precision, hardware) -> tuple:
+def price_stages(stages: tuple, precision, hardware, native: bool = False) -> tuple:
     """``stages`` with each one ``precision.formats`` describes re-priced (module doc),
-    cache-resident where the priced pass's hot data passes the cache rule."""
+    cache-resident where the priced pass's hot data passes the cache rule; ``native``: a
+    step of the native decode call (its layers' matmuls at the native rates)."""
     formats = dict(precision.formats)
     if not formats:
         return stages
 
     def priced(resident: bool) -> tuple:
-        return tuple(price_stage(s, formats[s.name], precision, hardware, resident)
+        return tuple(price_stage(s, formats[s.name], precision, hardware, resident,
+                                 native and s.name in NATIVE_STAGES)
                      if s.name in formats and s.flops else s for s in stages)
 
     streamed = priced(False)
     return priced(True) if stays_in_cache(hardware, hot_bytes(streamed)) else streamed
 
 
-def price_stage(stage, runs: tuple[MatrixRun, ...], precision, hardware, resident: bool = False):
+def price_stage(stage, runs: tuple[MatrixRun, ...], precision, hardware, resident: bool = False,
+                native: bool = False):
     values = sum(r.values for r in runs)
     mean_bytes = values * precision.weight_bytes
     share = min(1.0, stage.weight_bytes / mean_bytes) if mean_bytes else 1.0  # experts: those touched
@@ -86,7 +107,7 @@ def price_stage(stage, runs: tuple[MatrixRun, ...], precision, hardware, residen
     for run in runs:
         run_bytes = share * run.values * bytes_per_value(run.format)
         weights += run_bytes
-        gemv_s += run_bytes / gemv_rate(hardware, run, activations, resident)
+        gemv_s += run_bytes / gemv_rate(hardware, run, activations, resident, native)
         gemm_s += stage.flops * run.values / values / (hardware.gemm_rates.get(f"{run.format}/{activations}") or peak)
     rows = stage.flops / (2 * share * values) if values else 1.0  # activation rows per matrix read
     other = stage.bytes_read - stage.weight_bytes + stage.bytes_written
@@ -95,9 +116,13 @@ def price_stage(stage, runs: tuple[MatrixRun, ...], precision, hardware, residen
                    memory_time_s=gemv_s + other / bandwidth, compute_time_s=compute_s)
 
 
-def gemv_shapes(precision) -> list[str]:
+def gemv_shapes(precision, native: bool = False) -> list[str]:
     """The rate keys of every call shape ``precision.formats`` runs, streamed and resident
-    (what the probe measures for a model: probe_kernels.with_gemv_shapes)."""
+    (what the probe measures for a model: probe_kernels.with_gemv_shapes); ``native``: the
+    layers' shapes through the native step's matmul too (``".../native"``)."""
     keys = {f"{r.format}/{precision.activation_format}/{r.call_rows}x{r.cols}"
             for _, runs in precision.formats for r in runs}
+    if native:
+        keys |= {f"{r.format}/{precision.activation_format}/{r.call_rows}x{r.cols}/{NATIVE}"
+                 for name, runs in precision.formats if name in NATIVE_STAGES for r in runs}
     return sorted(keys | {f"{k}/resident" for k in keys})

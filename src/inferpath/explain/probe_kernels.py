@@ -13,7 +13,11 @@ each: on this 2-core AMD EPYC a Q4_1 GEMV streams ~4 GB/s where the float32 one 
 - the same GEMV of each call shape a model runs, streamed (enough copies, each called once a
   round, to pass ``GEMV_BYTES``: from memory) and resident (``"...x576/resident"``: copies
   filling at most a quarter of the last-level cache, ``llc_bytes``, so they stay in it
-  between rounds): the two rates kernel_cost.py's cache rule chooses between;
+  between rounds): the two rates kernel_cost.py's cache rule chooses between; streamed
+  copies pass at least ``STREAM_LLC_MULTIPLE`` last-level caches (``streamed_bytes``);
+- the same shapes as the native decode step runs them (``".../native"``,
+  ``measure_native_gemv``: one C call over the copies through decode.c's matmul and pool, no
+  module call between them): what a native step's layer matmuls are priced at;
 - GEMM: ``GEMM_ROWS`` rows (a chat prompt's order of size) against a 1024 x 2048 weight:
   FLOP/s.
 
@@ -37,6 +41,8 @@ IN_FEATURES = 2048  # a multiple of every block (256 values for the K formats)
 REPEATS = 4
 MAX_COPIES = 1024  # of a small matrix, to stream GEMV_BYTES of them
 RESIDENT = "resident"  # the suffix of a shape key measured in the cache
+NATIVE = "native"  # after the shape: measured through the native decode step's matmul (kernel_cost.py)
+STREAM_LLC_MULTIPLE = 3  # a streamed GEMV probe passes at least this many last-level caches of copies
 BLOCK_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 # byte offsets of each block's fp16 scale fields
 _SCALE_OFFSETS = {"Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,), "Q4_1": (0, 2), "Q5_1": (0, 2),
@@ -98,15 +104,7 @@ def measure_gemv(fmt: str, activations: str, rows: int, cols: int, resident: boo
     rounds after the first read them from the cache."""
     import torch
 
-    per_matrix = rows * cols * _bytes_per_value(fmt)
-    total = max(per_matrix, llc_bytes() / 4) if resident else gemv_bytes()
-    if per_matrix > total:
-        rows = max(1, int(total / (cols * _bytes_per_value(fmt))))
-        copies = 1
-    elif resident:
-        copies = max(1, int(total // per_matrix))
-    else:
-        copies = min(MAX_COPIES, -(-total // int(per_matrix)))
+    rows, copies = _copies(fmt, rows, cols, resident)
     with torch.inference_mode():
         linears = [_linear(fmt, rows, cols) for _ in range(copies)]
         one = torch.randn(1, cols).to(getattr(torch, activations))  # (1, in)
@@ -116,6 +114,59 @@ def measure_gemv(fmt: str, activations: str, rows: int, cols: int, resident: boo
                 linear(one)
 
         return sum(_weight_bytes(linear) for linear in linears) / _best(run)
+
+
+def measure_native_gemv(fmt: str, activations: str, rows: int, cols: int, resident: bool = False) -> float | None:
+    """Bytes/s of the same GEMVs as ``measure_gemv`` (the same copies, streamed or
+    ``resident``) as the native decode step runs them: one C call looping over the copies
+    through the step's own matmul and pool (csrc/drivers/decode.c
+    ``inferpath_decode_matmuls``), so none of a module call's Python, allocation and
+    dispatch is in the time, and the step's threading rule is (the module path's
+    ``inferpath_quant_matmul`` keeps a matrix under 2^20 multiply-adds on one thread; the
+    step splits every matmul over its pool). None where that call is not built here."""
+    import ctypes
+
+    import torch
+
+    from inferpath.kernels import build
+    from inferpath.kernels.groups import GGUF_FLOAT_TYPES
+    from inferpath.kernels.repacked import kernel_type
+
+    dtype = getattr(torch, activations)
+    floats = fmt in ("F32", "BF16", "F16")
+    fn = build.native_decode_matmuls(dtype if floats else "quantized")
+    if fn is None or dtype not in GGUF_FLOAT_TYPES or (floats and fmt == "F16"):
+        return None
+    rows, copies = _copies(fmt, rows, cols, resident)
+    with torch.inference_mode():
+        linears = [_linear(fmt, rows, cols) for _ in range(copies)]
+        weights = [linear.weight if floats else linear.qweight.data for linear in linears]
+        pointers = (ctypes.c_void_p * copies)(*(w.data_ptr() for w in weights))
+        qtype = GGUF_FLOAT_TYPES[weights[0].dtype] if floats else kernel_type(linears[0].qweight)
+        row_bytes = weights[0].shape[1] * weights[0].element_size()
+        one = torch.randn(1, cols).to(dtype)  # (1, in)
+        out = torch.empty(1, rows, dtype=dtype)  # (1, rows)
+        threads = torch.get_num_threads()
+
+        def run():
+            status = fn(copies, qtype, pointers, row_bytes, rows, one.data_ptr(), out.data_ptr(), 1, cols, threads,
+                        0, GGUF_FLOAT_TYPES[dtype])
+            if status:
+                raise RuntimeError(f"inferpath_decode_matmuls rejected {fmt} {rows}x{cols} (status {status})")
+
+        return sum(_weight_bytes(linear) for linear in linears) / _best(run)
+
+
+def _copies(fmt: str, rows: int, cols: int, resident: bool) -> tuple[int, int]:
+    """(rows, copies) of a (rows, cols) ``fmt`` matrix that a GEMV probe calls once a round
+    (``measure_gemv``'s doc)."""
+    per_matrix = rows * cols * _bytes_per_value(fmt)
+    total = max(per_matrix, llc_bytes() / 4) if resident else streamed_bytes()
+    if per_matrix > total:
+        return max(1, int(total / (cols * _bytes_per_value(fmt)))), 1
+    if resident:
+        return rows, max(1, int(total // per_matrix))
+    return rows, min(MAX_COPIES, -(-total // int(per_matrix)))
 
 
 def busy() -> bool:
@@ -135,12 +186,26 @@ def gemv_bytes() -> int:
     return min(GEMV_BYTES, probe.DEFAULT_BANDWIDTH_BYTES // 4)
 
 
-def measure_gemv_key(key: str) -> float:
+def streamed_bytes() -> int:
+    """What a streamed GEMV probe passes: ``gemv_bytes()``, and at least
+    ``STREAM_LLC_MULTIPLE`` last-level caches where the probe is full size. NOTE: two
+    copies of SmolLM2's 30 MB Q8_0 head (48 MB) kept part of it in the 32 MB cache between
+    rounds, and priced the head ~1.4x faster than a decode step reads it (~100 MB between
+    two reads of it)."""
+    base = gemv_bytes()
+    return max(base, STREAM_LLC_MULTIPLE * llc_bytes()) if base == GEMV_BYTES else base
+
+
+def measure_gemv_key(key: str) -> float | None:
     """``measure_gemv`` of a shape key "FORMAT/ACTIVATIONS/ROWSxCOLS", or of one ending in
-    "/resident" (cache-resident)."""
-    fmt, act, shape, *resident = key.split("/")
+    "/resident" (cache-resident); ``measure_native_gemv`` of one with "/native" after the
+    shape (None where the native call is not built)."""
+    fmt, act, shape, *rest = key.split("/")
     rows, cols = (int(v) for v in shape.split("x"))
-    return measure_gemv(fmt, act, rows, cols, resident=resident == [RESIDENT])
+    resident = RESIDENT in rest
+    if NATIVE in rest:
+        return measure_native_gemv(fmt, act, rows, cols, resident=resident)
+    return measure_gemv(fmt, act, rows, cols, resident=resident)
 
 
 def llc_bytes() -> int:
@@ -237,7 +302,10 @@ def with_gemv_shapes(hardware, keys: list[str], refresh: bool = False, cache_pat
     known = {} if refresh else dict(cached.get(key, {}).get("shape_gemv", {}))
     missing = [k for k in keys if k not in known] if measure else []
     for k in missing:
-        known[k] = measure_gemv_key(k)
+        rate = measure_gemv_key(k)
+        if rate is not None:  # a native shape where the call is not built: priced at the module rate
+            known[k] = rate
+    missing = [k for k in missing if k in known]
     if missing and not busy():  # a rate of a busy machine serves this run, and is not kept
         path, cached, key = cached_entry(cache_path=cache_path)  # another process may have written
         if key in cached:  # rates live beside the probe they belong to, never alone

@@ -29,18 +29,26 @@ from inferpath.engine.trace_stages import COVERS, ROW_ORDER
 from inferpath.explain.cost import PassCost, Precision, StageCost, pass_cost
 from inferpath.explain.hardware import HardwareSpec
 from inferpath.explain.routed_experts import ROUTED_STAGES, routed_step
+from inferpath.explain.sampler_cost import step_sampler_key
 
 _PER_TOKEN_WEIGHTS = ("embedding",)  # rows of the table read per token, not once per step
 _SAMPLED_ONLY = ("lm_head", "sampling")
+# rows a native decode step still runs as module calls, around the call (kernels/decode_stack.py);
+# the sampler's own Python is in its measured price (sampler_cost.py), not a module call
+AROUND_NATIVE = ("embedding", "final_norm", "lm_head")
 
 
 def step_cost(config: ModelConfig, hardware: HardwareSpec, precision: Precision,
-              chunks: list[tuple[int, int, bool]]) -> PassCost:
+              chunks: list[tuple[int, int, bool]], native: bool = False, sampler: str | None = None) -> PassCost:
     """Cost of one engine step of ``chunks`` = [(num_new_tokens, context_len, samples)].
 
     One chunk alone is exactly ``pass_cost``; several share one read of the weights.
+    ``native``: the step's layers ran in the native decode call (their matmuls at its rates:
+    kernel_cost.py); ``sampler``: the key of its sampled rows, whose ``sampling`` stage is
+    priced at the sampler's measured cost where ``hardware`` has it (sampler_cost.py).
     """
-    from inferpath.explain.kernel_cost import price_stages
+    from inferpath.explain.kernel_cost import hot_bytes, price_stages, stays_in_cache
+    from inferpath.explain.sampler_cost import price_sampling
 
     passes = [(pass_cost(config, hardware, precision, n, ctx, fused_attention=True, by_kernel=False), samples)
               for n, ctx, samples in chunks]
@@ -67,8 +75,12 @@ def step_cost(config: ModelConfig, hardware: HardwareSpec, precision: Precision,
                               memory_time_s=(read + written) / bw if first.on_accelerator else 0.0))
     first = passes[0][0]
     phase = "prefill" if any(p.phase == "prefill" for p, _ in passes) else "decode"
+    priced = price_stages(tuple(stages), precision, hardware, native)
+    cold = not stays_in_cache(hardware, hot_bytes(priced))  # the sampler runs after the step's bytes passed
     return PassCost(phase=phase, batch=len(chunks), num_new_tokens=sum(n for n, _, _ in chunks),
-                    context_len=max(ctx for _, ctx, _ in chunks), stages=price_stages(tuple(stages), precision, hardware),
+                    context_len=max(ctx for _, ctx, _ in chunks),
+                    stages=tuple(price_sampling(s, sampler, hardware, cold) if s.name == "sampling" else s
+                                 for s in priced),
                     weight_bytes_per_param=first.weight_bytes_per_param)
 
 
@@ -122,6 +134,15 @@ def row_prediction(row: str, predicted: PassCost, module_call_s: float = 0.0,
             "bound": max(stages, key=lambda s: s.time_s).bound}
 
 
+def module_call_cost(row: str, native: bool, hardware: HardwareSpec) -> float:
+    """What one instance of ``row`` pays beyond its kernel for being a module call: the
+    probe's ``module_call_s`` on the module path; on the native path only for the rows run
+    around the call (``AROUND_NATIVE``); none for the sampler (its probe is of the call itself)."""
+    if row == "sampling" or (native and row not in AROUND_NATIVE):
+        return 0.0
+    return hardware.module_call_s
+
+
 def precision_of(engine) -> Precision:
     """The cost model's precision of what the engine runs: its weight plan's
     (``Precision.of_plan``); for an engine over a model built by hand (no plan), its
@@ -148,9 +169,21 @@ def machine_for(engine, refresh: bool = False, measure: bool = True) -> Hardware
     from inferpath.explain.kernel_cost import gemv_shapes
     from inferpath.explain.probe import probe_this_machine
     from inferpath.explain.probe_kernels import with_gemv_shapes
+    from inferpath.explain.sampler_cost import probed_keys, sampler_key, with_sampler_costs
 
-    return with_gemv_shapes(probe_this_machine(refresh=refresh), gemv_shapes(precision_of(engine)), refresh,
-                            measure=measure)
+    shapes = gemv_shapes(precision_of(engine), native=native_decodes(engine))
+    hardware = with_gemv_shapes(probe_this_machine(refresh=refresh), shapes, refresh, measure=measure)
+    # the sampler of one greedy row (a chat's default here), and of one default sampled row
+    vocab = engine.model_config.vocab_size
+    return with_sampler_costs(hardware, probed_keys([sampler_key(vocab, ["greedy"]), sampler_key(vocab, ["sample"])]),
+                              refresh, measure=measure)
+
+
+def native_decodes(engine) -> bool:
+    """Whether the engine's decode steps can take the native decode call (kernels/decode_stack.py)."""
+    stack = getattr(engine.runner.model, "model", None)
+    refusal = getattr(stack, "native_decode_refusal", None)
+    return refusal is not None and getattr(stack, "use_native_decode", False) and not refusal()
 
 
 def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> dict:
@@ -167,18 +200,19 @@ def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> di
     steps = []
     for record in records:
         mine = record.chunk_of(request_id)
-        predicted = step_cost(config, hardware, precision,
-                              [(c.num_new_tokens, c.context_len, c.token_id is not None) for c in record.chunks])
         # the trace says whether the step's layers ran in the native decode call (its own
         # clock) or module by module (engine/trace.py StepRecord.native_decode)
         native = bool(getattr(record, "native_decode", False))
-        call_s = 0.0 if native else hardware.module_call_s
+        predicted = step_cost(config, hardware, precision,
+                              [(c.num_new_tokens, c.context_len, c.token_id is not None) for c in record.chunks],
+                              native, step_sampler_key(record, engine))
         # an MoE step: priced again at the experts its routers chose (explain/routed_experts.py)
         routed = routed_step(record, config, hardware, precision, predicted)
         rows = []
         for row in ROW_ORDER:
             if row not in record.stages:
                 continue
+            call_s = module_call_cost(row, native, hardware)
             rows.append({"stage": row, "measured_s": record.stages[row],
                          "covers": [n for n in covers[row] if any(s.name == n for s in predicted.stages)],
                          "note": tracer.fusions.get(row, ""), **row_prediction(row, predicted, call_s, covers)})

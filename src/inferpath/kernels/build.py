@@ -99,6 +99,9 @@ _EXTRA_SIGNATURES = {
     "inferpath_quant_matmul": [_N, _P, _I, _P, _P, _P, _I, _I, _I, _N, _N],
     # count, qtypes[], weights[], row bytes[], rows[], biases[], x, y, m, k, threads, rows alone
     "inferpath_quant_matmul_group": [_N] + [_P] * 7 + [_I, _I, _N, _N],
+    # count, qtype, weights[], row bytes, rows, x, y, m, k, threads, rows alone, activations' type
+    # (csrc/drivers/decode.c: the native step's matmuls, as the probe times them)
+    "inferpath_decode_matmuls": [_N, _N, _P, _I, _I, _P, _P, _I, _I, _N, _N, _N],
     # qtype, weight, row bytes, out (f32), rows, k, threads
     "inferpath_quant_dequantize": [_N, _P, _I, _P, _I, _I, _N],
     # GGUF qtype (Q4_K, Q6_K), weight, row bytes, rows, k, out (repacked: csrc/quant/r8.h), threads
@@ -435,6 +438,13 @@ def native_decode_layers(family: torch.dtype | str = "quantized", level: str | N
     that ``family`` (a float dtype, or "quantized" for GGUF blocks) runs at, or None."""
     family = _family(family)
     return _native("inferpath_decode_layers", family, level) if family in FAMILIES else None
+
+
+def native_decode_matmuls(family: torch.dtype | str = "quantized", level: str | None = None):
+    """The native decode step's matmul over several weights of one shape, one after another
+    (csrc/drivers/decode.c: what the probe times a call shape of the native step by), or None."""
+    family = _family(family)
+    return _native("inferpath_decode_matmuls", family, level) if family in FAMILIES else None
 
 
 def gemv_available(dtype: torch.dtype) -> bool:

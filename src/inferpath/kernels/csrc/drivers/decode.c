@@ -153,6 +153,23 @@ static int matmul(const weight_group *w, const void *x, void *y, int64_t m, int6
     return 0;
 }
 
+/* The probe's view of the step's matmuls (explain/probe_kernels.py): y = x W^T for each of
+ * num_weights weights of one shape in turn, through matmul() and the decode pool as a stage
+ * of the step calls them, with no Python between the calls: what a call shape costs the
+ * native step. weights: num_weights pointers to rows x row_bytes of GGUF type qtype (or
+ * TYPE_F32 / TYPE_BF16 rows of k values); x (m, k), y (m, rows) of type ``activations``. */
+int inferpath_decode_matmuls(int num_weights, int qtype, const uint8_t *const *weights, int64_t row_bytes,
+                             int64_t rows, const void *x, void *y, int64_t m, int64_t k, int num_threads,
+                             int rows_alone, int activations) {
+    const void *no_bias = NULL;
+    for (int i = 0; i < num_weights; i++) {
+        weight_group g = {1, &qtype, &weights[i], &row_bytes, &rows, &no_bias};
+        int status = matmul(&g, x, y, m, k, num_threads, rows_alone, activations);
+        if (status) return status;
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------- the row kernels, by dtype */
 static int rms_norm(int bf16, const void *x, const void *w, void *y, int64_t m, int64_t n, float eps, int threads) {
     return bf16 ? inferpath_rms_norm_bf16(x, w, y, m, n, eps, threads)
