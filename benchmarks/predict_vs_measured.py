@@ -37,6 +37,7 @@ from pathlib import Path
 
 from dataclasses import replace
 
+import inferpath  # noqa: F401  (before torch: OMP_WAIT_POLICY=PASSIVE, as every entry point; threads.py)
 import torch
 
 from inferpath import LLM, SamplingParams

@@ -22,6 +22,7 @@ import statistics
 import time
 from pathlib import Path
 
+import inferpath  # noqa: F401  (before torch: OMP_WAIT_POLICY=PASSIVE, as every entry point; threads.py)
 import torch
 import torch.nn.functional as F
 

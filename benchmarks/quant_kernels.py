@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import inferpath  # noqa: F401  (before torch: OMP_WAIT_POLICY=PASSIVE, as every entry point; threads.py)
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 

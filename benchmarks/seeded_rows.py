@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+import inferpath  # noqa: F401  (before torch: OMP_WAIT_POLICY=PASSIVE, as every entry point; threads.py)
 import torch
 
 from inferpath.config import EngineConfig

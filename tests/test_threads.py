@@ -3,6 +3,9 @@ faster, and switching counts mid-generation changes no token."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -104,3 +107,25 @@ def test_engine_switching_decode_threads_changes_no_token():
     finally:
         torch.set_num_threads(tuned.runner.thread_tuner.configured)
     assert set(fixed_counts) == {2} and {1, 2} <= set(tuned_counts)
+
+
+def _first_line(source: list[str], pattern: str) -> int | None:
+    return next((i for i, line in enumerate(source) if re.match(pattern, line)), None)
+
+
+def test_every_benchmark_imports_inferpath_before_torch():
+    """torch's OpenMP threads spin between parallel sections unless OMP_WAIT_POLICY is set
+    before torch loads libgomp; importing inferpath sets it (threads.py). A script that
+    imports torch first measures another engine: on the 1.5B file a verification step of 8
+    rows took 303 ms instead of 119, torch's SiLU over (8, 8960) values going parallel
+    while the decode pool's workers waited for the cores its threads held."""
+    benchmarks = Path(__file__).parents[1] / "benchmarks"
+    for script in sorted(benchmarks.glob("*.py")):
+        source = script.read_text().splitlines()
+        torch_at = _first_line(source, r"(import torch|from torch)\b")
+        inferpath_at = _first_line(source, r"(import inferpath|from inferpath)\b")
+        if torch_at is None:
+            continue
+        assert inferpath_at is not None and inferpath_at < torch_at, (
+            f"{script.name} imports torch (line {torch_at + 1}) before inferpath: its figures would "
+            "be taken with OpenMP threads spinning")
