@@ -17,7 +17,7 @@ from test_quantized import isa, random_weight  # noqa: F401 (isa: a fixture)
 from test_repacked import R8_TYPES, _matmul, _x
 
 Q = GGMLQuantizationType
-R8_GEMM_MIN_ROWS = 6  # csrc/quant/prepared.h: repacked weights take gemm.c's panels from this many rows
+R8_GEMM_MIN_ROWS = 9  # csrc/quant/prepared.h: repacked weights take gemm.c's panels from this many rows (past a tile)
 # (output rows, input columns): whole panels of 32, a panel of 4 groups and one of 1 (40), 3 (88)
 SHAPES = [(64, 512), (40, 3 * 256), (88, 5 * 256)]
 

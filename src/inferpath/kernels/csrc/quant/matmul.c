@@ -253,15 +253,18 @@ static void r8_columns(const quant_matmul *q, int i, float *y, int64_t c0, int64
         int64_t j0 = t * TILE_ROWS, rows = m - j0 < TILE_ROWS ? m - j0 : TILE_ROWS;
         q8_rows xj = {q->xq + j0 * k, q->xr + j0 * k, q->xd + j0 * nb, q->xs + j0 * nb, q->xh + 2 * j0 * nb, k,
                       lanes_for(m), q->one_pass};
-        for (int64_t g = (c0 - start) / R8_ROWS; start + g * R8_ROWS < c1; g++) {
-            float out[TILE_ROWS * R8_ROWS];
-            r8_rows(q->qtypes[i], q->ws[i] + g * group_bytes, &xj, rows, out);
-            int64_t lo = start + g * R8_ROWS, hi = lo + R8_ROWS;
+        for (int64_t g = (c0 - start) / R8_ROWS, width; start + g * R8_ROWS < c1; g += width / R8_ROWS) {
+            float out[TILE_ROWS * 2 * R8_ROWS];  /* two groups at once where the next is wanted and r8_pair.c runs */
+            const uint8_t *group = q->ws[i] + g * group_bytes;
+            const int pair = start + (g + 1) * R8_ROWS < c1 && start + (g + 2) * R8_ROWS <= q->starts[i + 1];
+            width = pair && r8_pair_rows(q->qtypes[i], group, group_bytes, &xj, rows, out) ? 2 * R8_ROWS : R8_ROWS;
+            if (width == R8_ROWS) r8_rows(q->qtypes[i], group, &xj, rows, out);
+            int64_t lo = start + g * R8_ROWS, hi = lo + width;
             lo = lo < c0 ? c0 : lo, hi = hi > c1 ? c1 : hi;
             for (int64_t r = lo; r < hi; r++) {
-                const int64_t local = r - start, lane = local % R8_ROWS;
+                const int64_t local = r - start, lane = local - g * R8_ROWS;
                 const float add = q->biases[i] ? q->biases[i][local] : 0.0f;
-                for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + r] = out[j * R8_ROWS + lane] + add;
+                for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + r] = out[j * width + lane] + add;
             }
         }
     }

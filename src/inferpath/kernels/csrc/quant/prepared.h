@@ -47,11 +47,14 @@ HIDDEN int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1)
  * 1 thread, ms GEMM vs the row/wide kernels: 2 rows 13.8 vs 11.1, 3: 15.0 vs 14.1, 4: 15.8
  * vs 17.0, 6: 17.6 vs 19.6, 8: 19.6 vs 20.6, 12: 26.7 vs 38.7, 32: 48.1 vs 75.6. */
 #define GEMM_MIN_ROWS 4
-/* The same for repacked weights (r8.h), whose own kernel (r8.c) serves fewer rows (a
- * 5-row verification tile among them). 1 thread, AMD EPYC Zen 4, ms r8.c vs the GEMM:
- * Q4_K 8960 x 1536 4 rows 0.42 vs 0.49, 5: 0.51 vs 0.54, 6: 0.60 vs 0.58, 8: 0.83 vs 0.68;
- * Q6_K 1536 x 8960 5: 0.84-1.21 vs 0.76, 6: 0.96-1.36 vs 0.86, 8: 1.67-2.24 vs 1.21-1.47. */
-#define R8_GEMM_MIN_ROWS 6
+/* The same for repacked weights (r8.h): their own kernel (r8.c, two groups at once in
+ * r8_pair.c) serves a whole tile of x (a verification step of 2-8 rows, batch 8), gemm.c's
+ * panels more rows (prefill). 1 thread, AMD EPYC Zen 4, us r8 vs the GEMM, medians of two
+ * interleaved rounds (benchmarks/r8rows_kernel.py, results/r8rows_kernel.json): Q4_K 512 x
+ * 1536 from L2 6 rows 89 vs 121, 8: 115 vs 146; Q6_K 6: 113 vs 178, 8: 154 vs 212; from
+ * memory Q4_K 8960 x 1536 6: 2098 vs 2817, 8: 2534 vs 3701; Q6_K 1536 x 8960 6: 2788 vs
+ * 3457, 8: 3627 vs 3763. (Before r8_pair.c: 6 rows 0.60 vs 0.58 ms, the GEMM from 6.) */
+#define R8_GEMM_MIN_ROWS (TILE_ROWS + 1)
 #define GEMM_PANEL 32
 
 #endif

@@ -60,6 +60,13 @@ static inline int q6_qh_at(int h) { return h == 0 ? 416 : 1184; }
 __attribute__((visibility("hidden"))) void r8_rows(int qtype, const uint8_t *group, const q8_rows *x, int64_t rows,
                                                    float *out);
 
+/* Two adjacent groups (group, group + group_bytes) against rows 0..rows-1 (<= TILE_ROWS)
+ * of x at once, in 512-bit registers (r8_pair.c): out[j * 16 + r] = group A's weight row r
+ * . x row j (r < 8), group B's row r - 8 (r >= 8), the bits of r8_rows on each group. 1, or
+ * 0 where the level has no 512-bit VNNI (the caller then runs r8_rows per group). */
+__attribute__((visibility("hidden"))) int r8_pair_rows(int qtype, const uint8_t *group, int64_t group_bytes,
+                                                       const q8_rows *x, int64_t rows, float *out);
+
 /* The rows [0, rows) (a multiple of 8) of a repacked tensor as float32 (rows, k), equal to
  * the bit to matmul.c's dequantizer of the file's blocks. */
 __attribute__((visibility("hidden"))) void r8_dequantize(int qtype, const uint8_t *w, int64_t rows, int64_t k,

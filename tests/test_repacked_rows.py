@@ -1,0 +1,89 @@
+"""r8.c's kernel and r8_pair.c's (two groups of eight rows at once, AVX-512 VNNI) at 1 to 8
+rows of x: against the dequantized float32 reference, equal to the bit across levels (the
+portable spec included), and a row's result whatever the rows beside it, with group counts
+odd and even and column ranges that start and end inside groups."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+
+from inferpath.kernels import build, ops
+from inferpath.kernels.groups import QuantGroup
+from inferpath.kernels.repacked import repack
+from inferpath.model.batch_invariant import row_invariant_dispatch
+from test_quantized import isa, one_pass_x, random_weight  # noqa: F401 (isa: a fixture)
+
+Q = GGMLQuantizationType
+R8_TYPES = [Q.Q4_K, Q.Q6_K]
+SHAPES = [(40, 3 * 256), (16, 256), (56, 7 * 256)]  # 5 groups (two pairs and one alone), 2, 7
+
+
+def _x(rows: int, cols: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, cols, generator=gen) * torch.rand(rows, 1, generator=gen) * 4
+
+
+def _matmul(x: torch.Tensor, packed, level: str | None = None) -> torch.Tensor:
+    with row_invariant_dispatch():  # every row through r8.c / r8_pair.c, never gemm.c's panels
+        return ops.run_quant_matmul(build.native_quant_matmul(level), x, packed.data, packed.kernel_type, None,
+                                    packed.shape[0])
+
+
+def _levels() -> list[str]:
+    return [level for level in build.LEVEL_NAMES
+            if build.can_run(level) and build.resolve_level("quantized", level)[0] == level]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("qtype", R8_TYPES, ids=[t.name for t in R8_TYPES])
+def test_one_to_eight_rows_against_the_float_reference(qtype, shape, isa):
+    n, k = shape
+    weight = random_weight(qtype, n, k, seed=n + k + int(qtype))
+    packed, exact_w = repack(weight, drop_source=False), weight.dequantize().double()
+    for rows in range(1, 9):
+        x = _x(rows, k, rows)
+        expected = one_pass_x(x).double() @ exact_w.T
+        scale = x.abs().double() @ exact_w.abs().T
+        error = (_matmul(x, packed).double() - expected).abs()
+        assert (error <= 2e-6 * scale + 1e-6).all(), (rows, (error / scale).max())
+
+
+@pytest.mark.parametrize("qtype", R8_TYPES, ids=[t.name for t in R8_TYPES])
+def test_one_to_eight_rows_give_the_same_bits_at_every_level(qtype):
+    weight = random_weight(qtype, 40, 3 * 256, seed=5)
+    packed = repack(weight, drop_source=False)
+    levels = _levels()
+    assert levels
+    for rows in range(1, 9):
+        x = _x(rows, 3 * 256, 10 + rows)
+        outs = {level: _matmul(x, packed, level) for level in levels}
+        for level, out in outs.items():
+            assert torch.equal(out, outs[levels[0]]), (rows, level, levels[0])
+
+
+@pytest.mark.parametrize("qtype", R8_TYPES, ids=[t.name for t in R8_TYPES])
+def test_a_row_gives_its_bits_whatever_the_rows_beside_it(qtype, isa):
+    weight = random_weight(qtype, 40, 2 * 256, seed=6)
+    packed = repack(weight, drop_source=False)
+    x = _x(8, 2 * 256, 3)
+    alone = torch.cat([_matmul(x[j:j + 1].contiguous(), packed) for j in range(8)])
+    for rows in range(2, 9):
+        assert torch.equal(_matmul(x[:rows].contiguous(), packed), alone[:rows]), rows
+
+
+def test_column_ranges_inside_groups_keep_the_bits(isa):
+    """A group call splits its columns where one weight ends: repacked weights of 24 and 40
+    rows (3 and 5 groups: a pair, then one alone) beside a 13-row Q4_K weight as laid out
+    (a K-quant: x stays in one int8 pass for the whole group)."""
+    w1 = repack(random_weight(Q.Q4_K, 24, 512, seed=1), drop_source=False)
+    w2 = random_weight(Q.Q4_K, 13, 512, seed=2)
+    w3 = repack(random_weight(Q.Q6_K, 40, 512, seed=3), drop_source=False)
+    group = QuantGroup(build.native_quant_matmul_group(), [w1, w2, w3], [None, None, None])
+    for rows in (1, 2, 5, 8):
+        x = _x(rows, 512, rows)
+        with row_invariant_dispatch():
+            out = group(x)
+        assert torch.equal(out[:, :24], _matmul(x, w1)), rows
+        assert torch.equal(out[:, 37:], _matmul(x, w3)), rows
