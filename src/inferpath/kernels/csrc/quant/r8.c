@@ -13,7 +13,8 @@
  * the other rows of the call, and the portable form runs the same float operations in the
  * same order (fmaf), so every level gives the same bits. Per group of eight weight rows and
  * sub-block, the weights are unpacked once for all rows of x; the scale vectors (one
- * cvtepu8 of eight bytes) too.
+ * cvtepu8 of eight bytes) too. With AVX-512 VNNI, matmul.c hands two adjacent groups at
+ * once to r8_pair.c (the same chain in 512-bit lanes); this file serves a group alone.
  */
 #include <stdint.h>
 #include <stdlib.h>
