@@ -142,7 +142,7 @@ static inline __attribute__((always_inline)) void pair_rows(const int qtype, con
 }
 
 int r8_pair_rows(int qtype, const uint8_t *group, int64_t group_bytes, const q8_rows *x, int64_t rows, float *out) {
-    if (rows < 1 || rows > TILE_ROWS) return 0;
+    if (rows < 1 || rows > TILE_ROWS || (qtype != Q4_K_R8 && qtype != Q6_K_R8)) return 0;  /* K-quants only */
     if (qtype == Q4_K_R8) {
         if (x->one_pass) pair_rows(Q4_K_R8, group, group_bytes, x, rows, 1, out);
         else pair_rows(Q4_K_R8, group, group_bytes, x, rows, 0, out);
