@@ -60,13 +60,14 @@ def test_repacked_within_the_activation_rounding(qtype, rows, isa):
 def test_every_level_gives_the_same_bits(qtype):
     """The SIMD kernels and the portable spec run one float chain per row, on the same
     exact integers (Q8_0: |w| against x carrying w's sign at every level): equal to the bit,
-    at 1, 5 and 64 rows (no GEMM panels from these groups)."""
+    at 1, 5 and 64 rows (row by row: the GEMM's panels are avx512's alone)."""
     weight = random_weight(qtype, 16, 11 * 32, seed=7)
     packed = repack(weight, drop_source=False)
     for rows in (1, 5, 64):
         x = _x(rows, 11 * 32, rows)
-        outs = {level: _matmul(x, packed, level=level) for level in build.LEVEL_NAMES
-                if build.can_run(level) and build.resolve_level("quantized", level)[0] == level}
+        with row_invariant_dispatch():
+            outs = {level: _matmul(x, packed, level=level) for level in build.LEVEL_NAMES
+                    if build.can_run(level) and build.resolve_level("quantized", level)[0] == level}
         assert len(outs) >= 1
         first = next(iter(outs.values()))
         for level, out in outs.items():
@@ -82,7 +83,20 @@ def test_a_row_alone_equals_the_same_row_in_a_tile(qtype, isa):
     for j in (0, 4, 12):
         assert torch.equal(_matmul(x[j:j + 1].contiguous(), weight), tile[j:j + 1])
     assert torch.equal(_matmul(x[:5].contiguous(), weight), tile[:5])
-    assert torch.equal(_matmul(x, weight), tile)  # every row count runs the row chain
+
+
+@pytest.mark.parametrize("rows", [6, 64, 512])
+@pytest.mark.parametrize("qtype", LEGACY, ids=IDS)
+def test_the_gemm_from_repacked_groups_is_the_files_gemm_to_the_bit(qtype, rows):
+    """avx512: gemm.c's panels packed from the groups (r8_legacy_pack) hold the file's
+    panel bytes and floats; 6+ rows, odd output counts in the last panel (40 = 32 + 8)."""
+    if not build.can_run("avx512") or build.resolve_level("quantized", "avx512")[0] != "avx512":
+        pytest.skip("gemm.c's panels run at avx512 only")
+    weight = random_weight(qtype, 40, 9 * 32, seed=rows)
+    packed = repack(weight, drop_source=False)
+    x = _x(rows, 9 * 32, rows)
+    bias = torch.randn(40)
+    assert torch.equal(_matmul(x, packed, bias, "avx512"), _matmul(x, weight, bias, "avx512"))
 
 
 def test_a_qkv_group_of_repacked_q5_0_and_q8_0_with_k_quants(isa):

@@ -276,8 +276,7 @@ void quant_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
     for (int i = 0; i < q->count; i++) {
         const int64_t lo = c0 > q->starts[i] ? c0 : q->starts[i], hi = c1 < q->starts[i + 1] ? c1 : q->starts[i + 1];
         if (lo >= hi) continue;
-        if (r8_legacy_format(q->qtypes[i])) r8_columns(q, i, y, lo, hi);  /* no GEMM panels from these groups */
-        else if (r8_format(q->qtypes[i])) {
+        if (r8_grouped(q->qtypes[i])) {
             if (!(q->use_gemm && q->m >= R8_GEMM_MIN_ROWS && gemm_columns(q, y, lo, hi) == 0)) r8_columns(q, i, y, lo, hi);
         } else if (!(q->use_gemm && gemm_columns(q, y, lo, hi) == 0)) row_columns(q, i, y, lo, hi);
     }
