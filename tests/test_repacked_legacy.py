@@ -120,3 +120,41 @@ def test_shapes_that_are_not_whole_groups_stay_as_laid_out():
     assert repackable(random_weight(Q.Q5_0, 8, 32, seed=0))
     with pytest.raises(ValueError, match="cannot be repacked by 8 rows"):
         repack(random_weight(Q.Q5_0, 20, 64, seed=0))
+
+
+@pytest.mark.parametrize("rows_alone", [True, False], ids=["rows-alone", "rows-together"])
+def test_the_05b_file_with_every_format_repacked_agrees_with_its_dequantized_self(rows_alone):
+    """Qwen2.5-Coder-0.5B's Q5_0, Q8_0, Q4_K and Q6_K linears all repacked (its Q8_0 head
+    among them), teacher-forced over 520 tokens as test_quantized's check: top-1 agreement
+    >= 99%, perplexity within 1% of the file dequantized to float32."""
+    import argparse
+
+    import torch.nn.functional as F
+
+    from inferpath.kernels import accelerate
+    from inferpath.kernels.quantized import QuantLinear, build_quantized_model
+    from inferpath.kernels.repacked import REPACK_FORMATS
+    from inferpath.model import build_model
+    from inferpath.models import resolve_model
+    from inferpath.tokenizer import load_tokenizer
+    from inferpath.weights import load_checkpoint
+    from test_quantized import _teacher_forced_logits
+
+    if build.native_quant_matmul() is None:
+        pytest.skip(f"no native kernel here: {build.kernel_status()}")
+    path = resolve_model("qwen2.5-coder-0.5b-instruct")
+    tokens = load_tokenizer(path).encode(argparse.__doc__)[:520]
+    quantized = build_quantized_model(load_checkpoint(path, keep_quantized=True), repack_formats=REPACK_FORMATS)
+    accelerate(quantized)
+    packed = {m.qweight.type_name for m in quantized.modules()
+              if isinstance(m, QuantLinear) and getattr(m.qweight, "repacked", False)}
+    assert packed == {"Q5_0", "Q8_0", "Q4_K", "Q6_K"} and quantized.lm_head.qweight.repacked
+    fused = _teacher_forced_logits(quantized, tokens, fused_rows=len(tokens), fused_head=False, rows_alone=rows_alone)
+    del quantized
+    plain = build_model(load_checkpoint(path))
+    accelerate(plain)
+    reference = _teacher_forced_logits(plain, tokens)
+    agreement = (fused.argmax(-1) == reference.argmax(-1)).float().mean().item()
+    targets = torch.tensor(tokens[1:])
+    ratio = F.cross_entropy(fused[:-1], targets).exp().item() / F.cross_entropy(reference[:-1], targets).exp().item()
+    assert agreement >= 0.99 and abs(ratio - 1) <= 0.01, (agreement, ratio)
