@@ -14,7 +14,11 @@ at ``REPACK_DEFAULT_LEVELS``, else with ``INFERPATH_REPACK=1``); a matrix
 whose rows are not a multiple of 8, or that an embedding shares (a tied LM head), stays
 as laid out. The repacked copy replaces the mapped one: the file's pages under it are
 dropped from this process (``madvise(MADV_DONTNEED)``; a file mapping's pages are read
-again from the file if anything touches them), so resident memory stays about the file's.
+again from the file if anything touches them), so resident memory stays about the file's
+(the 0.5B file with all four formats repacked: 502 MB against 498 as laid out, decode's
+peak RSS less the baseline). The copy stays in 4 KiB pages: MADV_HUGEPAGE on its whole
+2 MiB pages (the 151,936-row head's among them) measured no faster, decode or prefill
+(benchmarks/results/q8repack_ab_05b_2t_avx512.json).
 """
 
 from __future__ import annotations
@@ -111,7 +115,6 @@ def repack(weight, drop_source: bool = True) -> RepackedTensor:
     rows, cols = weight.shape
     src = weight.data.contiguous()
     out = torch.empty((rows, cols // BLOCK_VALUES[weight.qtype] * ROW_BYTES[weight.qtype]), dtype=torch.uint8)
-    advise_hugepages(out.data_ptr(), out.numel())
     if fn(int(weight.qtype), src.data_ptr(), src.shape[1], rows, cols, out.data_ptr(), torch.get_num_threads()) != 0:
         raise RuntimeError(f"repack rejected {weight.qtype.name} {tuple(weight.shape)}")
     if drop_source:
@@ -120,20 +123,6 @@ def repack(weight, drop_source: bool = True) -> RepackedTensor:
 
 
 MADV_DONTNEED = 4
-MADV_HUGEPAGE = 14
-HUGEPAGE = 2 << 20
-
-
-def advise_hugepages(address: int, length: int) -> int:
-    """Ask for transparent huge pages under the whole 2 MiB pages of [address, address +
-    length) (madvise MADV_HUGEPAGE: THP is in ``madvise`` mode here, and the repacked copy
-    is ordinary anonymous memory, else 4 KiB pages: a TLB miss every 4 KiB of a streamed
-    weight). Before the repacking writes it, so the pages are faulted in huge. The bytes
-    advised, 0 where nothing was (a smaller tensor, or the call refused)."""
-    lo, hi = -(-address // HUGEPAGE) * HUGEPAGE, (address + length) // HUGEPAGE * HUGEPAGE
-    if hi <= lo or os.name != "posix" or os.environ.get("INFERPATH_REPACK_HUGEPAGES", "1") == "0":
-        return 0
-    return hi - lo if _libc().madvise(lo, hi - lo, MADV_HUGEPAGE) == 0 else 0
 
 
 @cache
