@@ -43,6 +43,9 @@ REPACK_LEVELS = ("avx2", "avx512")  # levels whose r8 kernel is SIMD (generic ru
 # file's layout. 512-token prefill, AMD EPYC Zen 4 (benchmarks/repack_ab.py, medians):
 # avx2 1.5B 1.71x at 1 and 2 threads, 0.5B 1.13x / 1.30x; avx512 1.5B 0.99-1.06x at 1
 # thread but 0.84-0.94x at 2 (0.5B 0.98x / 0.92x): opt-in there until that is explained.
+# Re-measured with Q8_0 / Q5_0 repacked too (q8repack_prefill_2t_avx512.json, 2 threads, a
+# loaded machine): 1.5B 1.02x (rounds 0.90-1.09), 0.5B rounds 0.98-1.60: no clear win, and
+# huge pages on the copies changed nothing (q8repack_ab_05b_2t_avx512.json): still opt-in.
 REPACK_DEFAULT_LEVELS = ("avx2",)
 ROW_BYTES = {Q.Q4_K: 1184 // R8_ROWS, Q.Q6_K: 1696 // R8_ROWS,  # per super-block, a group's / 8
              Q.Q8_0: 272 // R8_ROWS, Q.Q5_0: 176 // R8_ROWS}  # per 32-value block

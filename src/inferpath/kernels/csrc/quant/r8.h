@@ -1,4 +1,5 @@
-/* K-quants repacked at load into groups of eight output rows (r8.c), for matmul.c.
+/* Weights repacked at load into groups of eight output rows (K-quants: r8.c; Q8_0 and
+ * Q5_0: r8_legacy.c), for matmul.c.
  *
  * A repacked tensor keeps its GGUF format's values, scales and float16 d / dmin, laid out
  * so that one 32-byte load holds four quant values of each of eight rows for the same
