@@ -24,8 +24,8 @@
  * with AVX-512 VNNI gemm.c's packed panels take GEMM_MIN_ROWS rows or more. Weight
  * rows are split over the decode pool's threads in chunks (below). Weights repacked by 8 rows
  * (r8.h) take r8.c's or r8_legacy.c's kernel, and gemm.c's panels packed from their groups.
- * ``inferpath_quant_dequantize`` turns rows into float32 (embedding lookups, and large batches where a float GEMM over a dequantized
- * tile is faster).
+ * ``inferpath_quant_dequantize`` turns rows into float32 (embedding lookups, and large
+ * batches where a float GEMM over a dequantized tile is faster).
  */
 #include <stdlib.h>
 
