@@ -76,7 +76,7 @@ KERNEL_NAMES = {
     "float32": "gemv (float32 or bf16 weights), rms_norm, silu_mul, rope, paged decode attention, argmax, "
                "native decode",
     "bfloat16": "gemv, rms_norm, silu_mul, rope, paged decode attention, native decode",
-    "quantized": "GGUF Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K matmul and dequantize, Q4_K/Q6_K repacked by 8 rows",
+    "quantized": "GGUF Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K matmul and dequantize, Q4_K/Q6_K/Q8_0/Q5_0 repacked by 8 rows",
 }
 
 _P, _I, _F, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int  # pointer, size, float, threads
@@ -106,6 +106,8 @@ _EXTRA_SIGNATURES = {
     "inferpath_quant_dequantize": [_N, _P, _I, _P, _I, _I, _N],
     # GGUF qtype (Q4_K, Q6_K), weight, row bytes, rows, k, out (repacked: csrc/quant/r8.h), threads
     "inferpath_quant_repack": [_N, _P, _I, _I, _I, _P, _N],
+    # the same for Q8_0 / Q5_0 (csrc/quant/r8_legacy.c)
+    "inferpath_quant_repack_legacy": [_N, _P, _I, _I, _I, _P, _N],
     # layers, count, shape, x, m, cos, sin, slots, rows (decode rows and chunks), threads, rows alone,
     # stage seconds (or NULL)
     "inferpath_decode_layers": [_P, _N, _P, _P, _I, _P, _P, _P, _P, _N, _N, _P],
@@ -426,6 +428,11 @@ def native_quant_dequantize(level: str | None = None):
 def native_quant_repack(level: str | None = None):
     """The repacking of Q4_K / Q6_K rows into groups of eight (csrc/quant/r8.c), or None."""
     return _native("inferpath_quant_repack", "quantized", level)
+
+
+def native_quant_repack_legacy(level: str | None = None):
+    """The repacking of Q8_0 / Q5_0 rows into groups of eight (csrc/quant/r8_legacy.c), or None."""
+    return _native("inferpath_quant_repack_legacy", "quantized", level)
 
 
 def native_gemv_group(dtype: torch.dtype, level: str | None = None):

@@ -1,10 +1,12 @@
-"""K-quant weights repacked once at load into groups of eight output rows (csrc/quant/r8.h).
+"""Quantized weights repacked once at load into groups of eight output rows (csrc/quant/r8.h).
 
 A ``RepackedTensor`` holds a Q4_K or Q6_K matrix's values, scales and float16 d / dmin in
 the interleaved layout r8.c's kernel reads: one 32-byte load holds four values of each of
 eight rows, so one broadcast of x and one vpdpbusd serve eight output rows and a row's
 result needs no horizontal reduction. Q4_K takes 1184 bytes per group and super-block
 against the file's 8 x 144 (+2.8%); Q6_K 1696 against 8 x 210 (+1%: 32-byte aligned loads).
+Q8_0 and Q5_0 (r8_legacy.c) take a group's 32-value block in the file's bytes exactly
+(272 = 8 x 34, 176 = 8 x 22): the eight float16 d, then the values four bytes a row.
 
 Which tensors are repacked is the weight plan's (``WeightPlan.repacked``: the allow-list
 ``REPACK_FORMATS`` at the levels ``REPACK_LEVELS``, where the kernel is SIMD: by default
@@ -12,7 +14,11 @@ at ``REPACK_DEFAULT_LEVELS``, else with ``INFERPATH_REPACK=1``); a matrix
 whose rows are not a multiple of 8, or that an embedding shares (a tied LM head), stays
 as laid out. The repacked copy replaces the mapped one: the file's pages under it are
 dropped from this process (``madvise(MADV_DONTNEED)``; a file mapping's pages are read
-again from the file if anything touches them), so resident memory stays about the file's.
+again from the file if anything touches them), so resident memory stays about the file's
+(the 0.5B file with all four formats repacked: 502 MB against 498 as laid out, decode's
+peak RSS less the baseline). The copy stays in 4 KiB pages: MADV_HUGEPAGE on its whole
+2 MiB pages (the 151,936-row head's among them) measured no faster, decode or prefill
+(benchmarks/results/q8repack_ab_05b_2t_avx512.json).
 """
 
 from __future__ import annotations
@@ -31,22 +37,28 @@ from inferpath.kernels import build
 Q = GGMLQuantizationType
 R8_BASE = 1000  # csrc/quant/blocks.h: a repacked format's kernel id is R8_BASE + its GGUF type
 R8_ROWS = 8
-REPACK_FORMATS = ("Q4_K", "Q6_K")  # the allow-list: formats r8.c has a kernel for
+REPACK_FORMATS = ("Q4_K", "Q6_K", "Q8_0", "Q5_0")  # the allow-list: formats r8.c / r8_legacy.c have a kernel for
 REPACK_LEVELS = ("avx2", "avx512")  # levels whose r8 kernel is SIMD (generic runs the C spec)
 # Levels that repack without INFERPATH_REPACK=1: where prefill is at least as fast as the
 # file's layout. 512-token prefill, AMD EPYC Zen 4 (benchmarks/repack_ab.py, medians):
 # avx2 1.5B 1.71x at 1 and 2 threads, 0.5B 1.13x / 1.30x; avx512 1.5B 0.99-1.06x at 1
 # thread but 0.84-0.94x at 2 (0.5B 0.98x / 0.92x): opt-in there until that is explained.
+# Re-measured with Q8_0 / Q5_0 repacked too (q8repack_prefill_2t_avx512.json, 2 threads, a
+# loaded machine): 1.5B 1.02x (rounds 0.90-1.09), 0.5B rounds 0.98-1.60: no clear win, and
+# huge pages on the copies changed nothing (q8repack_ab_05b_2t_avx512.json): still opt-in.
 REPACK_DEFAULT_LEVELS = ("avx2",)
-ROW_BYTES = {Q.Q4_K: 1184 // R8_ROWS, Q.Q6_K: 1696 // R8_ROWS}  # per super-block, a group's / 8
+ROW_BYTES = {Q.Q4_K: 1184 // R8_ROWS, Q.Q6_K: 1696 // R8_ROWS,  # per super-block, a group's / 8
+             Q.Q8_0: 272 // R8_ROWS, Q.Q5_0: 176 // R8_ROWS}  # per 32-value block
+BLOCK_VALUES = {Q.Q4_K: 256, Q.Q6_K: 256, Q.Q8_0: 32, Q.Q5_0: 32}  # the values ROW_BYTES covers
+LEGACY = (Q.Q8_0, Q.Q5_0)  # repacked by r8_legacy.c (the others by r8.c)
 
 
 @dataclass(frozen=True)
 class RepackedTensor:
-    """A (rows, cols) K-quant matrix in r8.h's layout.
+    """A (rows, cols) quantized matrix in r8.h's layout.
 
     Invariant: ``data`` is (rows, row_bytes) uint8, contiguous, rows % 8 == 0, row_bytes =
-    cols / 256 * ROW_BYTES[qtype]; its rows 8G..8G+7 together hold group G (a row slice at
+    cols / BLOCK_VALUES[qtype] * ROW_BYTES[qtype]; its rows 8G..8G+7 together hold group G (a row slice at
     multiples of 8 is a slice of groups, ops.dequantized_linear's tiles); ``qtype`` is the
     file's GGUF format."""
 
@@ -87,9 +99,9 @@ def kernel_type(weight) -> int:
 
 
 def repackable(weight) -> bool:
-    """Whether r8.c takes this QuantizedTensor (format, whole groups of eight rows)."""
+    """Whether r8.c or r8_legacy.c takes this QuantizedTensor (format, whole groups of eight rows)."""
     rows, cols = weight.shape
-    return weight.qtype in ROW_BYTES and rows % R8_ROWS == 0 and cols % 256 == 0
+    return weight.qtype in ROW_BYTES and rows % R8_ROWS == 0 and cols % BLOCK_VALUES[weight.qtype] == 0
 
 
 def repack(weight, drop_source: bool = True) -> RepackedTensor:
@@ -99,13 +111,13 @@ def repack(weight, drop_source: bool = True) -> RepackedTensor:
     Raises ValueError for a weight r8.c does not take, RuntimeError without the kernels."""
     if not repackable(weight):
         raise ValueError(f"{weight.qtype.name} {tuple(weight.shape)} cannot be repacked by 8 rows: "
-                         f"needs {' or '.join(REPACK_FORMATS)}, rows a multiple of 8, columns of 256")
-    fn = build.native_quant_repack()
+                         f"needs {' or '.join(REPACK_FORMATS)}, rows a multiple of 8, whole blocks of columns")
+    fn = build.native_quant_repack_legacy() if weight.qtype in LEGACY else build.native_quant_repack()
     if fn is None:
         raise RuntimeError(f"repacking needs the native kernels: {build.kernel_status()}")
     rows, cols = weight.shape
     src = weight.data.contiguous()
-    out = torch.empty((rows, cols // 256 * ROW_BYTES[weight.qtype]), dtype=torch.uint8)
+    out = torch.empty((rows, cols // BLOCK_VALUES[weight.qtype] * ROW_BYTES[weight.qtype]), dtype=torch.uint8)
     if fn(int(weight.qtype), src.data_ptr(), src.shape[1], rows, cols, out.data_ptr(), torch.get_num_threads()) != 0:
         raise RuntimeError(f"repack rejected {weight.qtype.name} {tuple(weight.shape)}")
     if drop_source:

@@ -20,7 +20,8 @@
  * Q4_K and Q6_K repacked by 8 rows (r8.h) pack into the same panel (r8_pack: 4 groups of 8
  * columns, no transpose: a group holds each quad's 8 rows side by side already), with the
  * bytes and floats the file's blocks give, so a repacked weight's GEMM equals its file's
- * to the bit (tests/test_repacked_gemm.py).
+ * to the bit (tests/test_repacked_gemm.py). Q8_0 and Q5_0 repacked (r8_legacy.c) likewise
+ * (r8_legacy_pack).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -169,6 +170,45 @@ static void r8_pack(int qtype, const uint8_t *w, int64_t group_bytes, int cols, 
         }
 }
 
+/* The same from Q8_0 or Q5_0 repacked by 8 rows (r8.h, r8_legacy.c): a group's 32 bytes
+ * for one quad are its rows' four values side by side, as the file's pack above makes them
+ * (Q8_0: offset by 128 to unsigned; Q5_0: the fifth bit joined), and the same floats (d,
+ * and 0 - OFFSET * d), so the GEMM's results are the as-laid-out GEMM's to the bit. */
+static void r8_legacy_pack(int qtype, const uint8_t *w, int64_t group_bytes, int cols, int64_t nb, uint8_t *panel) {
+    const int groups = (cols + R8_ROWS - 1) / R8_ROWS, is_q8 = qtype == Q8_0_R8;
+    const int64_t block_bytes = is_q8 ? Q8_0_R8_BYTES : Q5_0_R8_BYTES;
+    const __m256i low = _mm256_set1_epi8(0xf), fifth = _mm256_set1_epi8(0x10), flip = _mm256_set1_epi8((char)0x80);
+    const __m256 offset = _mm256_set1_ps(is_q8 ? 128.0f : 16.0f);
+    if (cols < PANEL) memset(panel, 0, (size_t)(nb * BLOCK_BYTES));
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *pb = panel + b * BLOCK_BYTES;
+        for (int G = 0; G < groups; G++) {
+            const uint8_t *o = w + G * group_bytes + b * block_bytes;
+            if (b + PREFETCH_BLOCKS < nb)
+                for (int64_t at = 0; at < block_bytes; at += 64)
+                    _mm_prefetch((const char *)o + PREFETCH_BLOCKS * block_bytes + at, _MM_HINT_T0);
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(o + 16));
+            for (int g = 0; g < 8; g++) {
+                __m256i v;
+                if (is_q8) {
+                    v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(o + 16 + 32 * g)), flip);
+                } else {
+                    const __m256i nib = _mm256_loadu_si256((const __m256i *)(o + 48 + 32 * (g % 4)));
+                    const __m256i h = g < 4 ? _mm256_slli_epi16(hb, 4 - g) : _mm256_srli_epi16(hb, g - 4);
+                    v = _mm256_or_si256(_mm256_and_si256(g < 4 ? nib : _mm256_srli_epi16(nib, 4), low),
+                                        _mm256_and_si256(h, fifth));
+                }
+                _mm256_store_si256((__m256i *)(pb + g * QUAD_BYTES + 32 * G), v);
+            }
+            float *scale = (float *)(pb + 8 * QUAD_BYTES) + 8 * G, *min = scale + 2 * PANEL;
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)o));
+            const __m256 mn = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(offset, d));  /* 0 - OFFSET * d */
+            _mm256_store_ps(scale, d), _mm256_store_ps(scale + PANEL, d);
+            _mm256_store_ps(min, mn), _mm256_store_ps(min + PANEL, mn);
+        }
+    }
+}
+
 typedef void (*pack_fn)(const uint8_t *, int64_t, int, int64_t, uint8_t *);
 
 static pack_fn pack_of(int qtype, int *two_scales) {
@@ -279,7 +319,11 @@ int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
         const int cols = (int)(end - c);
         const int64_t local = c - q->starts[i];
         int two_scales;
-        if (r8_format(q->qtypes[i])) {  /* from a group boundary only (else r8.c's kernel serves) */
+        if (r8_legacy_format(q->qtypes[i])) {  /* the same, for r8_legacy.c's groups */
+            if (local % R8_ROWS) return -1;
+            two_scales = 0;
+            r8_legacy_pack(q->qtypes[i], q->ws[i] + local * q->row_bytes[i], R8_ROWS * q->row_bytes[i], cols, nb, panel);
+        } else if (r8_format(q->qtypes[i])) {  /* from a group boundary only (else r8.c's kernel serves) */
             if (local % R8_ROWS) return -1;
             two_scales = q->qtypes[i] == Q6_K_R8;
             r8_pack(q->qtypes[i], q->ws[i] + local * q->row_bytes[i], R8_ROWS * q->row_bytes[i], cols, nb, panel);

@@ -22,9 +22,10 @@
  * kernel here unpacks a weight block once for a tile of up to 8 rows of x (one row: the
  * decode step); on AVX2 wide.c's kernel takes whole tiles of 6+ rows a 32-bit lane per row,
  * with AVX-512 VNNI gemm.c's packed panels take GEMM_MIN_ROWS rows or more. Weight
- * rows are split over the decode pool's threads in chunks (below). ``inferpath_quant_dequantize`` turns rows
- * into float32 (embedding lookups, and large batches where a float GEMM over a dequantized
- * tile is faster).
+ * rows are split over the decode pool's threads in chunks (below). Weights repacked by 8 rows
+ * (r8.h) take r8.c's or r8_legacy.c's kernel, and gemm.c's panels packed from their groups.
+ * ``inferpath_quant_dequantize`` turns rows into float32 (embedding lookups, and large
+ * batches where a float GEMM over a dequantized tile is faster).
  */
 #include <stdlib.h>
 
@@ -159,6 +160,7 @@ static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
         FOR_EACH_FORMAT(FORMAT_CASE)
         case MXFP4: *block = 32; *bytes = MXFP4_BYTES; *fn = mxfp4_rows; return 1;  /* mxfp4.c */
         case Q4_K_R8: case Q6_K_R8: *block = 256; *bytes = r8_row_bytes(qtype); *fn = 0; return 1;  /* r8.c */
+        case Q8_0_R8: case Q5_0_R8: *block = 32; *bytes = r8_legacy_row_bytes(qtype); *fn = 0; return 1;  /* r8_legacy.c */
         default: return 0;
     }
 }
@@ -190,7 +192,7 @@ int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *
         if (!format_of(qtypes[i], &block, &bytes, &q->fns[i]) || ns[i] < 1 || k < block || k % block
             || row_bytes[i] != k / block * bytes)
             return -1;
-        if (r8_format(qtypes[i]) && ns[i] % R8_ROWS) return -1;  /* whole groups of eight rows */
+        if (r8_grouped(qtypes[i]) && ns[i] % R8_ROWS) return -1;  /* whole groups of eight rows */
         q->starts[i + 1] = q->starts[i] + ns[i];
         q->qtypes[i] = qtypes[i];
     }
@@ -201,7 +203,7 @@ int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *
     q->use_gemm = m >= GEMM_MIN_ROWS && !rows_alone && gemm_ready() && !mxfp4_in(qtypes, count);
     q->use_wide = m >= WIDE_MIN_ROWS && !rows_alone && !q->use_gemm;
     for (int i = 0; i < count; i++)  /* repacked weights (r8.c) take their own kernel: not counted */
-        q->use_wide = q->use_wide && (r8_format(qtypes[i]) || (q->wides[i] = wide_kernel(qtypes[i])) != 0);
+        q->use_wide = q->use_wide && (r8_grouped(qtypes[i]) || (q->wides[i] = wide_kernel(qtypes[i])) != 0);
     int64_t padded = q->tiles * TILE_ROWS;
     q->xq = (int8_t *)malloc((size_t)((q->use_wide ? 4 : 2) * padded * k)), q->xr = q->xq + m * k;
     int64_t lanes = padded * nb;  /* per-block scalars, tile-major */
@@ -242,7 +244,7 @@ static void row_columns(const quant_matmul *q, int i, float *y, int64_t c0, int6
     }
 }
 
-/* The same for a repacked weight (r8.c): groups of eight columns, each against a tile of
+/* The same for a repacked weight (r8.c, r8_legacy.c): groups of eight columns, each against a tile of
  * x at once. A range that starts or ends inside a group computes the whole group and keeps
  * its columns (decode.c's and the pool's chunks are multiples of 16: whole groups where
  * the group's weights start at multiples of 8). */
@@ -258,7 +260,8 @@ static void r8_columns(const quant_matmul *q, int i, float *y, int64_t c0, int64
             const uint8_t *group = q->ws[i] + g * group_bytes;
             const int pair = start + (g + 1) * R8_ROWS < c1 && start + (g + 2) * R8_ROWS <= q->starts[i + 1];
             width = pair && r8_pair_rows(q->qtypes[i], group, group_bytes, &xj, rows, out) ? 2 * R8_ROWS : R8_ROWS;
-            if (width == R8_ROWS) r8_rows(q->qtypes[i], group, &xj, rows, out);
+            if (width == R8_ROWS && r8_legacy_format(q->qtypes[i])) r8_legacy_rows(q->qtypes[i], group, &xj, rows, out);
+            else if (width == R8_ROWS) r8_rows(q->qtypes[i], group, &xj, rows, out);
             int64_t lo = start + g * R8_ROWS, hi = lo + width;
             lo = lo < c0 ? c0 : lo, hi = hi > c1 ? c1 : hi;
             for (int64_t r = lo; r < hi; r++) {
@@ -277,7 +280,7 @@ void quant_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
     for (int i = 0; i < q->count; i++) {
         const int64_t lo = c0 > q->starts[i] ? c0 : q->starts[i], hi = c1 < q->starts[i + 1] ? c1 : q->starts[i + 1];
         if (lo >= hi) continue;
-        if (r8_format(q->qtypes[i])) {
+        if (r8_grouped(q->qtypes[i])) {
             if (!(q->use_gemm && q->m >= R8_GEMM_MIN_ROWS && gemm_columns(q, y, lo, hi) == 0)) r8_columns(q, i, y, lo, hi);
         } else if (!(q->use_gemm && gemm_columns(q, y, lo, hi) == 0)) row_columns(q, i, y, lo, hi);
     }
@@ -365,9 +368,10 @@ int inferpath_quant_dequantize(int qtype, const uint8_t *w, int64_t row_bytes, f
     rows_fn fn;
     if (!format_of(qtype, &block, &bytes, &fn) || rows < 1 || k < block || k % block || row_bytes != k / block * bytes)
         return -1;
-    if (r8_format(qtype)) {  /* whole groups of eight rows (r8.c) */
+    if (r8_grouped(qtype)) {  /* whole groups of eight rows (r8.c, r8_legacy.c) */
         if (rows % R8_ROWS) return -1;
-        r8_dequantize(qtype, w, rows, k, out, num_threads);
+        if (r8_legacy_format(qtype)) r8_legacy_dequantize(qtype, w, rows, k, out, num_threads);
+        else r8_dequantize(qtype, w, rows, k, out, num_threads);
         return 0;
     }
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * k >= 65536)

@@ -1,4 +1,5 @@
-/* K-quants repacked at load into groups of eight output rows (r8.c), for matmul.c.
+/* Weights repacked at load into groups of eight output rows (K-quants: r8.c; Q8_0 and
+ * Q5_0: r8_legacy.c), for matmul.c.
  *
  * A repacked tensor keeps its GGUF format's values, scales and float16 d / dmin, laid out
  * so that one 32-byte load holds four quant values of each of eight rows for the same
@@ -26,8 +27,18 @@
  *     h    high two bits of quarter h (sub-blocks 4h..4h+3): [8 quads][8 rows][4], bits
  *          2i, 2i+1 of byte (g, r, e): value 4g + e of sub-block 4h + i; at 416, 1184
  *
+ * Q8_0 and Q5_0 (r8_legacy.c), per group of eight rows and 32-value block, bytes:
+ *
+ *   Q8_0_R8 272 (= 8 x 34, the file's):
+ *       0  d[8] float16        16  q[8 quads g][8 rows][4] int8: row r's values 4g..4g+3
+ *   Q5_0_R8 176 (= 8 x 22, the file's):
+ *       0  d[8] float16        16  qh[8 rows][4]: bit g of byte (r, e) is the fifth bit of
+ *                                  row r's value 4g + e (a quad's bits: one shift, one and)
+ *      48  q[4 quads g][8 rows][4]: byte (g, r, e) holds row r's value 4g + e in its low
+ *          nibble and 16 + 4g + e in its high one (the file's q[4g + e])
+ *
  * A repacked tensor of n rows (n a multiple of 8) is n rows of R8_ROW_BYTES per
- * super-block in matmul.c's terms: rows 8G..8G+7 together hold group G, so row ranges at
+ * super-block (Q8_0, Q5_0: per block) in matmul.c's terms: rows 8G..8G+7 together hold group G, so row ranges at
  * multiples of 8 are ranges of groups.
  */
 #ifndef INFERPATH_QUANT_R8_H
@@ -47,6 +58,19 @@ static inline int64_t r8_row_bytes(int qtype) {
     return qtype == Q4_K_R8 ? Q4_K_R8_BYTES / R8_ROWS : qtype == Q6_K_R8 ? Q6_K_R8_BYTES / R8_ROWS : 0;
 }
 static inline int r8_format(int qtype) { return r8_row_bytes(qtype) != 0; }
+
+/* Q8_0 and Q5_0 repacked (r8_legacy.c): ids as R8_BASE + the GGUF type, bytes per group
+ * and 32-value block */
+enum { Q5_0_R8 = R8_BASE + Q5_0, Q8_0_R8 = R8_BASE + Q8_0 };
+#define Q8_0_R8_BYTES 272
+#define Q5_0_R8_BYTES 176
+/* the bytes a row takes per 32-value block (a group's / 8), 0 if not one of these */
+static inline int64_t r8_legacy_row_bytes(int qtype) {
+    return qtype == Q8_0_R8 ? Q8_0_R8_BYTES / R8_ROWS : qtype == Q5_0_R8 ? Q5_0_R8_BYTES / R8_ROWS : 0;
+}
+static inline int r8_legacy_format(int qtype) { return r8_legacy_row_bytes(qtype) != 0; }
+/* any format repacked by groups of eight rows (r8.c or r8_legacy.c) */
+static inline int r8_grouped(int qtype) { return r8_format(qtype) || r8_legacy_format(qtype); }
 
 /* where Q6_K_R8's low bits of pair p and high bits of quarter h lie in a super-block */
 static inline int q6_ql_at(int p) { return p == 0 ? 160 : p == 1 ? 672 : p == 2 ? 928 : 1440; }
@@ -72,5 +96,13 @@ __attribute__((visibility("hidden"))) int r8_pair_rows(int qtype, const uint8_t 
  * the bit to matmul.c's dequantizer of the file's blocks. */
 __attribute__((visibility("hidden"))) void r8_dequantize(int qtype, const uint8_t *w, int64_t rows, int64_t k,
                                                          float *out, int num_threads);
+
+/* r8_rows and r8_dequantize for Q8_0_R8 and Q5_0_R8 (r8_legacy.c), with the same contract:
+ * batch invariant, equal to the bit across levels; the values equal to matmul.c's
+ * dequantizer of the file's blocks */
+__attribute__((visibility("hidden"))) void r8_legacy_rows(int qtype, const uint8_t *group, const q8_rows *x,
+                                                          int64_t rows, float *out);
+__attribute__((visibility("hidden"))) void r8_legacy_dequantize(int qtype, const uint8_t *w, int64_t rows, int64_t k,
+                                                                float *out, int num_threads);
 
 #endif
