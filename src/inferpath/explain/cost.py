@@ -84,6 +84,9 @@ class Precision:
     # each matmul stage's matrices as they run (explain/stage_formats.py): priced at the rate
     # of their own kernel (explain/kernel_cost.py); () prices every stage at the mean bytes
     formats: tuple = field(default=(), compare=False)
+    # the block formats whose layer matrices run repacked by 8 rows (WeightPlan.repacked): their
+    # rates are the repacked kernel's (kernel_cost.rate_format)
+    repacked: tuple = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if self.weights not in DTYPE_BYTES:
@@ -97,7 +100,7 @@ class Precision:
         base = cls.parse(str(plan.activation_dtype).removeprefix("torch."))
         if not plan.quantized and plan.bytes_per_weight == base.weight_bytes:
             return base
-        return cls(base.weights, plan.bytes_per_weight, " + ".join(plan.runs))
+        return cls(base.weights, plan.bytes_per_weight, " + ".join(plan.runs), repacked=tuple(plan.repacked))
 
     @classmethod
     def of_gguf(cls, path) -> "Precision":

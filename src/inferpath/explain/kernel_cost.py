@@ -56,17 +56,31 @@ NATIVE = "native"  # the suffix of a shape key measured through the native step'
 NATIVE_STAGES = frozenset(LAYER_MATMUL_STAGES)
 
 
-def gemv_rate(hardware, run: MatrixRun, activations: str, resident: bool = False, native: bool = False) -> float:
+def rate_format(run: MatrixRun, stage: str, repacked: tuple = ()) -> str:
+    """The format a rate key names for ``run`` of ``stage``: ``"Q4_K_R8"`` where the loader
+    repacks it by 8 rows (a layer matrix of a format in ``repacked``, ``Precision.repacked``,
+    whose shape r8.c takes: rows of 8, columns of 256), else its own. NOTE: an untied LM head
+    of a repacked format is repacked too, but is keyed here as laid out (its module rate)."""
+    from inferpath.explain.probe_kernels import R8
+
+    takes = run.rows % 8 == 0 and run.cols % 256 == 0
+    return run.format + R8 if run.format in repacked and stage in NATIVE_STAGES and takes else run.format
+
+
+def gemv_rate(hardware, run: MatrixRun, activations: str, resident: bool = False, native: bool = False,
+              fmt: str | None = None) -> float:
     """Bytes/s of ``run``'s GEMV: its shape's measured rate (``native``: the native step's
-    first; ``resident``: the cache-resident one first), its format's, or the bandwidth."""
+    first; ``resident``: the cache-resident one first), its format's, or the bandwidth;
+    ``fmt``: the format as it runs (``rate_format``; default the run's)."""
     rates = hardware.gemv_rates
-    shape = f"{run.format}/{activations}/{run.call_rows}x{run.cols}"
+    fmt = fmt or run.format
+    shape = f"{fmt}/{activations}/{run.call_rows}x{run.cols}"
     keys = [f"{shape}/{NATIVE}", shape] if native else [shape]
     for key in keys:
         rate = (resident and rates.get(f"{key}/resident")) or rates.get(key)
         if rate:
             return rate
-    return rates.get(f"{run.format}/{activations}") or hardware.memory_bandwidth
+    return rates.get(f"{fmt}/{activations}") or rates.get(f"{run.format}/{activations}") or hardware.memory_bandwidth
 
 
 def hot_bytes(stages: tuple) -> float:
@@ -107,7 +121,8 @@ def price_stage(stage, runs: tuple[MatrixRun, ...], precision, hardware, residen
     for run in runs:
         run_bytes = share * run.values * bytes_per_value(run.format)
         weights += run_bytes
-        gemv_s += run_bytes / gemv_rate(hardware, run, activations, resident, native)
+        fmt = rate_format(run, stage.name, precision.repacked)
+        gemv_s += run_bytes / gemv_rate(hardware, run, activations, resident, native, fmt)
         gemm_s += stage.flops * run.values / values / (hardware.gemm_rates.get(f"{run.format}/{activations}") or peak)
     rows = stage.flops / (2 * share * values) if values else 1.0  # activation rows per matrix read
     other = stage.bytes_read - stage.weight_bytes + stage.bytes_written
@@ -120,9 +135,10 @@ def gemv_shapes(precision, native: bool = False) -> list[str]:
     """The rate keys of every call shape ``precision.formats`` runs, streamed and resident
     (what the probe measures for a model: probe_kernels.with_gemv_shapes); ``native``: the
     layers' shapes through the native step's matmul too (``".../native"``)."""
-    keys = {f"{r.format}/{precision.activation_format}/{r.call_rows}x{r.cols}"
-            for _, runs in precision.formats for r in runs}
+    act = precision.activation_format
+    keys = {f"{rate_format(r, name, precision.repacked)}/{act}/{r.call_rows}x{r.cols}"
+            for name, runs in precision.formats for r in runs}
     if native:
-        keys |= {f"{r.format}/{precision.activation_format}/{r.call_rows}x{r.cols}/{NATIVE}"
+        keys |= {f"{rate_format(r, name, precision.repacked)}/{act}/{r.call_rows}x{r.cols}/{NATIVE}"
                  for name, runs in precision.formats if name in NATIVE_STAGES for r in runs}
     return sorted(keys | {f"{k}/resident" for k in keys})

@@ -43,6 +43,7 @@ MAX_COPIES = 1024  # of a small matrix, to stream GEMV_BYTES of them
 RESIDENT = "resident"  # the suffix of a shape key measured in the cache
 NATIVE = "native"  # after the shape: measured through the native decode step's matmul (kernel_cost.py)
 STREAM_LLC_MULTIPLE = 3  # a streamed GEMV probe passes at least this many last-level caches of copies
+R8 = "_R8"  # after a format: its matrices run repacked by 8 rows ("Q4_K_R8": kernel_cost.rate_format)
 BLOCK_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 # byte offsets of each block's fp16 scale fields
 _SCALE_OFFSETS = {"Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,), "Q4_1": (0, 2), "Q5_1": (0, 2),
@@ -227,20 +228,33 @@ def llc_bytes() -> int:
     return size
 
 
+def file_format(fmt: str) -> tuple[str, bool]:
+    """(the file's format, whether it runs repacked by 8 rows) of a rate key's format:
+    file_format("Q4_K_R8") == ("Q4_K", True)."""
+    return (fmt.removesuffix(R8), True) if fmt.endswith(R8) else (fmt, False)
+
+
 def _bytes_per_value(fmt: str) -> float:
+    """At the file format's size: a repacked matrix's bytes are counted as the cost model
+    counts them (kernel_cost.py), so bytes over its rate is its time."""
     from inferpath.explain.stage_formats import bytes_per_value
 
-    return bytes_per_value(fmt)
+    return bytes_per_value(file_format(fmt)[0])
 
 
 def _linear(fmt: str, rows: int, cols: int):
+    """The engine's module for a (rows, cols) weight of ``fmt``: a ``..._R8`` format
+    repacked by 8 rows (kernels/repacked.py), as the loader repacks it."""
     import torch
 
     if fmt in ("F32", "BF16", "F16"):
         return _float_linear(rows, cols, {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}[fmt])
     from inferpath.kernels.quantized import QuantLinear
+    from inferpath.kernels.repacked import repack
 
-    return QuantLinear(random_blocks(fmt, rows, cols))
+    base, repacked = file_format(fmt)
+    blocks = random_blocks(base, rows, cols)
+    return QuantLinear(repack(blocks, drop_source=False) if repacked else blocks)
 
 
 def random_blocks(fmt: str, rows: int, cols: int):
@@ -269,9 +283,13 @@ def _float_linear(rows: int, cols: int, dtype):
     return linear.prepare()
 
 
-def _weight_bytes(linear) -> int:
+def _weight_bytes(linear) -> float:
+    """The weight's bytes at its file format's size (``_bytes_per_value``)."""
     qweight = getattr(linear, "qweight", None)
-    return qweight.nbytes if qweight is not None else linear.weight.nbytes
+    if qweight is None:
+        return linear.weight.nbytes
+    rows, cols = qweight.shape
+    return rows * cols * _bytes_per_value(qweight.type_name)
 
 
 def _best(fn) -> float:
@@ -295,20 +313,29 @@ def with_gemv_shapes(hardware, keys: list[str], refresh: bool = False, cache_pat
 
     from inferpath.explain.hardware import THIS_MACHINE
     from inferpath.explain.probe import cached_entry, store
+    from inferpath.explain.probe_guard import load_now
 
     if hardware.name != THIS_MACHINE or not keys:
         return hardware
     path, cached, key = cached_entry(cache_path=cache_path)
     known = {} if refresh else dict(cached.get(key, {}).get("shape_gemv", {}))
     missing = [k for k in keys if k not in known] if measure else []
-    for k in missing:
+    load = load_now()  # before measuring, as the probe's (probe_guard.py)
+    layer = [k for k in keys if k.endswith("/" + NATIVE)]  # streamed native shapes: one sequence
+    if any(k in missing for k in layer):  # one missing: the whole layer again, so they share a moment
+        from inferpath.explain.probe_layers import measure_layer_sequence
+
+        known.update(measure_layer_sequence(layer))
+        missing = [k for k in missing if k not in layer] + [k for k in layer if k in known]
+    for k in [k for k in missing if k not in layer]:
         rate = measure_gemv_key(k)
         if rate is not None:  # a native shape where the call is not built: priced at the module rate
             known[k] = rate
-    missing = [k for k in missing if k in known]
+    missing = list(dict.fromkeys(k for k in missing if k in known))
     if missing and not busy():  # a rate of a busy machine serves this run, and is not kept
         path, cached, key = cached_entry(cache_path=cache_path)  # another process may have written
         if key in cached:  # rates live beside the probe they belong to, never alone
             cached[key].setdefault("shape_gemv", {}).update({k: known[k] for k in missing})
+            cached[key].setdefault("shape_gemv_load", {}).update({k: load for k in missing})
             store(path, cached)
     return replace(hardware, gemv_rates={**hardware.gemv_rates, **known}, cache_bytes=llc_bytes())
