@@ -131,11 +131,22 @@ def test_fewer_rows_keep_the_vnni_tiles(set_engine):
     assert lib.inferpath_amx_int8_takes(39, MIN_ROWS) == 0  # MXFP4: off the allow-list
 
 
-def test_the_flags_choose_the_engine():
-    assert build.amx_int8_engine_for(frozenset(), frozenset(), False) == "none"
-    assert build.amx_int8_engine_for(build.AMX_INT8_FLAGS, frozenset(), False) == "reference"
-    assert build.amx_int8_engine_for(build.AMX_INT8_FLAGS, build.AMX_INT8_FLAGS, True) == "tiles"
-    assert build.amx_int8_engine_for(build.AMX_INT8_FLAGS, build.AMX_INT8_FLAGS, False) == "none"  # refused
+@pytest.fixture
+def enabled(monkeypatch):
+    """INFERPATH_AMX_INT8=1 (the engine is opt-in), the flags' choice afterwards."""
+    monkeypatch.setenv("INFERPATH_AMX_INT8", "1")
+    yield
+    monkeypatch.delenv("INFERPATH_AMX_INT8")
+    build._forget_decisions()
+
+
+def test_the_flags_choose_the_engine(enabled):
+    flags = build.AMX_INT8_FLAGS
+    assert build.amx_int8_engine_for(frozenset(), frozenset(), False, True) == "none"
+    assert build.amx_int8_engine_for(flags, frozenset(), False, True) == "reference"
+    assert build.amx_int8_engine_for(flags, flags, True, True) == "tiles"
+    assert build.amx_int8_engine_for(flags, flags, False, True) == "none"  # the tile state refused
+    assert build.amx_int8_engine_for(flags, flags, True, False) == "none"  # not asked for: the default
     avx512_lib()
     with build.simulated_cpu_flags(remove=build.AMX_INT8_FLAGS):
         assert build.amx_int8_engine() == "none"
@@ -153,7 +164,7 @@ AMX_INT8_HERE = build.AMX_INT8_FLAGS <= build._probed_cpu_flags()
 
 
 @pytest.mark.parametrize("alias", ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"])
-def test_a_real_models_forward_with_amx_int8_equals_its_vnni_forward(alias):
+def test_a_real_models_forward_with_amx_int8_equals_its_vnni_forward(alias, enabled):
     """A 40-token prompt through SmolLM2 (Q4_1, Q8_0) and Qwen2.5-Coder (Q5_0, Q8_0, Q4_K,
     Q6_K): with AMX-INT8 flags (simulated here unless the CPU has them: the reference in
     the engine's slot) every GEMM panel takes the engine, and the logits equal those

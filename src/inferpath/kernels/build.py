@@ -187,13 +187,16 @@ def simulated_cpu_flags(add=(), remove=()):
         _forget_decisions()
 
 
-def amx_int8_engine_for(flags: frozenset[str], probed: frozenset[str], tiles_granted: bool) -> str:
+def amx_int8_engine_for(flags: frozenset[str], probed: frozenset[str], tiles_granted: bool,
+                        enabled: bool) -> str:
     """Which engine serves the quantized GEMM's panels (one of ``AMX_INT8_ENGINES``) at the
     avx512 level, for the CPU flags the dispatch decides on (``flags``), those the CPU
-    really has (``probed``) and whether the kernel granted the AMX tile state: "tiles" only
-    on a CPU with amx_tile and amx_int8 that was granted it, "reference" (plain C, the same
-    layout and results) where the AMX-INT8 flags are only simulated, else "none"."""
-    if not AMX_INT8_FLAGS <= flags:
+    really has (``probed``), whether the kernel granted the AMX tile state, and whether
+    INFERPATH_AMX_INT8=1 asked for it (``enabled``: off by default, since the tiles did not
+    beat the VNNI tiles, docs/amx.md): "tiles" only on a CPU with amx_tile and amx_int8
+    that was granted it, "reference" (plain C, the same layout and results) where the
+    AMX-INT8 flags are only simulated, else "none"."""
+    if not enabled or not AMX_INT8_FLAGS <= flags:
         return "none"
     if AMX_INT8_FLAGS <= probed:
         return "tiles" if tiles_granted else "none"
@@ -204,7 +207,8 @@ def _set_amx_int8_engine(level: str, lib) -> None:
     """Tell the avx512 library which AMX-INT8 engine the flags decide (none elsewhere)."""
     if level != "avx512":
         return
-    engine = amx_int8_engine_for(_cpu_flags(), _probed_cpu_flags(), lib.amx_int8_ready)
+    engine = amx_int8_engine_for(_cpu_flags(), _probed_cpu_flags(), lib.amx_int8_ready,
+                                 os.environ.get("INFERPATH_AMX_INT8", "0") == "1")
     if lib.inferpath_amx_int8_use(AMX_INT8_ENGINES.index(engine)) != 0:
         raise RuntimeError(f"the avx512 kernels refused the AMX-INT8 engine {engine!r}")
     lib.amx_int8_engine = engine
@@ -417,6 +421,8 @@ def amx_int8_engine(level: str | None = None) -> str:
 def amx_int8_status() -> str:
     """Why the quantized GEMM's AMX-INT8 engine runs or not, in words (``kernel_status``)."""
     engine = amx_int8_engine()
+    if engine == "none" and os.environ.get("INFERPATH_AMX_INT8", "0") != "1":
+        return "no AMX-INT8: off unless INFERPATH_AMX_INT8=1 (its tiles did not beat VNNI's)"
     if engine == "tiles":
         return "AMX-INT8 tiles"
     if engine == "reference":
