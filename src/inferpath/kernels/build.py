@@ -8,7 +8,8 @@ Three levels, each its own shared library built from one source set with its own
 - ``avx2``: the same sources with ``-mavx2 -mfma -mf16c`` (AMD Zen 2/3, Intel client
   CPUs); the quantized dot products take their AVX2 branch (maddubs/madd);
 - ``avx512``: csrc/avx512 (intrinsics; AMX for bf16 where the CPU has it) and csrc/quant
-  with VNNI.
+  with VNNI (its GEMM's panels through AMX-INT8 tiles where the CPU has them:
+  ``amx_int8_engine``).
 
 csrc/drivers is compiled into every level: the level-independent C that drives the
 level's kernels (the GEMV's entry points over one matrix or a group, the native decode
@@ -62,7 +63,7 @@ LEVELS = (  # lowest first
     Level("avx2", ("portable", "quant", "drivers"), ("-mavx2", "-mfma", "-mf16c"), frozenset({"avx2", "fma", "f16c"})),
     Level("avx512", ("avx512", "quant", "drivers"),
           ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mfma", "-mf16c",
-           "-mamx-tile", "-mamx-bf16"),
+           "-mamx-tile", "-mamx-bf16", "-mamx-int8"),
           frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"})),
 )
 LEVEL_NAMES = tuple(level.name for level in LEVELS)
@@ -71,7 +72,8 @@ _LEVEL = {level.name: level for level in LEVELS}
 FAMILIES = ("float32", "bfloat16", "quantized")
 _FAMILY_FLAGS = {("avx512", "bfloat16"): frozenset({"avx512_bf16"})}
 AMX_FLAGS = frozenset({"amx_tile", "amx_bf16"})  # the bf16 AMX GEMM's (csrc/avx512/amx.c)
-AMX_INT8_FLAGS = frozenset({"amx_tile", "amx_int8"})
+AMX_INT8_FLAGS = frozenset({"amx_tile", "amx_int8"})  # the quantized GEMM's AMX-INT8 engine (avx512/amx_int8.c)
+AMX_INT8_ENGINES = ("none", "reference", "tiles")  # drivers/amx_int8_tiles.h's AMX_INT8_NONE, _REFERENCE, _TILES
 KERNEL_NAMES = {
     "float32": "gemv (float32 or bf16 weights), rms_norm, silu_mul, rope, paged decode attention, argmax, "
                "native decode",
@@ -115,6 +117,12 @@ _EXTRA_SIGNATURES = {
     # x, k, rows, xp
     "inferpath_amx_reference_gemm_bf16": [_P] * 4 + [_I] * 3 + [_N],
     "inferpath_amx_pack_x": [_P, _I, _I, _P],
+    # the quantized GEMM's AMX-INT8 engine (csrc/drivers/amx_int8_reference.c): engine; qtype, rows;
+    # panels served; c, a, a stride, b, b stride, rows, k bytes (TDPBSUD on one tile)
+    "inferpath_amx_int8_use": [_N], "inferpath_amx_int8_takes": [_N, _I], "inferpath_amx_int8_panels": [],
+    "inferpath_amx_int8_tile_dpbsud": [_P, _P, _I, _P, _I, _N, _N],
+    # qtype, weight, row bytes, columns, k, panel (csrc/quant/gemm.c: -1 below the avx512 level)
+    "inferpath_amx_int8_pack_panel": [_N, _P, _I, _N, _I, _P],
 }
 _AVX512_SIGNATURES = {
     "inferpath_amx_gemm_bf16": [_P] * 4 + [_I] * 3 + [_N], "inferpath_amx_init": [],
@@ -160,7 +168,8 @@ def simulated_cpu_flags(add=(), remove=()):
     """Decide as if this CPU reported ``add`` and lacked ``remove`` (tests: the AMX dispatch
     on a CPU without AMX, the AVX-512-without-AMX one on a CPU with it). Only AMX flags may
     be added, and an added AMX flag the CPU lacks gives the portable reference of the AMX
-    GEMM (``native_amx_gemm``): no instruction this CPU lacks ever runs. Choices made
+    GEMM (``native_amx_gemm``), and of the quantized GEMM's AMX-INT8 engine
+    (``amx_int8_engine``): no instruction this CPU lacks ever runs. Choices made
     inside (kernel lookups, a model's prepared kernels) belong to the simulation.
 
     Raises ValueError for an added flag that is not an AMX one."""
@@ -180,12 +189,42 @@ def simulated_cpu_flags(add=(), remove=()):
         _forget_decisions()
 
 
+def amx_int8_engine_for(flags: frozenset[str], probed: frozenset[str], tiles_granted: bool,
+                        enabled: bool) -> str:
+    """Which engine serves the quantized GEMM's panels (one of ``AMX_INT8_ENGINES``) at the
+    avx512 level, for the CPU flags the dispatch decides on (``flags``), those the CPU
+    really has (``probed``), whether the kernel granted the AMX tile state, and whether
+    INFERPATH_AMX_INT8=1 asked for it (``enabled``: off by default, since the tiles did not
+    beat the VNNI tiles, docs/amx.md): "tiles" only on a CPU with amx_tile and amx_int8
+    that was granted it, "reference" (plain C, the same layout and results) where the
+    AMX-INT8 flags are only simulated, else "none"."""
+    if not enabled or not AMX_INT8_FLAGS <= flags:
+        return "none"
+    if AMX_INT8_FLAGS <= probed:
+        return "tiles" if tiles_granted else "none"
+    return "reference"
+
+
+def _set_amx_int8_engine(level: str, lib) -> None:
+    """Tell the avx512 library which AMX-INT8 engine the flags decide (none elsewhere)."""
+    if level != "avx512":
+        return
+    engine = amx_int8_engine_for(_cpu_flags(), _probed_cpu_flags(), lib.amx_int8_ready,
+                                 os.environ.get("INFERPATH_AMX_INT8", "0") == "1")
+    if lib.inferpath_amx_int8_use(AMX_INT8_ENGINES.index(engine)) != 0:
+        raise RuntimeError(f"the avx512 kernels refused the AMX-INT8 engine {engine!r}")
+    lib.amx_int8_engine = engine
+
+
 def _forget_decisions() -> None:
     """Drop the choices made from the CPU flags (levels, resolved functions), keeping the
-    built libraries."""
+    built libraries, and set the avx512 library's AMX-INT8 engine anew."""
     with _lock:
         for key in [key for key in _loaded if key not in _LEVEL]:
             del _loaded[key]
+        lib = _loaded.get("avx512", (None, ""))[0]
+    if lib is not None:
+        _set_amx_int8_engine("avx512", lib)
 
 
 def cpu_level() -> str:
@@ -276,9 +315,13 @@ def _build(level: Level) -> tuple[ctypes.CDLL | None, str]:
         fn = getattr(lib, symbol)
         fn.argtypes, fn.restype = argtypes, ctypes.c_int
     # the tile state, asked of the kernel (arch_prctl) only where the CPU has AMX; refused
-    # (a kernel before Linux 5.16, a sandbox), the bf16 rows take the GEMV and oneDNN
+    # (a kernel before Linux 5.16, a sandbox), the bf16 rows take the GEMV and oneDNN, the
+    # quantized GEMM's panels its VNNI tiles
     lib.amx_ready = (level.name == "avx512" and AMX_FLAGS <= _probed_cpu_flags()
                      and lib.inferpath_amx_init() == 0)
+    lib.amx_int8_ready = (level.name == "avx512" and AMX_INT8_FLAGS <= _probed_cpu_flags()
+                          and lib.inferpath_amx_init() == 0)
+    _set_amx_int8_engine(level.name, lib)
     return lib, ""
 
 
@@ -366,6 +409,37 @@ def amx_status() -> str:
     if not _library("avx512")[0].amx_ready:
         return "no AMX GEMM: the kernel refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)"
     return "AMX GEMM"
+
+
+def amx_int8_engine(level: str | None = None) -> str:
+    """The engine the quantized GEMM's panels of ``AMX_INT8_MIN_ROWS`` rows or more take
+    (``AMX_INT8_ENGINES``; drivers/amx_int8_tiles.h): "none" unless the quantized kernels
+    run at avx512 (``level`` or the active one)."""
+    if resolve_level("quantized", level)[0] != "avx512":
+        return "none"
+    return _library("avx512")[0].amx_int8_engine
+
+
+def amx_int8_status() -> str:
+    """Why the quantized GEMM's AMX-INT8 engine runs or not, in words (``kernel_status``)."""
+    engine = amx_int8_engine()
+    if engine == "none" and os.environ.get("INFERPATH_AMX_INT8", "0") != "1":
+        return "no AMX-INT8: off unless INFERPATH_AMX_INT8=1 (its tiles did not beat VNNI's)"
+    if engine == "tiles":
+        return "AMX-INT8 tiles"
+    if engine == "reference":
+        return "AMX-INT8 simulated: its portable reference (csrc/drivers/amx_int8_reference.c)"
+    if not AMX_INT8_FLAGS <= _cpu_flags():
+        return f"no AMX-INT8: this CPU lacks {', '.join(sorted(AMX_INT8_FLAGS - _cpu_flags()))}"
+    if resolve_level("quantized")[0] != "avx512":
+        return "no AMX-INT8: the quantized kernels run below the avx512 level"
+    return "no AMX-INT8: the kernel refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)"
+
+
+def native_amx_int8(symbol: str, level: str | None = None):
+    """One of the AMX-INT8 engine's functions (``inferpath_amx_int8_*``: its tile multiply,
+    gemm.c's panel packing, the panels served) from the quantized kernels' library, or None."""
+    return _native(f"inferpath_amx_int8_{symbol}", "quantized", level)
 
 
 def native_amx_reference_gemm(level: str | None = None):
@@ -490,6 +564,9 @@ def kernel_status() -> str:
         if family == "bfloat16" and chosen == "avx512":
             amx = native_amx_gemm(torch.bfloat16, level) is not None
             extra = f" + {amx_status()}" if amx else f" ({amx_status()})"
+        if family == "quantized" and chosen == "avx512":
+            amx = amx_int8_engine(level) != "none"
+            extra = f" + {amx_int8_status()}" if amx else f" ({amx_int8_status()})"
         failed = f"; {reason}" if reason else ""
         lines.append(f"{family} {KERNEL_NAMES[family]}{extra}: native {chosen} ({_library(chosen)[0]._name}{failed})")
     return "\n".join(lines)

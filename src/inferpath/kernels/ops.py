@@ -52,6 +52,7 @@ class KernelChoice(NamedTuple):
     """One linear's dispatch, as ``recording_dispatch`` logs it: ``kernel`` is "gemv", "amx",
     "torch" (``F.linear``: oneDNN / MKL), "rowwise" (``F.linear`` one row at a time),
     "quant-fused" (the int8 kernels, free to block rows: wide tiles, GEMM panels),
+    "quant-amx-int8" (the same GEMM panels through the AMX-INT8 engine: ``quant_fused_kernel``),
     "quant-rows" (the same kernels, each row alone) or "quant-tiled" (dequantized tiles
     and PyTorch's GEMM); ``invariant``: inside ``row_invariant_dispatch``."""
 
@@ -300,6 +301,19 @@ def quant_rows_fused(rows: int, level: str | None = None, repacked: bool = False
     return rows <= limits[level] or rows_must_be_invariant()
 
 
+def quant_fused_kernel(rows: int, qtype: int) -> str:
+    """Which fused kernel ``rows`` rows of x meet a weight of ``qtype`` through, as
+    ``KernelChoice`` names it: "quant-rows" (each row alone), "quant-amx-int8" where the
+    quantized GEMM's panels take the AMX-INT8 engine (``build.amx_int8_engine``: AMX tiles,
+    or their reference where AMX is simulated; the C's own decision, asked of it:
+    drivers/amx_int8_reference.c's AMX_INT8_MIN_ROWS and format allow-list), else
+    "quant-fused"."""
+    if rows_must_be_invariant():
+        return "quant-rows"
+    takes = build.native_amx_int8("takes") if build.amx_int8_engine() != "none" else None
+    return "quant-amx-int8" if takes is not None and takes(qtype, rows) == 1 else "quant-fused"
+
+
 DEQUANT_TILE_VALUES = 1 << 22  # 16 MB of float32 per dequantized weight tile
 
 
@@ -307,7 +321,8 @@ def run_quant_matmul(fn, x: torch.Tensor, data: torch.Tensor, qtype: int, bias: 
                      num_out: int) -> torch.Tensor:
     """x (m, k) float32 contiguous @ the quantized weight's (num_out, k) transpose, + bias
     (num_out,) float32 or None, through ``native_quant_matmul``; data (num_out, row_bytes)."""
-    note_dispatch("quant-rows" if rows_must_be_invariant() else "quant-fused", x.shape[0])
+    if getattr(_log, "entries", None) is not None:
+        note_dispatch(quant_fused_kernel(x.shape[0], qtype), x.shape[0])
     out = torch.empty((x.shape[0], num_out), dtype=torch.float32)
     status = fn(qtype, data.data_ptr(), data.shape[1], x.data_ptr(), None if bias is None else bias.data_ptr(),
                 out.data_ptr(), x.shape[0], num_out, x.shape[1], torch.get_num_threads(), rows_must_be_invariant())

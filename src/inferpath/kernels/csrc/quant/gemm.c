@@ -22,6 +22,10 @@
  * bytes and floats the file's blocks give, so a repacked weight's GEMM equals its file's
  * to the bit (tests/test_repacked_gemm.py). Q8_0 and Q5_0 repacked (r8_legacy.c) likewise
  * (r8_legacy_pack).
+ *
+ * The panel is also AMX-INT8's B-tile layout (drivers/amx_int8_tiles.h): where build.py
+ * sets an AMX-INT8 engine, each packed panel of AMX_INT8_MIN_ROWS rows or more is handed
+ * to it (amx_int8_panel) instead of the VNNI tiles below, with the same results.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +34,7 @@
 #include "activations.h"
 #include "prepared.h"
 #include "r8.h"
+#include "../drivers/amx_int8_tiles.h"
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -40,6 +45,9 @@
 #define PREFETCH_BLOCKS 8             /* a column's block this far ahead is fetched while packing */
 #define QUAD_BYTES (PANEL * 4)        /* one group of four values for the panel's columns */
 #define BLOCK_BYTES (8 * QUAD_BYTES + 4 * PANEL * 4)  /* quads, then scale[2][PANEL], min[2][PANEL] */
+
+_Static_assert(BLOCK_BYTES == AMX_INT8_BLOCK_BYTES && QUAD_BYTES == AMX_INT8_QUAD_BYTES,
+               "drivers/amx_int8_tiles.h describes this panel");
 
 int gemm_ready(void) { return 1; }
 
@@ -332,18 +340,40 @@ int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
             pack(q->ws[i] + local * q->row_bytes[i], q->row_bytes[i], cols, nb, panel);
         }
         const float *bias = q->biases[i] ? q->biases[i] + local : 0;
-        const int64_t tiles = (m + MR - 1) / MR, base = m / tiles, longer = m % tiles;  /* balanced: 32 rows 6,6,5,5,5,5 */
-        for (int64_t t = 0, j0 = 0; t < tiles; t++) {
-            const int rows = (int)(base + (t < longer));
-            tile_rows(panel, q, j0, rows, two_scales, y + c, n, cols, bias);
-            j0 += rows;
+        if (!amx_int8_panel(panel, q, q->qtypes[i], two_scales, y + c, n, cols, bias)) {  /* else VNNI tiles */
+            const int64_t tiles = (m + MR - 1) / MR, base = m / tiles, longer = m % tiles;  /* balanced: 32 rows 6,6,5,5,5,5 */
+            for (int64_t t = 0, j0 = 0; t < tiles; t++) {
+                const int rows = (int)(base + (t < longer));
+                tile_rows(panel, q, j0, rows, two_scales, y + c, n, cols, bias);
+                j0 += rows;
+            }
         }
         c = end;
     }
     return 0;
 }
 
+/* One panel of a weight laid out as in the file (cols <= GEMM_PANEL rows of row_bytes, k
+ * values each) packed as gemm_columns packs it, into panel (k / 32 * AMX_INT8_BLOCK_BYTES
+ * bytes): the AMX-INT8 layout's test. 0, -1 for a format or shape, -2 out of memory. */
+int inferpath_amx_int8_pack_panel(int qtype, const uint8_t *w, int64_t row_bytes, int cols, int64_t k,
+                                  uint8_t *panel) {
+    int two_scales;
+    pack_fn pack = pack_of(qtype, &two_scales);
+    if (!pack || cols < 1 || cols > PANEL || k < 32 || k % 32 || row_bytes < 1) return -1;
+    uint8_t *aligned = panel_buffer(k / 32 * BLOCK_BYTES);
+    if (!aligned) return -2;
+    pack(w, row_bytes, cols, k / 32, aligned);
+    memcpy(panel, aligned, (size_t)(k / 32 * BLOCK_BYTES));
+    return 0;
+}
+
 #else
 int gemm_ready(void) { return 0; }
 int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) { (void)q, (void)y, (void)c0, (void)c1; return -1; }
+int inferpath_amx_int8_pack_panel(int qtype, const uint8_t *w, int64_t row_bytes, int cols, int64_t k,
+                                  uint8_t *panel) {
+    (void)qtype, (void)w, (void)row_bytes, (void)cols, (void)k, (void)panel;
+    return -1;  /* gemm.c's panels are packed at the avx512 level only */
+}
 #endif

@@ -1,0 +1,111 @@
+/* The quantized GEMM's panels through AMX-INT8 tiles (Intel Sapphire Rapids and later).
+ *
+ * gemm.c packs 32 output columns of a quantized weight into a panel whose groups of four
+ * int8 values per column are AMX's B-tile layout (drivers/amx_int8_tiles.h); x, quantized
+ * to int8 rows, is the A tile read in place. Per 16 rows of x, per block (per half block
+ * for Q6_K), TDPBSUD (s8 x u8 -> int32) sums x's q pass and, unless x is one pass, its r
+ * pass into C tiles, two 16-column tiles each; the int32 tiles are stored and scaled in
+ * float32 exactly as gemm.c's VNNI tiles scale theirs (the same integers: each C element
+ * is vpdpbusd's sum over the same bytes; the same float operations in the same order), so
+ * the results equal the VNNI GEMM's, and drivers/amx_int8_reference.c's, to the bit.
+ *
+ * Tiles: 0, 1 C of x.q (columns 0-15, 16-31); 2, 3 C of x.r; 4 A of x.q, 5 A of x.r; 6, 7 B.
+ *
+ * NOTE: written and compiled on a CPU without AMX: it has never run. The tile permission
+ * is asked once (amx.c's inferpath_amx_init); build.py sets this engine only where the CPU
+ * reports amx_tile and amx_int8 and the kernel granted it, and the test that compares it
+ * with the reference runs only there.
+ */
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#include <immintrin.h>
+#include <string.h>
+
+#include "../drivers/amx_int8_tiles.h"
+
+typedef struct {
+    uint8_t palette_id;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* rows of x (A and C tiles), a_bytes of a block per A row (32, or 16 a half), a_bytes / 4 B rows */
+static void configure_tiles(int rows, int a_bytes) {
+    tile_config cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.palette_id = 1;
+    for (int t = 0; t < 4; t++) cfg.rows[t] = (uint8_t)rows, cfg.colsb[t] = 64;
+    for (int t = 4; t < 6; t++) cfg.rows[t] = (uint8_t)rows, cfg.colsb[t] = (uint16_t)a_bytes;
+    for (int t = 6; t < 8; t++) cfg.rows[t] = (uint8_t)(a_bytes / 4), cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+}
+
+void amx_int8_tiles_panel(const uint8_t *panel, const quant_matmul *q, int two_scales, float *y, int64_t n,
+                          int cols, const float *bias) {
+    enum { R = AMX_INT8_TILE_ROWS, P = AMX_INT8_PANEL };
+    const int64_t k = q->k, nb = k / 32, m = q->m;
+    const int halves = two_scales ? 2 : 1, quads = 8 / halves;
+    int32_t cq[2][R][16] __attribute__((aligned(64))), cr[2][R][16] __attribute__((aligned(64)));
+    __m512 acc[R][2];
+    int configured = 0;
+    for (int64_t j0 = 0; j0 < m; j0 += R) {
+        const int rows = m - j0 < R ? (int)(m - j0) : R;
+        if (rows != configured) configure_tiles(rows, 4 * quads), configured = rows;
+        for (int i = 0; i < rows; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *pb = panel + b * AMX_INT8_BLOCK_BYTES;
+            const float *scale = (const float *)(pb + 8 * AMX_INT8_QUAD_BYTES), *min = scale + 2 * P;
+            for (int half = 0; half < halves; half++) {
+                const int g0 = half * quads;
+                const uint8_t *bt = pb + g0 * AMX_INT8_QUAD_BYTES;
+                _tile_loadd(6, bt, AMX_INT8_QUAD_BYTES);
+                _tile_loadd(7, bt + 64, AMX_INT8_QUAD_BYTES);
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_loadd(4, q->xq + j0 * k + 32 * b + 4 * g0, k);
+                _tile_dpbsud(0, 4, 6);
+                _tile_dpbsud(1, 4, 7);
+                _tile_stored(0, cq[0], 64);
+                _tile_stored(1, cq[1], 64);
+                if (!q->one_pass) {
+                    _tile_zero(2);
+                    _tile_zero(3);
+                    _tile_loadd(5, q->xr + j0 * k + 32 * b + 4 * g0, k);
+                    _tile_dpbsud(2, 5, 6);
+                    _tile_dpbsud(3, 5, 7);
+                    _tile_stored(2, cr[0], 64);
+                    _tile_stored(3, cr[1], 64);
+                }
+                const __m512 sc0 = _mm512_load_ps(scale + half * P), sc1 = _mm512_load_ps(scale + half * P + 16);
+                const __m512 mn0 = _mm512_load_ps(min + half * P), mn1 = _mm512_load_ps(min + half * P + 16);
+                for (int i = 0; i < rows; i++) {  /* gemm.c's tile(): the same operations in the same order */
+                    const int64_t j = j0 + i;
+                    __m512i s0 = _mm512_slli_epi32(_mm512_load_si512(cq[0][i]), RESIDUAL_SHIFT);
+                    __m512i s1 = _mm512_slli_epi32(_mm512_load_si512(cq[1][i]), RESIDUAL_SHIFT);
+                    if (!q->one_pass) {
+                        s0 = _mm512_add_epi32(s0, _mm512_load_si512(cr[0][i]));
+                        s1 = _mm512_add_epi32(s1, _mm512_load_si512(cr[1][i]));
+                    }
+                    const __m512 dx = _mm512_set1_ps(q->xd[lane_of(j, b, nb, TILE_ROWS)]);
+                    const __m512 sx = _mm512_set1_ps(two_scales ? q->xh[half_lane_of(j, b, nb, half, TILE_ROWS)]
+                                                                : q->xs[lane_of(j, b, nb, TILE_ROWS)]);
+                    acc[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(sc0, dx), acc[i][0]);
+                    acc[i][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(sc1, dx), acc[i][1]);
+                    acc[i][0] = _mm512_fmadd_ps(sx, mn0, acc[i][0]);
+                    acc[i][1] = _mm512_fmadd_ps(sx, mn1, acc[i][1]);
+                }
+            }
+        }
+        const __mmask16 m0 = cols >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1u);
+        const __mmask16 m1 = cols >= 32 ? (__mmask16)0xffff : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1u);
+        const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+        const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+        for (int i = 0; i < rows; i++) {
+            _mm512_mask_storeu_ps(y + (j0 + i) * n, m0, _mm512_add_ps(acc[i][0], b0));
+            _mm512_mask_storeu_ps(y + (j0 + i) * n + 16, m1, _mm512_add_ps(acc[i][1], b1));
+        }
+    }
+    _tile_release();
+}
+#endif
