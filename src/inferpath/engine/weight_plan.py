@@ -183,7 +183,8 @@ def _repacked(how: str, family: str, level: str, runs: tuple[str, ...]) -> tuple
 
     flag = os.environ.get("INFERPATH_REPACK", "1" if level in REPACK_DEFAULT_LEVELS else "0").strip()
     if flag not in ("0", "1"):
-        raise ValueError(f"INFERPATH_REPACK={flag!r}: use 1 (repack Q4_K/Q6_K by 8 rows; the default at "
+        raise ValueError(f"INFERPATH_REPACK={flag!r}: use 1 (repack "
+                         f"{'/'.join(REPACK_FORMATS)} by 8 rows; the default at "
                          f"{', '.join(REPACK_DEFAULT_LEVELS)}) or 0 (off)")
     if flag == "0" or how not in (AS_LAID_OUT, QUANTIZED) or family != "quantized" or level not in REPACK_LEVELS:
         return ()
