@@ -24,18 +24,12 @@
 
 #include "common.h"
 #include "../drivers/amx_tiles.h"
+#include "tile_config.h"
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 #define AMX_PREFETCH_STEPS 4  /* k-steps (64 bytes of each weight row) ahead */
 
-typedef struct {
-    uint8_t palette_id;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
 
 int inferpath_gemv_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y,
                         int64_t m, int64_t n, int64_t k, int num_threads);

@@ -11,24 +11,18 @@
  *
  * Tiles: 0, 1 C of x.q (columns 0-15, 16-31); 2, 3 C of x.r; 4 A of x.q, 5 A of x.r; 6, 7 B.
  *
- * NOTE: written and compiled on a CPU without AMX: it has never run. The tile permission
- * is asked once (amx.c's inferpath_amx_init); build.py sets this engine only where the CPU
- * reports amx_tile and amx_int8 and the kernel granted it, and the test that compares it
- * with the reference runs only there.
+ * The tile permission is asked once (amx.c's inferpath_amx_init); build.py sets this
+ * engine only where the CPU reports amx_tile and amx_int8 and the kernel granted it (and
+ * INFERPATH_AMX_INT8=1: it measured slower than the VNNI tiles, docs/amx.md); the test
+ * that compares it with the reference runs only there (it ran on an Intel Xeon VM).
  */
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #include <immintrin.h>
 #include <string.h>
 
 #include "../drivers/amx_int8_tiles.h"
-
-typedef struct {
-    uint8_t palette_id;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
+#include "../quant/panel_epilogue.h"
+#include "tile_config.h"
 
 /* rows of x (A and C tiles), a_bytes of a block per A row (32, or 16 a half), a_bytes / 4 B rows */
 static void configure_tiles(int rows, int a_bytes) {
@@ -79,32 +73,18 @@ void amx_int8_tiles_panel(const uint8_t *panel, const quant_matmul *q, int two_s
                 }
                 const __m512 sc0 = _mm512_load_ps(scale + half * P), sc1 = _mm512_load_ps(scale + half * P + 16);
                 const __m512 mn0 = _mm512_load_ps(min + half * P), mn1 = _mm512_load_ps(min + half * P + 16);
-                for (int i = 0; i < rows; i++) {  /* gemm.c's tile(): the same operations in the same order */
-                    const int64_t j = j0 + i;
+                for (int i = 0; i < rows; i++) {
                     __m512i s0 = _mm512_slli_epi32(_mm512_load_si512(cq[0][i]), RESIDUAL_SHIFT);
                     __m512i s1 = _mm512_slli_epi32(_mm512_load_si512(cq[1][i]), RESIDUAL_SHIFT);
                     if (!q->one_pass) {
                         s0 = _mm512_add_epi32(s0, _mm512_load_si512(cr[0][i]));
                         s1 = _mm512_add_epi32(s1, _mm512_load_si512(cr[1][i]));
                     }
-                    const __m512 dx = _mm512_set1_ps(q->xd[lane_of(j, b, nb, TILE_ROWS)]);
-                    const __m512 sx = _mm512_set1_ps(two_scales ? q->xh[half_lane_of(j, b, nb, half, TILE_ROWS)]
-                                                                : q->xs[lane_of(j, b, nb, TILE_ROWS)]);
-                    acc[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(sc0, dx), acc[i][0]);
-                    acc[i][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(sc1, dx), acc[i][1]);
-                    acc[i][0] = _mm512_fmadd_ps(sx, mn0, acc[i][0]);
-                    acc[i][1] = _mm512_fmadd_ps(sx, mn1, acc[i][1]);
+                    panel_accumulate(acc[i], s0, s1, sc0, sc1, mn0, mn1, q, j0 + i, b, nb, half, two_scales);
                 }
             }
         }
-        const __mmask16 m0 = cols >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1u);
-        const __mmask16 m1 = cols >= 32 ? (__mmask16)0xffff : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1u);
-        const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
-        const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
-        for (int i = 0; i < rows; i++) {
-            _mm512_mask_storeu_ps(y + (j0 + i) * n, m0, _mm512_add_ps(acc[i][0], b0));
-            _mm512_mask_storeu_ps(y + (j0 + i) * n + 16, m1, _mm512_add_ps(acc[i][1], b1));
-        }
+        panel_store(acc, rows, y + j0 * n, n, cols, bias);
     }
     _tile_release();
 }

@@ -30,8 +30,9 @@
 #define AMX_INT8_QUAD_BYTES (AMX_INT8_PANEL * 4)          /* B tile row stride */
 #define AMX_INT8_BLOCK_BYTES (8 * AMX_INT8_QUAD_BYTES + 4 * AMX_INT8_PANEL * 4)  /* quads, scale[2], min[2] */
 #define AMX_INT8_TILE_ROWS 16                             /* rows of x an A tile, rows of a C tile */
-/* Rows of x from which a matmul takes the AMX-INT8 engine (where one is set). NOTE: not
- * measured (no AMX-INT8 CPU was at hand): one full A tile; below it gemm.c's VNNI tiles. */
+/* Rows of x from which a matmul takes the AMX-INT8 engine (where one is set): one full A
+ * tile, not tuned (the engine is opt-in: slower than the VNNI tiles, docs/amx.md); below
+ * it gemm.c's VNNI tiles. */
 #define AMX_INT8_MIN_ROWS 16
 
 /* The engine set by inferpath_amx_int8_use (drivers/amx_int8_reference.c). */

@@ -39,6 +39,7 @@
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #include "unpack.h"
+#include "panel_epilogue.h"
 
 #define PANEL GEMM_PANEL               /* output columns a panel: two 512-bit vectors */
 #define MR 6                          /* rows of x a tile (7 and 8 spill registers: slower) */
@@ -269,26 +270,11 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *panel, con
             if (!q->one_pass) one_pass(s, pb, xr + 32 * b, k, g0, quads, R);  /* else r is zero */
             const __m512 sc0 = _mm512_load_ps(scale + half * PANEL), sc1 = _mm512_load_ps(scale + half * PANEL + 16);
             const __m512 mn0 = _mm512_load_ps(min + half * PANEL), mn1 = _mm512_load_ps(min + half * PANEL + 16);
-            for (int i = 0; i < R; i++) {
-                const int64_t j = j0 + i;
-                const __m512 dx = _mm512_set1_ps(q->xd[lane_of(j, b, nb, TILE_ROWS)]);
-                const __m512 sx = _mm512_set1_ps(two_scales ? q->xh[half_lane_of(j, b, nb, half, TILE_ROWS)] : q->xs[lane_of(j, b, nb, TILE_ROWS)]);
-                acc[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i][0]), _mm512_mul_ps(sc0, dx), acc[i][0]);
-                acc[i][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i][1]), _mm512_mul_ps(sc1, dx), acc[i][1]);
-                acc[i][0] = _mm512_fmadd_ps(sx, mn0, acc[i][0]);
-                acc[i][1] = _mm512_fmadd_ps(sx, mn1, acc[i][1]);
-            }
+            for (int i = 0; i < R; i++)
+                panel_accumulate(acc[i], s[i][0], s[i][1], sc0, sc1, mn0, mn1, q, j0 + i, b, nb, half, two_scales);
         }
     }
-    /* + bias, into y's rows: columns [0, cols) of the panel */
-    const __mmask16 m0 = cols >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1u);
-    const __mmask16 m1 = cols >= 32 ? (__mmask16)0xffff : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1u);
-    const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
-    const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
-    for (int i = 0; i < R; i++) {
-        _mm512_mask_storeu_ps(y + (j0 + i) * n, m0, _mm512_add_ps(acc[i][0], b0));
-        _mm512_mask_storeu_ps(y + (j0 + i) * n + 16, m1, _mm512_add_ps(acc[i][1], b1));
-    }
+    panel_store(acc, R, y + j0 * n, n, cols, bias);
 }
 
 static void tile_rows(const uint8_t *panel, const quant_matmul *q, int64_t j0, int rows, int two_scales, float *y,
