@@ -125,6 +125,71 @@ def measure_native_gemv(fmt: str, activations: str, rows: int, cols: int, reside
     dispatch is in the time, and the step's threading rule is (the module path's
     ``inferpath_quant_matmul`` keeps a matrix under 2^20 multiply-adds on one thread; the
     step splits every matmul over its pool). None where that call is not built here."""
+    import torch
+
+    fn = native_matmul_fn(fmt, activations)
+    if fn is None:
+        return None
+    rows, copies = _copies(fmt, rows, cols, resident)
+    with torch.inference_mode():
+        linears = [_linear(fmt, rows, cols) for _ in range(copies)]
+        return sum(_weight_bytes(linear) for linear in linears) / _best(native_matmul_call(fn, fmt, activations, linears))
+
+
+def native_matmul_fn(fmt: str, activations: str):
+    """The native decode step's matmul (``inferpath_decode_matmuls``) for weights of ``fmt``
+    beside ``activations`` rows, None where it is not built here (or takes no such pair)."""
+    import torch
+
+    from inferpath.kernels import build
+    from inferpath.kernels.groups import GGUF_FLOAT_TYPES
+
+    dtype = getattr(torch, activations)
+    if dtype not in GGUF_FLOAT_TYPES or fmt == "F16":
+        return None
+    return build.native_decode_matmuls(dtype if fmt in ("F32", "BF16") else "quantized")
+
+
+def native_matmul_call(fn, fmt: str, activations: str, linears: list):
+    """``run(count=len(linears))``: ``fn`` over the first ``count`` of ``linears`` (one shape,
+    from ``_linear``) against one fresh row of x; raises where the C rejects the call. The
+    closure keeps the weights, row and output alive."""
+    import ctypes
+
+    import torch
+
+    from inferpath.kernels.groups import GGUF_FLOAT_TYPES
+    from inferpath.kernels.repacked import kernel_type
+
+    dtype = getattr(torch, activations)
+    floats = fmt in ("F32", "BF16")
+    weights = [linear.weight if floats else linear.qweight.data for linear in linears]
+    pointers = (ctypes.c_void_p * len(weights))(*(w.data_ptr() for w in weights))
+    qtype = GGUF_FLOAT_TYPES[weights[0].dtype] if floats else kernel_type(linears[0].qweight)
+    rows, cols = linears[0].out_features, linears[0].in_features
+    row_bytes = weights[0].shape[1] * weights[0].element_size()
+    one = torch.randn(1, cols).to(dtype)  # (1, in)
+    out = torch.empty(1, rows, dtype=dtype)  # (1, rows)
+    threads = torch.get_num_threads()
+
+    def run(count: int = len(linears)):
+        status = fn(count, qtype, pointers, row_bytes, rows, one.data_ptr(), out.data_ptr(), 1, cols, threads, 0,
+                    GGUF_FLOAT_TYPES[dtype])
+        if status:
+            raise RuntimeError(f"inferpath_decode_matmuls rejected {fmt} {rows}x{cols} (status {status})")
+
+    run.keep = (linears, one, out, pointers)
+    return run
+
+
+def measure_native_gemv(fmt: str, activations: str, rows: int, cols: int, resident: bool = False) -> float | None:
+    """Bytes/s of the same GEMVs as ``measure_gemv`` (the same copies, streamed or
+    ``resident``) as the native decode step runs them: one C call looping over the copies
+    through the step's own matmul and pool (csrc/drivers/decode.c
+    ``inferpath_decode_matmuls``), so none of a module call's Python, allocation and
+    dispatch is in the time, and the step's threading rule is (the module path's
+    ``inferpath_quant_matmul`` keeps a matrix under 2^20 multiply-adds on one thread; the
+    step splits every matmul over its pool). None where that call is not built here."""
     import ctypes
 
     import torch

@@ -78,15 +78,14 @@ def measure_layer_sequence(keys: list[str], min_bytes: float | None = None, roun
     import torch
 
     from inferpath.explain import probe_kernels
-    from inferpath.kernels import build
 
     layer, count = plan_layers(keys, probe_kernels.streamed_bytes() if min_bytes is None else min_bytes)
     rounds = rounds or ROUNDS
-    layer = [s for s in layer if _native_fn(s, build) is not None]
+    layer = [s for s in layer if probe_kernels.native_matmul_fn(s.format, s.activations) is not None]
     if not layer:
         return {}
     with torch.inference_mode():
-        calls = [(i, _call(shape, build)) for _ in range(count) for i, shape in enumerate(layer)]
+        calls = [(i, _call(shape)) for _ in range(count) for i, shape in enumerate(layer)]
         empty = _empty_call(calls[0][1])
         times = []
         for _ in range(rounds + 1):  # the first: warm-up (first touch of the pages, the pool's threads)
@@ -103,48 +102,15 @@ def measure_layer_sequence(keys: list[str], min_bytes: float | None = None, roun
     return rates
 
 
-def _native_fn(shape: Shape, build):
-    import torch
+def _call(shape: Shape):
+    """A call ``run(count=1)`` of the native matmul over one fresh matrix of ``shape``, None
+    where that call is not built here (probe_kernels.native_matmul_call)."""
+    from inferpath.explain.probe_kernels import _linear, native_matmul_call, native_matmul_fn
 
-    from inferpath.kernels.groups import GGUF_FLOAT_TYPES
-
-    floats = shape.format in ("F32", "BF16", "F16")
-    dtype = getattr(torch, shape.activations)
-    if dtype not in GGUF_FLOAT_TYPES or shape.format == "F16":
+    fn = native_matmul_fn(shape.format, shape.activations)
+    if fn is None:
         return None
-    return build.native_decode_matmuls(dtype if floats else "quantized")
-
-
-def _call(shape: Shape, build):
-    """A no-argument call of the native matmul over one fresh matrix of ``shape`` (its
-    weight, row and output kept alive by the closure)."""
-    import ctypes
-
-    import torch
-
-    from inferpath.explain.probe_kernels import _linear
-    from inferpath.kernels.groups import GGUF_FLOAT_TYPES
-    from inferpath.kernels.repacked import kernel_type
-
-    fn = _native_fn(shape, build)
-    dtype = getattr(torch, shape.activations)
-    floats = shape.format in ("F32", "BF16")
-    linear = _linear(shape.format, shape.rows, shape.cols)
-    weight = linear.weight if floats else linear.qweight.data
-    qtype = GGUF_FLOAT_TYPES[weight.dtype] if floats else kernel_type(linear.qweight)
-    pointers = (ctypes.c_void_p * 1)(weight.data_ptr())
-    one = torch.randn(1, shape.cols).to(dtype)  # (1, in)
-    out = torch.empty(1, shape.rows, dtype=dtype)  # (1, rows)
-    args = (qtype, pointers, weight.shape[1] * weight.element_size(), shape.rows, one.data_ptr(), out.data_ptr(), 1,
-            shape.cols, torch.get_num_threads(), 0, GGUF_FLOAT_TYPES[dtype])
-
-    def call(num_weights: int = 1):
-        status = fn(num_weights, *args)
-        if status:
-            raise RuntimeError(f"inferpath_decode_matmuls rejected {shape.key} (status {status})")
-
-    call.keep = (linear, one, out, pointers)
-    return call
+    return native_matmul_call(fn, shape.format, shape.activations, [_linear(shape.format, shape.rows, shape.cols)])
 
 
 def _empty_call(call) -> float:
