@@ -317,10 +317,10 @@ def _build(level: Level) -> tuple[ctypes.CDLL | None, str]:
     # the tile state, asked of the kernel (arch_prctl) only where the CPU has AMX; refused
     # (a kernel before Linux 5.16, a sandbox), the bf16 rows take the GEMV and oneDNN, the
     # quantized GEMM's panels its VNNI tiles
-    lib.amx_ready = (level.name == "avx512" and AMX_FLAGS <= _probed_cpu_flags()
-                     and lib.inferpath_amx_init() == 0)
-    lib.amx_int8_ready = (level.name == "avx512" and AMX_INT8_FLAGS <= _probed_cpu_flags()
-                          and lib.inferpath_amx_init() == 0)
+    probed = _probed_cpu_flags()
+    granted = level.name == "avx512" and "amx_tile" in probed and lib.inferpath_amx_init() == 0
+    lib.amx_ready = granted and AMX_FLAGS <= probed
+    lib.amx_int8_ready = granted and AMX_INT8_FLAGS <= probed
     _set_amx_int8_engine(level.name, lib)
     return lib, ""
 
