@@ -6,6 +6,8 @@ among them); and every step or model it cannot run takes the module path."""
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 from gguf_files import write_float_gguf
@@ -250,39 +252,52 @@ def test_a_bf16_batch_of_twelve_decodes_natively_where_the_gemv_serves_it():
 def amx_cpu(monkeypatch):
     """This CPU as one with AMX (simulated where it has none: the AMX GEMM's slot holds its
     portable reference), and a record of the kernel each bf16 matmul ran: (rows, "amx" or
-    "gemv")."""
+    "gemv"). The AMX GEMM is handed out as a C callback that records each call, so the calls
+    the native decode call makes through its address are recorded too (the GEMV's only where
+    the module path makes them)."""
     from inferpath.kernels import ops
 
     with build.simulated_cpu_flags(add=build.AMX_FLAGS):
-        if build.native_amx_gemm(torch.bfloat16) is None:
+        amx_fn = build.native_amx_gemm(torch.bfloat16)
+        if amx_fn is None:
             pytest.skip(f"no AMX GEMM or reference here: {build.kernel_status()}")
-        amx_fn, ran = build.native_amx_gemm(torch.bfloat16), []
+        ran = []
+
+        def amx_call(x, w, bias, y, m, n, k, threads):
+            ran.append((m, "amx"))
+            return amx_fn(x, w, bias, y, m, n, k, threads)
+        recorded_amx = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 3,
+                                        ctypes.c_int)(amx_call)
+        monkeypatch.setattr(build, "native_amx_gemm", lambda dtype, level=None: recorded_amx)
         original = ops.run_gemv
 
         def recording(fn, x, weight, bias):
-            if x.dtype == torch.bfloat16:
-                ran.append((x.shape[0], "amx" if fn is amx_fn else "gemv"))
+            if x.dtype == torch.bfloat16 and fn is not recorded_amx:
+                ran.append((x.shape[0], "gemv"))
             return original(fn, x, weight, bias)
         monkeypatch.setattr(ops, "run_gemv", recording)
         yield ran
 
 
 def test_bf16_decode_of_a_few_rows_is_native_on_an_amx_cpu(amx_cpu):
-    """An AMX CPU's bf16 decode of three rows takes the GEMV, so the native call, bitwise
-    equal to the module path; the prompts' rows took AMX."""
+    """An AMX CPU's bf16 steps all take the native call, bitwise equal to the module path:
+    the prompts' step with its five-plus rows through the AMX GEMM inside the call (as the
+    module path runs them), the decode steps of three rows through the GEMV."""
     from inferpath.kernels import ops
 
     calls: list[bool] = []
     native = generate("smollm2-135m-instruct", True, calls, dtype="bfloat16")
-    assert sum(calls) >= 20 and not calls[0]
+    assert sum(calls) >= 20 and calls[0]
     assert any(kernel == "amx" and rows >= ops.AMX_MIN_ROWS for rows, kernel in amx_cpu)  # the prefill
-    assert all(kernel == "gemv" for rows, kernel in amx_cpu if rows < ops.AMX_MIN_ROWS)
-    assert native == generate("smollm2-135m-instruct", False, dtype="bfloat16")
+    assert not any(kernel == "amx" for rows, kernel in amx_cpu if rows < ops.AMX_MIN_ROWS)
+    module = generate("smollm2-135m-instruct", False, dtype="bfloat16")
+    assert any(kernel == "gemv" for rows, kernel in amx_cpu)  # the module path's decode rows
+    assert native == module
 
 
 def test_bf16_decode_of_five_rows_takes_amx_on_an_amx_cpu(amx_cpu):
-    """Five sequences: their decode steps run the AMX GEMM in the module path (the native
-    call runs the GEMV only, so it steps aside)."""
+    """Five sequences: their decode steps run the AMX GEMM inside the native call, every
+    projection of every layer (up to 128 rows; past that, oneDNN in the module path)."""
     prompts = [f"Count to {n}." for n in range(3, 8)]
     engine = LLMEngine.from_model(resolve_model("smollm2-135m-instruct"),
                                   EngineConfig(threads=2, dtype="bfloat16", kv_cache_memory_bytes=64 * 2**20))
@@ -296,13 +311,16 @@ def test_bf16_decode_of_five_rows_takes_amx_on_an_amx_cpu(amx_cpu):
         return hidden
     stack._decode_natively = recording
     native = stack._native_plan()
-    assert [native.serves(rows) for rows in (1, 2, 4, 5, 128)] == [True, True, True, False, False]
+    assert [native.serves(rows) for rows in (1, 2, 4, 5, 128, 129)] == [True] * 5 + [False]
+    assert [native.amx_groups(rows)[1] for rows in (4, 5, 128)] == [0, 0b1111, 0b1111]
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), prompt, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
-    assert [rows for rows, _ in steps[1:]] == [5, 5] and not any(native for _, native in steps)
-    assert sum(1 for rows, kernel in amx_cpu if rows == 5 and kernel == "amx") >= 2 * 30 * 4
+    assert [rows for rows, _ in steps[1:]] == [5, 5] and all(native for _, native in steps[1:])
+    # per decode step, every layer's Q, K, V, o, gate, up and down (the groups one weight at a
+    # time); and the LM head's five rows (one a sequence) after each of the three steps
+    assert sum(1 for rows, kernel in amx_cpu if rows == 5 and kernel == "amx") == 2 * 30 * 7 + 3
 
 
 def test_a_model_without_native_kernels_for_its_dtype_is_refused_with_a_reason():

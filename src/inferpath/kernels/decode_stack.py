@@ -8,8 +8,9 @@ token through ``inferpath_decode_layers`` (csrc/drivers/decode.c): the same kern
 the same order, on the same buffers' values, so the hidden states are equal to the bit to
 the module-by-module path (a test holds it). Two kinds of model take it: GGUF-quantized
 weights with float32 activations, and float32 or bfloat16 weights with activations of
-their dtype — for the row counts whose module path runs the GEMV (1 to 4 bf16 rows on an
-AMX CPU; 5 to 128 take AMX there, and past the GEMV's rows oneDNN, so the module path here) —
+their dtype — for the row counts whose module path runs the GEMV or, bf16 on an AMX CPU, the
+AMX GEMM (1 to 4 rows the GEMV there, 5 to 128 AMX, which the call runs too, one projection
+at a time as the modules do; past the GEMV's rows elsewhere, oneDNN, so the module path) —
 and bf16 weights with float32 activations (kernels/bf16_weights.py), the weights widened
 inside the GEMV. The call is granted, never assumed: the model's family must allow it and
 every field of its ModelConfig must hold a value the call implements (families.py, an
@@ -75,7 +76,8 @@ class _Layer(ctypes.Structure):  # decode.c decode_layer
 class _Shape(ctypes.Structure):  # decode.c decode_shape
     _fields_ = [("hidden", _I64), ("num_heads", _I64), ("num_kv_heads", _I64), ("head_dim", _I64),
                 ("intermediate", _I64), ("block_size", _I64), ("max_blocks", _I64), ("window", _I64),
-                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("dtype", ctypes.c_int)]
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("dtype", ctypes.c_int), ("amx", _P),
+                ("amx_groups", ctypes.c_int)]
 
 
 class _Chunk(ctypes.Structure):  # decode.c decode_chunk
@@ -144,11 +146,23 @@ class _Plan:
         self.cache_key = None
 
     def serves(self, rows: int) -> bool:
-        """Whether the module path runs ``rows`` rows through the kernels the native call
-        runs (else its results would differ): the fused quantized kernels, or the GEMV."""
+        """Whether the module path runs ``rows`` rows through kernels the native call runs
+        (else its results would differ): the fused quantized kernels, or for each float
+        group the GEMV or the AMX GEMM (``amx_groups``)."""
         if self.quantized:
             return ops.quant_rows_fused(rows)
-        return all(group.serves(rows, self.dtype) for group in self.first_groups)
+        return all(group.kernel(rows, self.dtype) in ("gemv", "amx") for group in self.first_groups)
+
+    def amx_groups(self, rows: int) -> tuple[int | None, int]:
+        """The AMX GEMM's address and decode.c's bitmask of a layer's groups (Q/K/V, o,
+        gate/up, down: every layer's have the same shapes) whose projections the module path
+        runs ``rows`` rows through AMX; (None, 0) where none does."""
+        if self.quantized:
+            return None, 0
+        mask = sum(1 << i for i, group in enumerate(self.first_groups) if group.kernel(rows, self.dtype) == "amx")
+        if not mask:
+            return None, 0
+        return ctypes.cast(self.first_groups[mask.bit_length() - 1].amx_gemm(self.dtype), _P).value, mask
 
     @staticmethod
     def _check(stack: DecoderStack, dtype: torch.dtype, quantized: bool) -> str:
@@ -280,7 +294,7 @@ class CPUDecoderStack(DecoderStack):
         shape = _Shape(native.hidden, native.num_heads, native.num_kv_heads, native.head_dim, native.intermediate,
                        kv_cache.k_caches[0].shape[1], decode.blocks_per_seq if decode is not None else 0,
                        decode.sliding_window if decode is not None else native.window, native.eps, step.scale,
-                       GGUF_FLOAT_TYPES[activations])
+                       GGUF_FLOAT_TYPES[activations], *native.amx_groups(num_tokens))
         times = self.native_stage_seconds
         status = native.decode_fn(
             native.layers, len(native.layers), ctypes.byref(shape), hidden.data_ptr(), num_tokens, cos.data_ptr(),

@@ -95,8 +95,20 @@ class FloatGroup(_WeightArrays):
     def serves(self, rows: int, activations: torch.dtype) -> bool:
         """Whether the single-matrix path takes the GEMV for ``rows`` rows of x of
         ``activations`` (and so this group may run them)."""
+        return self.kernel(rows, activations) == "gemv"
+
+    def kernel(self, rows: int, activations: torch.dtype) -> str:
+        """The kernel each projection's own module runs ``rows`` rows of x of ``activations``
+        through (``ops.float_kernel_for``: "gemv", "amx" or "torch"), "" for x the group
+        does not take."""
         variant = self._variants.get(activations)
-        return variant is not None and ops.gemv_serves(rows, variant[1])
+        return "" if variant is None else ops.float_kernel_for(rows, variant[1])
+
+    def amx_gemm(self, activations: torch.dtype):
+        """The AMX GEMM the projections' modules run x of ``activations`` through where
+        ``kernel`` says "amx" (``ops.linear_kernels``), or None."""
+        variant = self._variants.get(activations)
+        return None if variant is None else variant[1][1]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (m, in_features) contiguous, a dtype the group ``runs`` -> (m, num_out) of it."""

@@ -17,9 +17,9 @@ matrices (Q/K/V and gate/up fused, weights not in cache), in ms, kernel vs PyTor
 
 On an AMX CPU the GEMV keeps 1 to 4 bf16 rows (``AMX_MIN_ROWS``): it meets x four rows at a
 time, so up to four rows it reads each weight block once, as AMX does (GEMV 4 rows 13 ms,
-AMX 1 to 8 rows 14 to 16 ms above), and those rows decode in one native call
-(kernels/decode_stack.py), which runs the GEMV only. With AMX from two rows, a decode batch
-of two to four sequences never took the native call on an AMX CPU.
+AMX 1 to 8 rows 14 to 16 ms above). The native decode call (kernels/decode_stack.py) runs
+both as the modules do: the GEMV for the rows that take it, and from five rows (a prompt
+chunk, a verification, a batch of five) the AMX GEMM, one projection at a time.
 """
 
 from __future__ import annotations

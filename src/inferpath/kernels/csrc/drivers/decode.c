@@ -13,11 +13,13 @@
  * attention kernel the module path runs for that chunk, passed in). Every row's K/V are
  * written before attention, so a chunk's row i sees the chunk's rows 0..i.
  * Two kinds of model: weights in GGUF blocks (quant/matmul.c) with float32 activations,
- * or float weights (float32 or bfloat16, the level's GEMV) with activations, norms, RoPE
+ * or float weights (float32 or bfloat16, the level's GEMV; for bf16 on a CPU with AMX, the
+ * AMX GEMM for the row counts the module path runs through it) with activations, norms, RoPE
  * tables and KV cache in the weights' type (each kernel rounds where its module does: a
  * bf16 residual add is one rounding of the float32 sum, as PyTorch's), or bf16 weights
  * with everything else float32 (a CPU without bf16 arithmetic). Either way the
- * matmuls' output columns are split over the decode pool (pool.c). Llama-family layers
+ * matmuls' output columns are split over the decode pool (pool.c; the AMX GEMM's over its
+ * OpenMP threads, as in the module path). Llama-family layers
  * only (the Python side checks the model: no QK-norm, no sandwich norms, no soft-capping,
  * SwiGLU).
  *
@@ -66,11 +68,23 @@ typedef struct {
     void *k_cache, *v_cache;             /* (num_blocks, block_size, num_kv_heads, head_dim) */
 } decode_layer;
 
+/* The bf16 AMX GEMM's signature (avx512/amx.c, or its reference drivers/amx_reference.c):
+ * y (m, n) = x (m, k) w^T (+ bias), bf16, row-major */
+typedef int (*amx_gemm_fn)(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y, int64_t m,
+                           int64_t n, int64_t k, int num_threads);
+
+enum { GROUP_QKV, GROUP_O, GROUP_GATE_UP, GROUP_DOWN };  /* bits of decode_shape.amx_groups */
+
 typedef struct {
     int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate;
     int64_t block_size, max_blocks, window;
     float eps, scale;
     int dtype;  /* of x, the norms, cos/sin and the caches: TYPE_F32 or TYPE_BF16 */
+    /* bf16 weights and activations only: the AMX GEMM the module path runs this step's row
+     * count through (ops.float_kernel_for), and which of a layer's groups take it (bit
+     * GROUP_*); the others take the GEMV. NULL / 0: every group the GEMV. */
+    amx_gemm_fn amx;
+    int amx_groups;
 } decode_shape;
 
 /* One sequence's chunk of rows [first_row, first_row + rows) of x, at positions context ..
@@ -129,11 +143,40 @@ static int gemv_kind(int weights, int activations) {
     return activations == TYPE_BF16 ? GEMV_BF16 : GEMV_BF16_WEIGHTS;
 }
 
-/* y = x W^T (+ b) for the group, its columns split over the decode pool (pool.c); x and y
- * of type ``activations`` */
+/* y = x W^T (+ b) for a bf16 group through the AMX GEMM, one weight at a time as the module
+ * path runs the projections one by one when its row count takes AMX: each weight's columns
+ * land in its columns of y (a group of several through a buffer of one weight's output) */
+static int amx_matmul(amx_gemm_fn amx, const weight_group *w, const uint16_t *x, uint16_t *y, int64_t m,
+                      int64_t k, int threads) {
+    int64_t n = 0, widest = 0;
+    for (int i = 0; i < w->count; i++) {
+        n += w->rows[i];
+        if (w->rows[i] > widest) widest = w->rows[i];
+    }
+    if (w->count == 1)
+        return amx(x, (const uint16_t *)w->weights[0], (const uint16_t *)w->biases[0], y, m, n, k, threads);
+    uint16_t *part = (uint16_t *)malloc((size_t)(m * widest) * sizeof(uint16_t));
+    if (!part) return -2;
+    int status = 0;
+    for (int i = 0, column = 0; i < w->count && !status; column += (int)w->rows[i], i++) {
+        status = amx(x, (const uint16_t *)w->weights[i], (const uint16_t *)w->biases[i], part, m, w->rows[i], k,
+                     threads);
+        for (int64_t j = 0; j < m && !status; j++)
+            memcpy(y + j * n + column, part + j * w->rows[i], (size_t)w->rows[i] * sizeof(uint16_t));
+    }
+    free(part);
+    return status;
+}
+
+/* y = x W^T (+ b) for the group, its columns split over the decode pool (pool.c), or through
+ * ``amx`` (not NULL: bf16 weights and activations, module doc); x and y of type ``activations`` */
 static int matmul(const weight_group *w, const void *x, void *y, int64_t m, int64_t k, int threads,
-                  int rows_alone, int activations) {
+                  int rows_alone, int activations, amx_gemm_fn amx) {
     columns_job job = {0, 0, x, y, m, k, 0, 0};
+    if (amx) {
+        if (w->qtypes[0] != TYPE_BF16 || activations != TYPE_BF16 || rows_alone) return -4;
+        return amx_matmul(amx, w, (const uint16_t *)x, (uint16_t *)y, m, k, threads);
+    }
     if (w->qtypes[0] == TYPE_F32 || w->qtypes[0] == TYPE_BF16) {
         float_group g = {w->count, gemv_kind(w->qtypes[0], activations), (const void *const *)w->weights, w->rows,
                          w->biases, 0};
@@ -164,7 +207,7 @@ int inferpath_decode_matmuls(int num_weights, int qtype, const uint8_t *const *w
     const void *no_bias = NULL;
     for (int i = 0; i < num_weights; i++) {
         weight_group g = {1, &qtype, &weights[i], &row_bytes, &rows, &no_bias};
-        int status = matmul(&g, x, y, m, k, num_threads, rows_alone, activations);
+        int status = matmul(&g, x, y, m, k, num_threads, rows_alone, activations, NULL);
         if (status) return status;
     }
     return 0;
@@ -277,11 +320,16 @@ static void add_residual(int bf16, void *x, const void *p, int64_t count) {
     }
 }
 
+/* the AMX GEMM for a layer's group ``group`` (GROUP_*) this step, or NULL: the GEMV */
+static amx_gemm_fn amx_for(const decode_shape *s, int group) {
+    return s->amx && (s->amx_groups >> group & 1) ? s->amx : NULL;
+}
+
 /* x (m, hidden) in place through num_layers layers. cos, sin (m, head_dim): the rows'
  * RoPE; slots (m,): where each row's K/V go; rows: how each row attends (step_rows).
  * stage_seconds: NULL, or NUM_STAGES + 1 doubles the stages' seconds are added to (and
  * the call counted in the last). Returns 0, a kernel's error code, -1 inconsistent rows,
- * -2 out of memory or -3 an unknown dtype. */
+ * -2 out of memory, -3 an unknown dtype or -4 AMX asked of a group that is not bf16. */
 int inferpath_decode_layers(const decode_layer *layers, int num_layers, const decode_shape *s, void *x, int64_t m,
                             const void *cos, const void *sin, const int64_t *slots, const step_rows *rows,
                             int num_threads, int rows_alone, double *stage_seconds) {
@@ -306,7 +354,9 @@ int inferpath_decode_layers(const decode_layer *layers, int num_layers, const de
         const decode_layer *L = &layers[l];
         status = rms_norm(bf16, x, L->input_norm, normed, m, s->hidden, s->eps, num_threads);
         STAGE_DONE(STAGE_RMSNORM_ATTN);
-        if (!status) status = matmul(&L->qkv, normed, qkv, m, s->hidden, num_threads, rows_alone, s->dtype);
+        if (!status)
+            status = matmul(&L->qkv, normed, qkv, m, s->hidden, num_threads, rows_alone, s->dtype,
+                            amx_for(s, GROUP_QKV));
         STAGE_DONE(STAGE_QKV);
         if (!status) status = rope(bf16, qkv, qkv_size, s, q_size, cos, sin, q, k, m, num_threads);
         STAGE_DONE(STAGE_ROPE);
@@ -319,18 +369,24 @@ int inferpath_decode_layers(const decode_layer *layers, int num_layers, const de
         STAGE_DONE(STAGE_KV_WRITE);
         status = step_attention(bf16, q, k, qkv, L, rows, attended, gathered_q, gathered_out, s, num_threads);
         STAGE_DONE(STAGE_ATTENTION);
-        if (!status) status = matmul(&L->o, attended, projected, m, q_size, num_threads, rows_alone, s->dtype);
+        if (!status)
+            status = matmul(&L->o, attended, projected, m, q_size, num_threads, rows_alone, s->dtype,
+                            amx_for(s, GROUP_O));
         STAGE_DONE(STAGE_O_PROJ);
         if (status) break;
         add_residual(bf16, x, projected, m * s->hidden);
         STAGE_DONE(STAGE_RESIDUAL_ATTN);
         status = rms_norm(bf16, x, L->post_norm, normed, m, s->hidden, s->eps, num_threads);
         STAGE_DONE(STAGE_RMSNORM_FFN);
-        if (!status) status = matmul(&L->gate_up, normed, gate_up, m, s->hidden, num_threads, rows_alone, s->dtype);
+        if (!status)
+            status = matmul(&L->gate_up, normed, gate_up, m, s->hidden, num_threads, rows_alone, s->dtype,
+                            amx_for(s, GROUP_GATE_UP));
         STAGE_DONE(STAGE_GATE_UP);
         if (!status) status = silu_mul(bf16, gate_up, act, m, s->intermediate, num_threads);
         STAGE_DONE(STAGE_SILU_MUL);
-        if (!status) status = matmul(&L->down, act, projected, m, s->intermediate, num_threads, rows_alone, s->dtype);
+        if (!status)
+            status = matmul(&L->down, act, projected, m, s->intermediate, num_threads, rows_alone, s->dtype,
+                            amx_for(s, GROUP_DOWN));
         STAGE_DONE(STAGE_DOWN);
         if (status) break;
         add_residual(bf16, x, projected, m * s->hidden);
