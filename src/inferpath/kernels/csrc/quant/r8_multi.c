@@ -9,10 +9,11 @@
  * walked two quads at a time: the two unpacked quads meet every row's broadcasts, and each
  * row keeps one int32 running sum per half, so eight rows fit in the registers with the
  * weights unpacked once per step; the float accumulators (touched four times per row and
- * sub-block) live in memory. Measured against r8.c's tiles (1 thread, in L1/L2, shared
- * machine: docs/kquant_kernels.md): 0.6-0.85x the time at 2-8 rows. Q4_K gains nothing
- * from this walk (its unpacking is one and, its eight vpmaddubsw per row and sub-block
- * bound either form), so Q4_K stays with r8.c's tiles.
+ * sub-block) live in memory. Measured against r8.c's tiles (1 thread, in L2, shared
+ * machine: docs/kquant_kernels.md): 0.67-0.86x the time at 2-8 rows. Q4_K gains nothing
+ * from this walk, nor from one over two sub-blocks per load (its unpacking is one and per
+ * quad; its eight vpmaddubsw and their int16 adds per row and sub-block bound every form
+ * tried: 0.96-1.36x r8.c's), so Q4_K stays with r8.c's tiles.
  *
  * The integer sums are r8.c's (two vpmaddubsw pairs per vpmaddwd: |sum| <= 2 * 2 * 63 *
  * 127 < 32768), and each row's float chain is r8.c's, operation for operation and in order
