@@ -3,13 +3,16 @@
 Per format, rows of x and dispatch ("r8": every row through r8.c, the row-invariant
 dispatch; "auto": the default, gemm.c's panels from R8_GEMM_MIN_ROWS rows), the lower
 quartile of process CPU time per call at 1 thread (a shared machine's other programs do not
-inflate it) of a weight from L2 ("hot": 512 x 1536, the kernel's own rate) or streamed from
-memory ("memory": copies cycled past the caches, a decode step's case). With ``--against
+inflate it; at ``--threads 2`` and more, of wall time) of a weight from L2 ("hot": 512 x
+1536, the kernel's own rate) or streamed from memory ("memory": copies cycled past the
+caches, a decode step's case). ``--cases model``: the 1.5B file's shapes (1536 x 1536,
+8960 x 1536, 1536 x 8960) in Q4_K and Q6_K, streamed. The level is the build's best unless
+``INFERPATH_ISA`` forces one (the children inherit it). With ``--against
 SRC`` (another checkout's src/) each round runs this tree and that one in turn, in
 subprocesses, and the medians over rounds are compared: A/B on the same machine, interleaved.
 
     python benchmarks/r8rows_kernel.py [--against /tmp/base/src] [--rounds 3] [--rows 1,2,3,5,8]
-        [--out benchmarks/results/r8rows_kernel.json]
+        [--threads 1] [--cases default|model] [--out benchmarks/results/r8rows_kernel.json]
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ import sys
 import time
 from pathlib import Path
 
-CASES = [("Q4_K", 512, 1536, "hot"), ("Q6_K", 512, 1536, "hot"), ("Q4_K", 8960, 1536, "memory"),
-         ("Q6_K", 1536, 8960, "memory")]
+CASES = {"default": [("Q4_K", 512, 1536, "hot"), ("Q6_K", 512, 1536, "hot"), ("Q4_K", 8960, 1536, "memory"),
+                     ("Q6_K", 1536, 8960, "memory")],
+         "model": [(qname, n, k, "memory") for qname in ("Q4_K", "Q6_K")
+                   for n, k in ((1536, 1536), (8960, 1536), (1536, 8960))]}
 
 
-def one_process(rows_list: list[int]) -> dict:
+def one_process(rows_list: list[int], threads: int = 1, cases: str = "default") -> dict:
     """This process's figures: {case: {rows: {dispatch: seconds}}}."""
     import inferpath  # noqa: F401  (before torch: OMP_WAIT_POLICY=PASSIVE)
     import torch
@@ -39,9 +44,10 @@ def one_process(rows_list: list[int]) -> dict:
     from inferpath.kernels.repacked import repack
     from inferpath.model.batch_invariant import row_invariant_dispatch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
+    clock = time.process_time if threads == 1 else time.perf_counter
     fn, out = build.native_quant_matmul(), {}
-    for qname, n, k, where in CASES:
+    for qname, n, k, where in CASES[cases]:
         qtype = GGMLQuantizationType[qname]
         packed = repack(QuantizedTensor(random_blocks(qtype, n, k), qtype, (n, k)), drop_source=False)
         copies = 1 if where == "hot" else max(1, (300 << 20) // packed.data.numel())
@@ -53,16 +59,16 @@ def one_process(rows_list: list[int]) -> dict:
             for dispatch in ("r8", "auto"):
                 times = []
                 for i in range(calls):
-                    start = time.process_time()
+                    start = clock()
                     if dispatch == "r8":
                         with row_invariant_dispatch():
                             ops.run_quant_matmul(fn, x, weights[i % copies], packed.kernel_type, None, n)
                     else:
                         ops.run_quant_matmul(fn, x, weights[i % copies], packed.kernel_type, None, n)
-                    times.append(time.process_time() - start)
+                    times.append(clock() - start)
                 times = sorted(times[calls // 5:])
                 case.setdefault(str(rows), {})[dispatch] = times[len(times) // 4]
-    return {"level": build.kernel_level("quantized"), "figures": out}
+    return {"level": build.kernel_level("quantized"), "threads": threads, "figures": out}
 
 
 def main() -> None:
@@ -70,12 +76,14 @@ def main() -> None:
     parser.add_argument("--against", help="another checkout's src/ to compare with, interleaved")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", default="1,2,3,4,5,6,8")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--cases", choices=sorted(CASES), default="default")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(Path(__file__).with_name("results") / "r8rows_kernel.json"))
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     if args.child:
-        print(json.dumps(one_process(rows)))
+        print(json.dumps(one_process(rows, args.threads, args.cases)))
         return
     here = str(Path(__file__).resolve().parents[1] / "src")
     trees = {"this": here} | ({"against": args.against} if args.against else {})
@@ -83,10 +91,12 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, src in trees.items():
             env = dict(os.environ, PYTHONPATH=f"{src}:{Path(__file__).parent}")
-            done = subprocess.run([sys.executable, __file__, "--child", "--rows", args.rows], env=env,
+            done = subprocess.run([sys.executable, __file__, "--child", "--rows", args.rows, "--threads",
+                                   str(args.threads), "--cases", args.cases], env=env,
                                   capture_output=True, text=True, check=True)
             runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
-    results = {"level": runs["this"][0]["level"], "rounds": args.rounds, "trees": trees, "cases": {}}
+    results = {"level": runs["this"][0]["level"], "threads": args.threads, "rounds": args.rounds, "trees": trees,
+               "cases": {}}
     for case in runs["this"][0]["figures"]:
         for r in rows:
             row = {}

@@ -1,5 +1,5 @@
-"""r8.c's kernel and r8_pair.c's (two groups of eight rows at once, AVX-512 VNNI) at 1 to 8
-rows of x: against the dequantized float32 reference, equal to the bit across levels (the
+"""r8.c's kernel, r8_pair.c's (two groups of eight rows at once, AVX-512 VNNI) and
+r8_multi.c's (Q6_K, every row in one pass over a group, AVX2 without VNNI) at 1 to 8 rows of x: against the dequantized float32 reference, equal to the bit across levels (the
 portable spec included), and a row's result whatever the rows beside it, with group counts
 odd and even and column ranges that start and end inside groups."""
 
@@ -87,3 +87,51 @@ def test_column_ranges_inside_groups_keep_the_bits(isa):
             out = group(x)
         assert torch.equal(out[:, :24], _matmul(x, w1)), rows
         assert torch.equal(out[:, 37:], _matmul(x, w3)), rows
+
+
+def _avx2_or_skip(monkeypatch) -> None:
+    if not build.can_run("avx2"):
+        pytest.skip(f"this CPU cannot execute the avx2 level (its best is {build.cpu_level()})")
+    monkeypatch.setenv("INFERPATH_ISA", "avx2")
+    built, reason = build.resolve_level("quantized", "avx2")
+    if built != "avx2":
+        pytest.skip(f"no avx2 kernel here: {reason}")
+
+
+@pytest.mark.parametrize("shape", [(24, 35 * 256), (16, 6 * 256)], ids=["24x8960", "16x1536"])
+def test_q6_k_rows_in_one_pass_at_avx2(shape, monkeypatch):
+    """At avx2 Q6_K's 2..8 rows take r8_multi.c (one pass over a group, quads outer): the
+    portable spec's bits at every row count, a row's bits whatever the rows beside it, and
+    the gguf package's values within the activations' int8 rounding; 1.5B's down projection
+    length (35 super-blocks) included."""
+    _avx2_or_skip(monkeypatch)
+    n, k = shape
+    weight = random_weight(Q.Q6_K, n, k, seed=n + k)
+    packed, exact_w = repack(weight, drop_source=False), weight.dequantize().double()
+    x = _x(8, k, 21)
+    alone = torch.cat([_matmul(x[j:j + 1].contiguous(), packed, "avx2") for j in range(8)])
+    for rows in range(2, 9):
+        xr = x[:rows].contiguous()
+        out = _matmul(xr, packed, "avx2")
+        assert torch.equal(out, _matmul(xr, packed, "generic")), rows
+        assert torch.equal(out, alone[:rows]), rows
+        expected = one_pass_x(xr).double() @ exact_w.T
+        scale = xr.abs().double() @ exact_w.abs().T
+        assert ((out.double() - expected).abs() <= 2e-6 * scale + 1e-6).all(), rows
+
+
+def test_q6_k_beside_q8_0_keeps_r8_tiles_at_avx2(monkeypatch):
+    """A Q6_K weight fused with a Q8_0 one meets x in two int8 passes, which r8_multi.c does
+    not take: r8.c's tiles serve it, with the portable spec's bits, at 2..8 rows (the Q8_0
+    weight as laid out is not held to the bit across levels)."""
+    _avx2_or_skip(monkeypatch)
+    w1 = repack(random_weight(Q.Q6_K, 32, 512, seed=7), drop_source=False)
+    w2 = random_weight(Q.Q8_0, 16, 512, seed=8)
+    for rows in range(2, 9):
+        x = _x(rows, 512, 30 + rows)
+        outs = {}
+        for level in ("avx2", "generic"):
+            group = QuantGroup(build.native_quant_matmul_group(level), [w1, w2], [None, None])
+            with row_invariant_dispatch():
+                outs[level] = group(x)
+        assert torch.equal(outs["avx2"][:, :32], outs["generic"][:, :32]), rows

@@ -14,7 +14,8 @@
  * same order (fmaf), so every level gives the same bits. Per group of eight weight rows and
  * sub-block, the weights are unpacked once for all rows of x; the scale vectors (one
  * cvtepu8 of eight bytes) too. With AVX-512 VNNI, matmul.c hands two adjacent groups at
- * once to r8_pair.c (the same chain in 512-bit lanes); this file serves a group alone.
+ * once to r8_pair.c (the same chain in 512-bit lanes); this file serves a group alone,
+ * except Q6_K at 2..8 rows on AVX2 without VNNI: r8_multi.c (every row in one pass).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -256,6 +257,7 @@ static inline __attribute__((always_inline)) void r8_tiles(const int qtype, cons
 }
 
 void r8_rows(int qtype, const uint8_t *group, const q8_rows *x, int64_t rows, float *out) {
+    if (r8_multi_rows(qtype, group, x, rows, out)) return;  /* AVX2, Q6_K, 2..8 rows: r8_multi.c */
     if (qtype == Q4_K_R8) {
         if (x->one_pass) r8_tiles(Q4_K_R8, group, x, rows, 1, out);
         else r8_tiles(Q4_K_R8, group, x, rows, 0, out);

@@ -92,6 +92,13 @@ __attribute__((visibility("hidden"))) void r8_rows(int qtype, const uint8_t *gro
 __attribute__((visibility("hidden"))) int r8_pair_rows(int qtype, const uint8_t *group, int64_t group_bytes,
                                                        const q8_rows *x, int64_t rows, float *out);
 
+/* One Q6_K_R8 group against rows 0..rows-1 (2..TILE_ROWS) of x in one int8 pass, at the
+ * AVX2 level without VNNI, all rows in one pass over the group (r8_multi.c): r8_rows' out
+ * and bits. 1, or 0 at another level, for one row, for x in two passes or for another
+ * format (r8_rows' own tiles serve). r8_rows calls it first. */
+__attribute__((visibility("hidden"))) int r8_multi_rows(int qtype, const uint8_t *group, const q8_rows *x,
+                                                        int64_t rows, float *out);
+
 /* The rows [0, rows) (a multiple of 8) of a repacked tensor as float32 (rows, k), equal to
  * the bit to matmul.c's dequantizer of the file's blocks. */
 __attribute__((visibility("hidden"))) void r8_dequantize(int qtype, const uint8_t *w, int64_t rows, int64_t k,
