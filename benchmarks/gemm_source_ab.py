@@ -35,8 +35,6 @@ from quant_kernels import random_blocks  # noqa: E402
 
 from inferpath.kernels import build  # noqa: E402
 
-ROWS = 512
-
 
 def compile_variant(csrc: Path, workdir: Path):
     """csrc's avx512-level library (cached in workdir by a hash of its sources) -> its quant matmul."""
@@ -60,6 +58,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="4096x1536,1536x8960", help="OUTxIN, comma-separated")
     parser.add_argument("--formats", default="Q4_K,Q6_K")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rows", type=int, default=512, help="rows of x (a prompt's tokens, a batch's rows)")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     variants = [Path(v) for v in args.variants.split(",")]
@@ -72,14 +71,14 @@ def main() -> None:
         qtype = GGMLQuantizationType[qname]
         for shape in args.shapes.split(","):
             n, k = map(int, shape.split("x"))
-            w, x = random_blocks(qtype, n, k), torch.randn(ROWS, k)
-            outs = [torch.empty(ROWS, n) for _ in fns]
+            w, x = random_blocks(qtype, n, k), torch.randn(args.rows, k)
+            outs = [torch.empty(args.rows, n) for _ in fns]
             times: list[list[float]] = [[] for _ in fns]
             for r in range(args.rounds + 1):  # round 0 warms up
                 for v, fn in enumerate(fns):
                     start = time.process_time()
                     status = fn(int(qtype), w.data_ptr(), w.shape[1], x.data_ptr(), None, outs[v].data_ptr(),
-                                ROWS, n, k, 1, 0)
+                                args.rows, n, k, 1, 0)
                     elapsed = time.process_time() - start
                     if status != 0:
                         raise RuntimeError(f"{variants[v]} rejected {qname} {shape} (status {status})")
@@ -87,7 +86,7 @@ def main() -> None:
                         times[v].append(elapsed)
             medians = [statistics.median(t) for t in times]
             row = {"format": qname, "shape": shape, "variants": [
-                {"csrc": str(v), "gop_s": 2 * ROWS * n * k / m / 1e9, "ratio": medians[0] / m,
+                {"csrc": str(v), "gop_s": 2 * args.rows * n * k / m / 1e9, "ratio": medians[0] / m,
                  "equal_to_first": bool(torch.equal(outs[i], outs[0])), "seconds": times[i]}
                 for i, (v, m) in enumerate(zip(variants, medians))]}
             results.append(row)
@@ -95,7 +94,7 @@ def main() -> None:
                 f"{Path(r['csrc']).parent.name}/{Path(r['csrc']).name} {r['gop_s']:.0f} GOP/s ({r['ratio']:.3f}x"
                 f"{', equal' if r['equal_to_first'] else ', DIFFERS'})" for r in row["variants"]), flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps({"rows": ROWS, "threads": 1, "rounds": args.rounds, "runs": results},
+        Path(args.out).write_text(json.dumps({"rows": args.rows, "threads": 1, "rounds": args.rounds, "runs": results},
                                              indent=2))
 
 
