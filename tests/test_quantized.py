@@ -239,7 +239,7 @@ def test_gemm_panels_are_the_row_kernel_up_to_summation_order(qtype, isa):
     """Many rows together (gemm.c's packed panels at the avx512 level, the wide kernel
     below) against each row alone through the row kernel: the same integer sums and
     scales, so only float32 summation order differs. Row counts that leave partial row
-    tiles (6 rows a tile), output counts that leave partial panels (32 columns), a group
+    tiles (3 rows a tile), output counts that leave partial panels (32 columns), a group
     whose weights split panels, biases."""
     if build.native_quant_matmul() is None:
         pytest.skip(f"no native kernel here: {build.kernel_status()}")

@@ -42,7 +42,12 @@
 #include "panel_epilogue.h"
 
 #define PANEL GEMM_PANEL               /* output columns a panel: two 512-bit vectors */
-#define MR 6                          /* rows of x a tile (7 and 8 spill registers: slower) */
+/* rows of x a tile. Fewer rows per weight load is faster on Zen 4: at 512 rows x 1536,
+ * Q4_K, 1 thread, 3 rows gave 1.13-1.15x the 6 rows' GOP/s (2: 1.07x, 4: 1.10x; 7 and 8 spill
+ * registers), Q6_K 1.03-1.05x; benchmarks/prefill_gemm.py, docs/kquant_kernels.md. The
+ * epilogue's float multiplies share the VNNI pipes, so the tile is bound by them either
+ * way; with 6 rows' 24 accumulators live the compiler's schedule overlapped them worse. */
+#define MR 3
 #define PREFETCH_BLOCKS 8             /* a column's block this far ahead is fetched while packing */
 #define QUAD_BYTES (PANEL * 4)        /* one group of four values for the panel's columns */
 #define BLOCK_BYTES (8 * QUAD_BYTES + 4 * PANEL * 4)  /* quads, then scale[2][PANEL], min[2][PANEL] */
@@ -282,7 +287,7 @@ static void tile_rows(const uint8_t *panel, const quant_matmul *q, int64_t j0, i
 #define TILE_CASE(R) case R: if (two_scales) tile(panel, q, j0, R, 1, y, n, cols, bias); \
                              else tile(panel, q, j0, R, 0, y, n, cols, bias); break;
     switch (rows) {
-        TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5)
+        TILE_CASE(1) TILE_CASE(2)
         default: if (two_scales) tile(panel, q, j0, MR, 1, y, n, cols, bias); else tile(panel, q, j0, MR, 0, y, n, cols, bias); break;
     }
 #undef TILE_CASE
@@ -327,7 +332,7 @@ int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
         }
         const float *bias = q->biases[i] ? q->biases[i] + local : 0;
         if (!amx_int8_panel(panel, q, q->qtypes[i], two_scales, y + c, n, cols, bias)) {  /* else VNNI tiles */
-            const int64_t tiles = (m + MR - 1) / MR, base = m / tiles, longer = m % tiles;  /* balanced: 32 rows 6,6,5,5,5,5 */
+            const int64_t tiles = (m + MR - 1) / MR, base = m / tiles, longer = m % tiles;  /* balanced: 32 rows 3 x 10 and 2 */
             for (int64_t t = 0, j0 = 0; t < tiles; t++) {
                 const int rows = (int)(base + (t < longer));
                 tile_rows(panel, q, j0, rows, two_scales, y + c, n, cols, bias);
