@@ -108,6 +108,7 @@ def one_pass_x(x: torch.Tensor) -> torch.Tensor:
     blocks = x.reshape(m, k // 32, 32)
     amax = blocks.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    inv = torch.where(inv.isinf(), torch.zeros_like(inv), inv)  # a subnormal block: q = 0
     return (torch.round(blocks * inv) * (amax / 127.0)).reshape(m, k)
 
 
@@ -130,6 +131,30 @@ def test_k_quants_meet_x_in_one_int8_pass(qtype, rows, isa):
     fused = ops.run_quant_matmul(build.native_quant_matmul(), x, weight.data, int(qtype), None, 19).double()
     scale = x.abs().double() @ exact_w.abs().T
     assert ((fused - expected).abs() <= 2e-6 * scale + 1e-6).all(), ((fused - expected).abs() / scale).max()
+
+
+@pytest.mark.parametrize("rows", [1, 8, 64])
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q8_0], ids=["Q4_K", "Q8_0"])
+def test_a_block_of_subnormal_activations_counts_as_zeros(qtype, rows, isa):
+    """A 32-value block of x whose largest value is subnormal (127 / max|x| overflows):
+    quantized to zeros at every level (activations.h), not an int8 of an infinite product
+    (undefined in C: the portable level and the SIMD ones disagreed). The other blocks of
+    the row are as before."""
+    cols = 256
+    weight = random_weight(qtype, 16, cols, seed=7)
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows))
+    x[:, 32:64] = torch.full((rows, 32), 1e-39) * torch.randn(rows, 32).sign()  # subnormal float32
+    x[0, :32], x[0, 64:] = 0, 0  # row 0: that block alone (its output exactly zero)
+    exact_w = weight.dequantize().double()
+    cleared = x.clone()
+    cleared[:, 32:64] = 0
+    fused = ops.run_quant_matmul(build.native_quant_matmul(), x, weight.data, int(qtype), None, 16)
+    zeroed = ops.run_quant_matmul(build.native_quant_matmul(), cleared, weight.data, int(qtype), None, 16)
+    assert torch.isfinite(fused).all() and not fused[0].any()
+    assert torch.equal(fused, zeroed)
+    # within x's int8 rounding (each value off by at most max|x| / 254 of its block)
+    scale = cleared.abs().double() @ exact_w.abs().T
+    assert ((fused.double() - cleared.double() @ exact_w.T).abs() <= scale / 254 + 1e-4).all()
 
 
 def test_tiles_cover_every_row(monkeypatch):

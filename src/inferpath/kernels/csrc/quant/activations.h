@@ -139,7 +139,11 @@ static inline void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q
     for (int64_t i = 0; i < m * nb; i++) {
         const float *xb = x + i * 32;
         float amax = block_amax(xb);
+        /* a block whose largest value is below 127 / FLT_MAX (subnormal: its inverse overflows,
+         * and an infinite or NaN product has no int8 value, which C leaves undefined) takes
+         * q = 0, as a block of zeros: every level the same bits */
         float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        if (isinf(inv)) inv = 0.0f;
         int sums[2], residual_sums[2];
         quantize_block(xb, inv, q + i * 32, r + i * 32, sums, residual_sums, one_pass);
         int64_t j = i / nb, b = i % nb;
