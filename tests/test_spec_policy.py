@@ -147,3 +147,19 @@ def test_in_a_batch_a_draft_pays_for_its_own_row_only():
     flat = costs_of({16: 1.0, 17: 1.01, 20: 1.04})
     assert choose_num_drafts(0.6, 4, per_row, base_rows=16, base_tokens=16) == 0
     assert choose_num_drafts(0.6, 4, flat, base_rows=16, base_tokens=16) == 3  # the 4th adds 0.13 of a token for 1%
+
+
+def test_a_fresh_record_tries_once_then_is_judged_by_what_it_did():
+    """A drafter that costs 0.4 of a step per token: at the prior's rate 4 drafts do not
+    pay, at rate 1 they do, so a fresh record tries; all accepted, it keeps drafting; all
+    rejected, it pauses. Where even rate 1 cannot pay, it pauses without trying."""
+    costs = costs_of({1: 0.10, 5: 0.15}, draft=0.04)
+    assert choose_num_drafts(PRIOR_RATE, 4, costs) == 0 and choose_num_drafts(1.0, 4, costs) == 4
+    good, bad = AcceptanceTracker(), AcceptanceTracker()
+    assert good.num_drafts(4, costs) == 4 and bad.num_drafts(4, costs) == 4
+    good.observe(4, 4)
+    bad.observe(4, 0)
+    assert good.num_drafts(4, costs) >= 3  # its rate is 0.9 now (with the prior's weight)
+    assert bad.num_drafts(4, costs) == 0 and bad.paused
+    hopeless = costs_of({1: 0.10, 5: 0.15}, draft=0.2)
+    assert AcceptanceTracker().num_drafts(4, hopeless) == 0

@@ -15,6 +15,11 @@ sequence's tokens (in a batch the step's other rows earn their own) — so on
 weights whose extra rows are dear (a 5-row step at 5x one row) it drafts little or not at
 all, and where they are cheap (1.1-1.5x) it drafts long runs at the same acceptance.
 
+Trying: a record with no verification yet (a new sequence, or one out of a pause) is
+priced at rate 1 (every draft accepted) for its first verification, so a good drafter is
+always tried once and then judged by what it did; where even that does not pay (extra
+rows as dear as whole steps), it pauses at once.
+
 Pausing: when the best k is 0 the sequence decodes plainly for ``pause`` steps (4,
 doubling on each pause up to 64; a record of two or more verifications at or above the
 prior's rate resets it), then tries again with its record back at the prior.
@@ -96,7 +101,11 @@ class AcceptanceTracker:
     def num_drafts(self, k_max: int, costs: StepCosts, base_rows: int = 1, base_tokens: float = 1.0) -> int:
         """How many tokens to draft this step (``choose_num_drafts`` at this record's
         rate); 0 starts a pause."""
-        k = choose_num_drafts(self.rate, k_max, costs, base_rows, base_tokens)
+        # a record with no verification yet (new, or just out of a pause) tries once at the
+        # best case's k: a prior alone would keep a drafter that is right 9 times in 10 from ever
+        # being tried where the prior's rate does not pay; it pauses only if even that cannot
+        rate = 1.0 if self.num_verifications == 0 else self.rate
+        k = choose_num_drafts(rate, k_max, costs, base_rows, base_tokens)
         if k > 0:
             if self.num_verifications >= 2 and self.rate >= PRIOR_RATE:  # doing well: the backoff is reset
                 self.pause = FIRST_PAUSE

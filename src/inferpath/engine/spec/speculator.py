@@ -74,9 +74,11 @@ class Speculator:
         if chosen:
             start = time.perf_counter()
             self.proposer.propose(chosen, num_drafts)
-            longest = max(len(r.spec_token_ids) for r in chosen)
-            if longest:
-                self.costs.record_draft(longest, time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            # a drafter that times its own passes (draft_model.py) says which are drafting
+            timing = getattr(self.proposer, "last_timing", (max(len(r.spec_token_ids) for r in chosen), seconds))
+            if timing is not None and timing[0] > 0:
+                self.costs.record_draft(*timing)
             for request in chosen:
                 if request.grammar is not None and request.spec_token_ids:
                     _cut_to_grammar(request)
