@@ -26,7 +26,8 @@ def generate(alias: str, native: bool, calls: list | None = None, threads: int =
              prompts: list[str] = PROMPTS, chunk_calls: list | None = None, **config) -> dict:
     """Greedy text and top-5 logprobs of the prompts' requests decoding side by side.
     ``alias``: a packaged model, or a model file's path. ``chunk_calls``: per step with a
-    chunk of more than one token (a prompt, a verification), whether it took the call."""
+    step of more than one row of some sequence (a prompt chunk, or a verification: laid out
+    as one-token rows by the runner), whether it took the call."""
     path = alias if alias.endswith(".gguf") else resolve_model(alias)
     engine = LLMEngine.from_model(path, EngineConfig(threads=threads, kv_cache_memory_bytes=64 * 2**20, dtype=dtype,
                                                      **config))
@@ -40,7 +41,7 @@ def generate(alias: str, native: bool, calls: list | None = None, threads: int =
             hidden = original(*args)
             if calls is not None:
                 calls.append(hidden is not None)
-            if chunk_calls is not None and any(p.prefills for p in args[3].values()):
+            if chunk_calls is not None and args[0].shape[0] > len(engine.scheduler.running):
                 chunk_calls.append(hidden is not None)
             return hidden
         stack._decode_natively = counting
@@ -77,10 +78,11 @@ REPEATING = ["1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,", "a b c d e f g a b c d e 
 
 @pytest.mark.parametrize("alone", [True, False], ids=["one sequence", "mixed with decodes"])
 def test_verification_steps_take_the_native_call_bitwise_equal_to_the_module_path(alone):
-    """Prompt lookup drafts up to 4 tokens: each verification is a chunk of up to 5 rows of
-    one sequence, alone or beside other sequences' decode rows and chunks; the native call
-    attends a chunk with the module path's prefill kernel, so tokens and logprobs equal the
-    module path's to the bit (SmolLM2 Q4_1; Qwen2.5-Coder's biases and k-quants below)."""
+    """Prompt lookup drafts up to 4 tokens: each verification is up to 5 rows of one
+    sequence, laid out by the runner as one-token rows (each attended by the decode kernel
+    through its own position), alone or beside other sequences' decode rows and chunks;
+    tokens and logprobs equal the module path's to the bit (SmolLM2 Q4_1; Qwen2.5-Coder's
+    biases and k-quants below)."""
     if build.native_decode_layers() is None or build.native_prefill_attention(torch.float32) is None:
         pytest.skip(f"chunks are native where the prefill attention kernel is: {build.kernel_status()}")
     prompts = REPEATING[:1] if alone else REPEATING
@@ -105,6 +107,19 @@ def test_verification_steps_of_qwen_with_biases_and_k_quants_are_native_and_bitw
                               speculative_config=PROMPT_LOOKUP)
 
 
+@pytest.mark.parametrize("prompt", REPEATING[1:3], ids=["letters", "code"])
+def test_verification_rows_are_the_bits_of_plain_decodes_on_repacked_weights(prompt, monkeypatch):
+    """A verification's rows are one-token rows (decode attention through each one's own
+    position) and the repacked kernels compute each of up to 8 rows of x alone: every
+    token and logprob with drafts is the plain decode's to the bit (Qwen2.5-Coder 0.5B, one
+    sequence, ngram drafts of up to 4: 5 rows), not only the same argmax."""
+    monkeypatch.setenv("INFERPATH_REPACK", "1")
+    if build.native_decode_layers() is None or build.kernel_level("quantized") not in ("avx2", "avx512"):
+        pytest.skip(f"repacked kernels run at avx2 and avx512: {build.kernel_status()}")
+    drafted = generate("qwen2.5-coder-0.5b-instruct", True, prompts=[prompt], speculative_config=PROMPT_LOOKUP)
+    assert drafted == generate("qwen2.5-coder-0.5b-instruct", True, prompts=[prompt])
+
+
 def test_a_traced_verification_step_stays_native_and_times_its_stages():
     """The trace (engine/trace.py) of a speculative request: its verification steps ran the
     native call, which filled the clock's stage buffer (``StepRecord.native_decode``)."""
@@ -125,9 +140,10 @@ def test_a_traced_verification_step_stays_native_and_times_its_stages():
     assert all(s.stages["attention"] > 0 and s.stages["gate_up_silu"] > 0 for s in verifications)
 
 
-def test_chunks_below_the_prefill_kernels_level_take_the_module_path(monkeypatch):
+def test_below_the_prefill_kernels_level_prompt_chunks_step_aside_verifications_stay_native(monkeypatch):
     """Below avx512 the module path attends chunks with PyTorch's SDPA, which the native call
-    cannot reproduce to the bit: verification steps step aside, decode steps stay native."""
+    cannot reproduce to the bit: a prompt chunk steps aside; verification steps, one-token
+    rows of decode attention, stay native and equal the module path to the bit."""
     if not build.can_run("avx2"):
         pytest.skip("this CPU cannot execute the avx2 level")
     monkeypatch.setenv("INFERPATH_ISA", "avx2")
@@ -135,9 +151,10 @@ def test_chunks_below_the_prefill_kernels_level_take_the_module_path(monkeypatch
         pytest.skip(build.kernel_status())
     assert build.native_prefill_attention(torch.float32) is None
     chunk_calls: list[bool] = []
-    generate("smollm2-135m-instruct", True, prompts=REPEATING[:1], chunk_calls=chunk_calls,
-             speculative_config=PROMPT_LOOKUP)
-    assert len(chunk_calls) >= 2 and not any(chunk_calls)
+    native = generate("smollm2-135m-instruct", True, prompts=REPEATING[:1], chunk_calls=chunk_calls,
+                      speculative_config=PROMPT_LOOKUP)
+    assert len(chunk_calls) >= 3 and not chunk_calls[0] and all(chunk_calls[1:])
+    assert native == generate("smollm2-135m-instruct", False, prompts=REPEATING[:1], speculative_config=PROMPT_LOOKUP)
 
 
 @pytest.mark.parametrize("repack", ["0", "1"], ids=["as-laid-out", "repacked"])

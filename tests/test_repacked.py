@@ -135,8 +135,8 @@ def test_what_cannot_be_repacked_is_refused():
 @pytest.mark.parametrize("level", ["generic", "avx2", "avx512"])
 def test_the_weight_plan_repacks_where_the_kernel_is_simd(level, monkeypatch):
     """The allow-list: Q4_K and Q6_K at the avx2 and avx512 levels with INFERPATH_REPACK=1,
-    and by default at REPACK_DEFAULT_LEVELS (avx2); the file's layout with 0; any other
-    value refused."""
+    and by default at REPACK_DEFAULT_LEVELS (avx2) or when the engine speculates; the
+    file's layout with 0; any other value refused."""
     from inferpath.config import EngineConfig
     from inferpath.engine.weight_plan import plan_weights
     from inferpath.models import resolve_model
@@ -150,6 +150,11 @@ def test_the_weight_plan_repacks_where_the_kernel_is_simd(level, monkeypatch):
     expected = tuple(f for f in default.runs if f in REPACK_FORMATS) if default.kernel_level in ("avx2", "avx512") else ()
     assert default.repacked == (expected if default.kernel_level in REPACK_DEFAULT_LEVELS else ())
     assert ("repacked by 8 rows" in default.describe()) == bool(default.repacked)
+    # an engine that speculates repacks wherever the kernel is SIMD (its verification rows)
+    speculating = EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    assert plan_weights(path, speculating).repacked == expected
+    monkeypatch.setenv("INFERPATH_REPACK", "0")
+    assert plan_weights(path, speculating).repacked == ()
     monkeypatch.setenv("INFERPATH_REPACK", "1")
     plan = plan_weights(path, EngineConfig())
     assert plan.repacked == expected and ("repacked by 8 rows" in plan.describe()) == bool(expected)

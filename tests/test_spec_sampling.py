@@ -20,7 +20,6 @@ import torch
 from inferpath.cache.kv import KVCache
 from inferpath.config import EngineConfig, ModelConfig
 from inferpath.engine.llm_engine import LLMEngine
-from inferpath.engine.spec.acceptance import AcceptanceTracker
 from inferpath.model import Transformer
 from inferpath.model.metadata import one_sequence_metadata
 from inferpath.models import resolve_model
@@ -182,43 +181,6 @@ def test_every_block_is_returned_after_200_requests_with_random_aborts(tokenizer
     if method == "draft_model":
         draft_blocks = engine.speculator.proposer.block_manager
         assert draft_blocks.num_free_blocks == draft_blocks.num_blocks
-
-
-def test_low_acceptance_pauses_drafting_and_recovers():
-    tracker = AcceptanceTracker(min_rate=0.45)
-    tracker.observe(4, 0)
-    assert tracker.should_draft()  # one bad verification is not a trend
-    tracker.observe(4, 1)  # 1 of 4 accepted: the 5-row verification did not pay
-    paused = [tracker.should_draft() for _ in range(4)]
-    assert paused == [False] * 4 and tracker.should_draft()
-    tracker.observe(4, 3)
-    tracker.observe(2, 2)  # short drafts judged by the fraction accepted, not the count
-    assert tracker.should_draft() and tracker.pause == 8 // 2 and tracker.num_pauses == 1
-    tracker.observe(2, 1)
-    tracker.observe(1, 1)
-    assert tracker.should_draft()  # 0.64 of the drafts accepted: worth their rows
-
-
-def test_a_paused_sequence_resumes_when_its_shadow_guesses_are_right():
-    from inferpath.engine.spec.acceptance import MAX_PAUSE, SHADOW_HITS
-
-    tracker = AcceptanceTracker(min_rate=0.45)
-    for _ in range(2 * 7):  # paused again and again: the pause reaches its cap
-        tracker.observe(4, 0)
-        tracker.num_steps_paused = 0
-    assert tracker.pause == MAX_PAUSE
-    tracker.observe(4, 0)
-    tracker.observe(4, 0)
-    tokens = [1, 2, 3]
-    tracker.shadow(len(tokens), [9])
-    assert not tracker.should_draft(tokens + [8])  # a wrong guess
-    for n in range(SHADOW_HITS):
-        tokens.append(5)
-        assert tracker.paused
-        tracker.shadow(len(tokens), [7, 7])
-        tokens.append(7)
-        assert tracker.should_draft(tokens) == (n == SHADOW_HITS - 1)
-    assert not tracker.paused and tracker.mean_rate is None
 
 
 def test_deterministic_mode_keeps_tokens_and_logprobs_bitwise_with_drafts(tokenizer):

@@ -174,12 +174,14 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule, execute, update and process once; returns the requests that advanced."""
         touched = self._take_intake()
+        start = time.perf_counter()
         scheduled = self.scheduler.schedule()
         tracer = self.tracer
         executed = tracer.execute(scheduled) if tracer else self.runner.execute(scheduled)
         updates = self.scheduler.update(scheduled, executed)
         self.scheduler.finish_requests(self.output_processor.process(updates))  # stop strings
-        if self.speculator is not None:  # drafts for the next step to verify
+        if self.speculator is not None:  # drafts for the next step to verify, priced by this step's time
+            self.speculator.record_step(scheduled, time.perf_counter() - start)
             self.speculator.propose(self.scheduler.running, self.scheduler.waiting)
         return self._make_outputs(touched, updates)
 

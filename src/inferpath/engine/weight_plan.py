@@ -17,7 +17,10 @@ Q4_K and Q6_K matrices are repacked at load into groups of eight rows (``repacke
 kernels/repacked.py) where the kernels run at avx2 or avx512 with ``INFERPATH_REPACK=1``,
 and by default at the levels of ``REPACK_DEFAULT_LEVELS`` (avx2: prefill 1.1-1.7x the
 file's layout there; at avx512 a 2-thread 512-token prefill measured 0.84-0.94x, so it
-stays opt-in; docs/kquant_kernels.md); ``INFERPATH_REPACK=0`` keeps the file's layout.
+stays opt-in; docs/kquant_kernels.md), and at every such level when the engine speculates
+(``speculative_config``: its verification steps are 2-8 rows of one sequence, where the
+file's layout at avx512 costs 2.2-5x a one-row step and the repacked groups 1.1-1.7x);
+``INFERPATH_REPACK=0`` keeps the file's layout.
 Without the kernels, or
 sharded, blocks are dequantized (the reference path). An explicit
 dtype converts every weight to it (blocks dequantized); ``quantization`` quantizes float
@@ -171,17 +174,21 @@ def plan_weights(path: str | Path, engine_config) -> WeightPlan:
             runs, per_weight = (_name(act),), act.itemsize
     level = (build.kernel_level(family) if kernels and act in _KERNEL_DTYPES else None) or "PyTorch"
     return WeightPlan(checkpoint, stored, how, runs, act, act, level, family, float(per_weight),
-                      engine_config.tensor_parallel_size, quantization, _repacked(how, family, level, runs))
+                      engine_config.tensor_parallel_size, quantization,
+                      _repacked(how, family, level, runs, engine_config.speculative_config is not None))
 
 
-def _repacked(how: str, family: str, level: str, runs: tuple[str, ...]) -> tuple[str, ...]:
+def _repacked(how: str, family: str, level: str, runs: tuple[str, ...], speculative: bool = False) -> tuple[str, ...]:
     """The formats repacked by 8 rows at load (kernels/repacked.py): those of the allow-list
     the matrices run in, where they run through the quantized kernels at a level whose r8
-    kernel is SIMD, with INFERPATH_REPACK=1 or by default at REPACK_DEFAULT_LEVELS; never
-    with INFERPATH_REPACK=0 (the file's layout: before/after figures)."""
+    kernel is SIMD, with INFERPATH_REPACK=1 or by default at REPACK_DEFAULT_LEVELS or when
+    the engine speculates (``speculative``: verification steps of k + 1 rows, where r8's
+    kernels win most; module docstring); never with INFERPATH_REPACK=0 (the file's layout:
+    before/after figures)."""
     from inferpath.kernels.repacked import REPACK_DEFAULT_LEVELS, REPACK_FORMATS, REPACK_LEVELS
 
-    flag = os.environ.get("INFERPATH_REPACK", "1" if level in REPACK_DEFAULT_LEVELS else "0").strip()
+    default = "1" if speculative or level in REPACK_DEFAULT_LEVELS else "0"
+    flag = os.environ.get("INFERPATH_REPACK", default).strip()
     if flag not in ("0", "1"):
         raise ValueError(f"INFERPATH_REPACK={flag!r}: use 1 (repack "
                          f"{'/'.join(REPACK_FORMATS)} by 8 rows; the default at "

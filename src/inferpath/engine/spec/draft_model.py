@@ -10,7 +10,10 @@ each, is k batched forward passes of the draft model over all of S:
                  target's correction; on first sight: the whole prompt) -> d_1
     pass 1..k-1: d_j of each sequence still drafting -> d_{j+1}
 
-so the draft cache ends holding the sequence and d_1..d_{k-1}. After the target verifies,
+so the draft cache ends holding the sequence and d_1..d_{k-1}. ``last_timing`` keeps the
+passes' count and seconds for the speculator's price of a drafted token (step_costs.py),
+leaving out a pass 0 that caught up on more than k + 1 tokens of a sequence (its prompt
+on first sight, or after a pause): that is a prefill, not the cost of a draft. After the target verifies,
 the draft's K/V stays valid through the drafts that were accepted (same tokens at the
 same positions), so the next pass 0 starts there. A sequence the draft cache cannot
 hold just gets no drafts this step (never a preemption).
@@ -23,6 +26,7 @@ the rejection rule (sampling/rejection.py).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -47,6 +51,7 @@ class DraftModelProposer:
         self.max_positions = model.config.max_position_embeddings
         self._num_computed: dict[object, int] = {}  # seq_id -> tokens with valid draft K/V
         self._fed: dict[object, tuple[int, list[int]]] = {}  # seq_id -> (position, drafts fed)
+        self.last_timing: tuple[int, float] | None = None  # (passes, seconds) of the last proposal
 
     @classmethod
     def build(cls, config, target_config, draft, engine_config) -> DraftModelProposer:
@@ -85,9 +90,14 @@ class DraftModelProposer:
         # a grammar row drafts under its grammar: a fork advanced through its own drafts
         forks = {r.seq_id: r.grammar.fork() for r, _, _ in active if r.grammar is not None}
         feeds = [(r, fed) for r, _, fed in active]
+        catching_up = any(len(fed) > k + 1 for _, k, fed in active)
+        num_timed, seconds = 0, 0.0
         for step in range(max((k for _, k, _ in active), default=0)):
+            start = time.perf_counter()
             logits = self._forward([(r.seq_id, fed) for r, fed in feeds])  # (num_feeds, vocab)
             tokens = self._choose(logits, [r for r, _ in feeds], drafts, probs, forks)
+            if step > 0 or not catching_up:
+                num_timed, seconds = num_timed + 1, seconds + time.perf_counter() - start
             next_feeds = []
             for (request, _), token in zip(feeds, tokens):
                 drafts[request.seq_id].append(token)
@@ -100,6 +110,7 @@ class DraftModelProposer:
             feeds = next_feeds
             if not feeds:
                 break
+        self.last_timing = (num_timed, seconds) if num_timed else None
         for request, _, _ in active:
             request.spec_token_ids = drafts[request.seq_id]
             if probs[request.seq_id]:

@@ -4,8 +4,13 @@ which drafter. Imports no torch (a draft model's drafter does, on its own).
 A sequence drafts when it is decoding (exactly one token left to compute), has at least
 two tokens left before ``max_tokens`` (a run of k drafts emits up to k + 1 tokens, so k
 is cut to the tokens left minus one: ``max_tokens`` is never exceeded and no draft is
-wasted), and its acceptance record (engine/spec/acceptance.py: do its drafts pay for their
-verification rows?) does not pause it.
+wasted), and its acceptance record does not pause it; how many it drafts is the k that
+maximizes its expected tokens per second (engine/spec/acceptance.py), priced by the step
+times the engine measures (``StepCosts``: ``record_step`` after each step, and the
+drafter's own time per drafted token around each proposal). Sequences are priced in
+turn, each against the step's rows so far (batch 1: exactly the step it will run). When
+the step without drafts has not been measured lately, one step decodes plainly to
+measure it (step_costs.py).
 
 Structured output speculates too: a grammar row's drafts are cut before the first token
 its grammar refuses (and after one that completes it: EOS follows), so every drafted position
@@ -17,36 +22,63 @@ tail never reaches it: nothing has to be rolled back.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from inferpath.engine.request import Request, RequestStatus
-from inferpath.engine.spec.acceptance import AcceptanceTracker
+from inferpath.engine.spec.acceptance import AcceptanceTracker, expected_tokens
+from inferpath.engine.spec.step_costs import StepCosts
 from inferpath.speculative_config import SpeculativeConfig
 
 
 class Speculator:
-    """Holds the drafter (``propose(requests, num_drafts)`` and ``release(live_seq_ids)``)
-    and the per-sequence acceptance records."""
+    """Holds the drafter (``propose(requests, num_drafts)`` and ``release(live_seq_ids)``),
+    the per-sequence acceptance records and the measured step costs (``costs``)."""
 
-    def __init__(self, config: SpeculativeConfig, proposer):
+    def __init__(self, config: SpeculativeConfig, proposer, costs: StepCosts | None = None):
         self.config = config
         self.proposer = proposer
+        self.costs = costs if costs is not None else StepCosts()
+
+    def record_step(self, scheduled, seconds: float) -> None:
+        """The engine's step of ``scheduled`` (a SchedulerOutput) took ``seconds``: priced
+        when every chunk is a decode or a verification (step_costs.py)."""
+        chunks = scheduled.chunks
+        if chunks and all(c.samples and c.num_new_tokens == 1 + len(c.draft_token_ids) for c in chunks):
+            self.costs.record(scheduled.num_batched_tokens, seconds)
 
     def propose(self, running: Sequence[Request], waiting: Sequence[Request] = ()) -> None:
         """Draft for every running sequence that should (see the module docstring); a
         paused one gets a shadow proposal where proposals are free (engine/spec/acceptance.py)."""
         chosen, num_drafts, shadowed = [], [], []
+        decoding = [r for r in running if r.status is RequestStatus.RUNNING
+                    and r.num_tokens - r.num_computed_tokens == 1]
+        rows, tokens = len(decoding), float(len(decoding))  # the step's rows and expected tokens so far
+        measure_plain = self.costs.needs_sample(rows)
         for request in running:
             k = self._num_drafts(request)
             if k <= 0:
                 continue
-            if request.spec_acceptance.should_draft(request.all_token_ids):
-                chosen.append(request)
-                num_drafts.append(k)
+            tracker = request.spec_acceptance
+            if tracker.should_draft(request.all_token_ids):
+                if measure_plain:
+                    continue
+                k = tracker.num_drafts(k, self.costs, rows, tokens)
+                if k > 0:
+                    chosen.append(request)
+                    num_drafts.append(k)
+                    rows += k
+                    tokens += expected_tokens(tracker.rate, k) - 1.0
             elif getattr(self.proposer, "proposals_are_free", False):
                 shadowed.append(request)
         if chosen:
+            start = time.perf_counter()
             self.proposer.propose(chosen, num_drafts)
+            seconds = time.perf_counter() - start
+            # a drafter that times its own passes (draft_model.py) says which are drafting
+            timing = getattr(self.proposer, "last_timing", (max(len(r.spec_token_ids) for r in chosen), seconds))
+            if timing is not None and timing[0] > 0:
+                self.costs.record_draft(*timing)
             for request in chosen:
                 if request.grammar is not None and request.spec_token_ids:
                     _cut_to_grammar(request)
