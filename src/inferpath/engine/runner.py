@@ -154,24 +154,20 @@ class ModelRunner:
                 slots += range(base + pos, base + block_end)
                 pos = block_end
             prompt_plan.add_chunk(request, start, end, query_start_loc[-1])
-            if num_drafts and end - start == 1 + num_drafts and states is None:
-                # NOTE: a verification is laid out as 1 + k one-token rows of the sequence (row j
-                # attends to the keys through its own position, all written before attention), so
-                # each row's attention is a decode's, in the decode kernel, and its logits are the
-                # bits a plain decode at that position gets wherever the matmul's rows are
-                # independent (repacked weights up to 8 rows): greedy identity past near ties
-                for j in range(1 + num_drafts):
-                    query_lens.append(1)
-                    query_start_loc.append(query_start_loc[-1] + 1)
-                    seq_lens.append(start + j + 1)
-                    tables.append(table)
-            else:
-                query_lens.append(end - start)
-                query_start_loc.append(query_start_loc[-1] + end - start)
-                seq_lens.append(end)
+            # NOTE: a verification is laid out as 1 + k one-token rows of the sequence (row j
+            # attends to the keys through its own position, all written before attention), so
+            # each row's attention is a decode's, in the decode kernel, and its logits are the
+            # bits a plain decode at that position gets wherever the matmul's rows are
+            # independent (repacked weights up to 8 rows): greedy identity past near ties
+            verification = num_drafts and end - start == 1 + num_drafts and states is None
+            ends = range(start + 1, end + 1) if verification else (end,)
+            for row_start, row_end in zip((start, *ends[:-1]), ends):
+                query_lens.append(row_end - row_start)
+                query_start_loc.append(query_start_loc[-1] + row_end - row_start)
+                seq_lens.append(row_end)
                 tables.append(table)
-                if states is not None:
-                    states.append(self.block_manager.state_slot(request.seq_id))
+            if states is not None:
+                states.append(self.block_manager.state_slot(request.seq_id))
             if chunk.samples:
                 # a speculative chunk samples at its last real token and at every draft, each
                 # row seeing the drafts before it as output (penalties, min_tokens)
