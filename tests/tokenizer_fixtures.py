@@ -26,6 +26,10 @@ from pathlib import Path
 
 CORPUS_PATH = Path(__file__).parent / "data" / "tokenizer" / "corpus.txt"
 LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"
+# the source distribution of that package alone: `--no-binary :all:` also asked pip to build
+# its build requirements from source to read its metadata (cmake compiled, ~15 min on 2
+# cores, inside a CI run); their wheels are enough for that
+SDIST_ONLY = ("--quiet", "--no-deps", "--no-binary", "llama-cpp-python")
 LLAMA_CPP_VOCABS = ("llama-bpe", "qwen2", "gpt-2", "llama-spm")
 VOCAB_TEST_SEPARATOR = "\n__ggml_vocab_test__\n"
 
@@ -49,8 +53,7 @@ def llama_cpp_sdist() -> Path:
         return target
     with tempfile.TemporaryDirectory(dir=testdata_dir()) as tmp:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-             LLAMA_CPP_SDIST, "-d", tmp],
+            [sys.executable, "-m", "pip", "download", *SDIST_ONLY, LLAMA_CPP_SDIST, "-d", tmp],
             check=True,
         )
         (sdist,) = Path(tmp).glob("llama_cpp_python-*.tar.gz")
@@ -231,8 +234,8 @@ def llama_cpp_template(name: str) -> str:
     if not target.is_file():
         sdist = testdata_dir() / "llama_cpp_python-0.3.36.tar.gz"
         if not sdist.is_file():
-            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
-                            ":all:", LLAMA_CPP_SDIST, "-d", str(testdata_dir())], check=True)
+            subprocess.run([sys.executable, "-m", "pip", "download", *SDIST_ONLY, LLAMA_CPP_SDIST, "-d",
+                            str(testdata_dir())], check=True)
         member = f"llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates/{name}"
         with tarfile.open(sdist) as archive, archive.extractfile(member) as source:
             data = source.read()
