@@ -12,7 +12,7 @@ from inferpath.kernels.groups import QuantGroup
 from inferpath.kernels.quantized import QuantLinear
 from inferpath.kernels.repacked import REPACK_DEFAULT_LEVELS, REPACK_FORMATS, RepackedTensor, kernel_type, repack, repackable
 from inferpath.model.batch_invariant import row_invariant_dispatch
-from test_quantized import isa, one_pass_x, random_weight  # noqa: F401 (isa: a fixture)
+from test_quantized import isa, k_quant_tolerance, k_quant_x, k_quant_x_passes_everywhere, random_weight  # noqa: F401 (isa: a fixture)
 
 Q = GGMLQuantizationType
 R8_TYPES = [Q.Q4_K, Q.Q6_K]
@@ -47,24 +47,27 @@ def test_repacked_meets_x_in_one_int8_pass(qtype, rows, isa):
     exact_w = weight.dequantize().double()
     x = _x(rows, cols, rows)
     bias = torch.randn(40)
-    expected = one_pass_x(x).double() @ exact_w.T + bias.double()
+    expected = k_quant_x(x).double() @ exact_w.T + bias.double()
     fused = _matmul(x, packed, bias).double()
-    scale = x.abs().double() @ exact_w.abs().T + bias.double().abs()
-    assert ((fused - expected).abs() <= 2e-6 * scale + 1e-6).all(), ((fused - expected).abs() / scale).max()
+    tolerance = k_quant_tolerance(x, exact_w) + 2e-6 * bias.double().abs()
+    assert ((fused - expected).abs() <= tolerance).all(), ((fused - expected).abs() / tolerance).max()
 
 
+@pytest.mark.parametrize("passes", [1, 2])
 @pytest.mark.parametrize("qtype", R8_TYPES, ids=[t.name for t in R8_TYPES])
-def test_every_level_gives_the_same_bits(qtype):
+def test_every_level_gives_the_same_bits(qtype, passes):
     """The SIMD kernels and the portable spec run one float chain per row: equal to the bit
-    (5 rows: fewer than gemm.c's panels take, R8_GEMM_MIN_ROWS)."""
+    with x in the same passes at every level (5 rows: fewer than gemm.c's panels take,
+    R8_GEMM_MIN_ROWS)."""
     weight = random_weight(qtype, 16, 2 * 256, seed=7)
     packed = repack(weight, drop_source=False)
     x = _x(5, 2 * 256, 1)
     outs = {}
-    for level in build.LEVEL_NAMES:
-        if build.can_run(level) and build.resolve_level("quantized", level)[0] == level:
-            outs[level] = ops.run_quant_matmul(build.native_quant_matmul(level), x, packed.data,
-                                               packed.kernel_type, None, 16)
+    with k_quant_x_passes_everywhere(passes):
+        for level in build.LEVEL_NAMES:
+            if build.can_run(level) and build.resolve_level("quantized", level)[0] == level:
+                outs[level] = ops.run_quant_matmul(build.native_quant_matmul(level), x, packed.data,
+                                                   packed.kernel_type, None, 16)
     assert len(outs) >= 1
     first = next(iter(outs.values()))
     for level, out in outs.items():
@@ -113,8 +116,8 @@ def test_the_module_runs_repacked_weights_at_every_row_count(isa, monkeypatch):
         x = _x(rows, 256, rows)
         w = weight.dequantize().double()
         if ops.quant_rows_fused(rows, repacked=True):
-            expected, scale = one_pass_x(x).double() @ w.T, x.abs().double() @ w.abs().T
-            assert ((module(x).double() - expected).abs() <= 2e-6 * scale + 1e-6).all(), rows
+            expected = k_quant_x(x).double() @ w.T
+            assert ((module(x).double() - expected).abs() <= k_quant_tolerance(x, w)).all(), rows
         else:  # dequantized tiles, as the file's: float32 rounding only
             torch.testing.assert_close(module(x), reference(x), rtol=1e-5, atol=1e-5)
         with row_invariant_dispatch():

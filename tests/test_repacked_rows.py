@@ -1,5 +1,5 @@
 """r8.c's kernel, r8_pair.c's (two groups of eight rows at once, AVX-512 VNNI) and
-r8_multi.c's (Q6_K, every row in one pass over a group, AVX2 without VNNI) at 1 to 8 rows of x: against the dequantized float32 reference, equal to the bit across levels (the
+r8_multi.c's (Q6_K, every row in one walk over a group, AVX2 without VNNI) at 1 to 8 rows of x: against the dequantized float32 reference, equal to the bit across levels (the
 portable spec included), and a row's result whatever the rows beside it, with group counts
 odd and even and column ranges that start and end inside groups."""
 
@@ -13,7 +13,7 @@ from inferpath.kernels import build, ops
 from inferpath.kernels.groups import QuantGroup
 from inferpath.kernels.repacked import repack
 from inferpath.model.batch_invariant import row_invariant_dispatch
-from test_quantized import isa, one_pass_x, random_weight  # noqa: F401 (isa: a fixture)
+from test_quantized import isa, k_quant_tolerance, k_quant_x, k_quant_x_passes_everywhere, random_weight  # noqa: F401 (isa: a fixture)
 
 Q = GGMLQuantizationType
 R8_TYPES = [Q.Q4_K, Q.Q6_K]
@@ -44,21 +44,24 @@ def test_one_to_eight_rows_against_the_float_reference(qtype, shape, isa):
     packed, exact_w = repack(weight, drop_source=False), weight.dequantize().double()
     for rows in range(1, 9):
         x = _x(rows, k, rows)
-        expected = one_pass_x(x).double() @ exact_w.T
-        scale = x.abs().double() @ exact_w.abs().T
+        expected = k_quant_x(x).double() @ exact_w.T
+        tolerance = k_quant_tolerance(x, exact_w)
         error = (_matmul(x, packed).double() - expected).abs()
-        assert (error <= 2e-6 * scale + 1e-6).all(), (rows, (error / scale).max())
+        assert (error <= tolerance).all(), (rows, (error / tolerance).max())
 
 
+@pytest.mark.parametrize("passes", [1, 2])
 @pytest.mark.parametrize("qtype", R8_TYPES, ids=[t.name for t in R8_TYPES])
-def test_one_to_eight_rows_give_the_same_bits_at_every_level(qtype):
+def test_one_to_eight_rows_give_the_same_bits_at_every_level(qtype, passes):
+    """x in the same passes at every level (their defaults differ: activations.h)."""
     weight = random_weight(qtype, 40, 3 * 256, seed=5)
     packed = repack(weight, drop_source=False)
     levels = _levels()
     assert levels
     for rows in range(1, 9):
         x = _x(rows, 3 * 256, 10 + rows)
-        outs = {level: _matmul(x, packed, level) for level in levels}
+        with k_quant_x_passes_everywhere(passes):
+            outs = {level: _matmul(x, packed, level) for level in levels}
         for level, out in outs.items():
             assert torch.equal(out, outs[levels[0]]), (rows, level, levels[0])
 
@@ -98,13 +101,19 @@ def _avx2_or_skip(monkeypatch) -> None:
         pytest.skip(f"no avx2 kernel here: {reason}")
 
 
+@pytest.mark.parametrize("passes", [1, 2])
 @pytest.mark.parametrize("shape", [(24, 35 * 256), (16, 6 * 256)], ids=["24x8960", "16x1536"])
-def test_q6_k_rows_in_one_pass_at_avx2(shape, monkeypatch):
-    """At avx2 Q6_K's 2..8 rows take r8_multi.c (one pass over a group, quads outer): the
-    portable spec's bits at every row count, a row's bits whatever the rows beside it, and
-    the gguf package's values within the activations' int8 rounding; 1.5B's down projection
-    length (35 super-blocks) included."""
+def test_q6_k_rows_in_one_walk_at_avx2(shape, passes, monkeypatch):
+    """At avx2 Q6_K's 2..8 rows take r8_multi.c (one walk over a group, quads outer), with x
+    in one int8 pass and in two (the avx2 default): the portable spec's bits at every row
+    count, a row's bits whatever the rows beside it, and the gguf package's values within
+    the activations' int8 rounding; 1.5B's down projection length (35 super-blocks) included."""
     _avx2_or_skip(monkeypatch)
+    with k_quant_x_passes_everywhere(passes):
+        _q6_k_rows_at_avx2(shape)
+
+
+def _q6_k_rows_at_avx2(shape):
     n, k = shape
     weight = random_weight(Q.Q6_K, n, k, seed=n + k)
     packed, exact_w = repack(weight, drop_source=False), weight.dequantize().double()
@@ -115,15 +124,14 @@ def test_q6_k_rows_in_one_pass_at_avx2(shape, monkeypatch):
         out = _matmul(xr, packed, "avx2")
         assert torch.equal(out, _matmul(xr, packed, "generic")), rows
         assert torch.equal(out, alone[:rows]), rows
-        expected = one_pass_x(xr).double() @ exact_w.T
-        scale = xr.abs().double() @ exact_w.abs().T
-        assert ((out.double() - expected).abs() <= 2e-6 * scale + 1e-6).all(), rows
+        expected = k_quant_x(xr).double() @ exact_w.T
+        assert ((out.double() - expected).abs() <= k_quant_tolerance(xr, exact_w)).all(), rows
 
 
-def test_q6_k_beside_q8_0_keeps_r8_tiles_at_avx2(monkeypatch):
-    """A Q6_K weight fused with a Q8_0 one meets x in two int8 passes, which r8_multi.c does
-    not take: r8.c's tiles serve it, with the portable spec's bits, at 2..8 rows (the Q8_0
-    weight as laid out is not held to the bit across levels)."""
+def test_q6_k_beside_q8_0_gives_the_spec_bits_at_avx2(monkeypatch):
+    """A Q6_K weight fused with a Q8_0 one meets x in two int8 passes at every level: the
+    portable spec's bits at 2..8 rows (the Q8_0 weight as laid out is not held to the bit
+    across levels)."""
     _avx2_or_skip(monkeypatch)
     w1 = repack(random_weight(Q.Q6_K, 32, 512, seed=7), drop_source=False)
     w2 = random_weight(Q.Q8_0, 16, 512, seed=8)

@@ -24,7 +24,7 @@ typedef struct {
     const float *s;    /* d_x * sum(q + r / RESIDUAL_STEPS) over the block */
     const float *h;    /* the same sum over each half block: [..][k / 32][2][lanes] */
     int64_t k, lanes;  /* lanes: lanes_for(m) */
-    int one_pass;      /* r is all zero (one_pass_format): the row kernels may skip it */
+    int one_pass;      /* r is all zero (K-quants in one pass): the row kernels may skip it */
 } q8_rows;
 
 /* lanes a tile's per-block scalars have: one for a single row, else TILE_ROWS */
@@ -47,14 +47,31 @@ static inline int64_t half_lane_of(int64_t j, int64_t b, int64_t nb, int half, i
 #define RESIDUAL_SHIFT 8
 #define RESIDUAL_STEPS 256.0f
 
-/* The K-quants (Q4_K, Q5_K, Q6_K) meet x in ONE int8 pass: r is zero, so s and h are the
- * sums of q alone and every kernel's (w.q << RESIDUAL_SHIFT) + w.r is w.q scaled exactly
- * by 256, the same numbers at every level (the portable one included). llama.cpp's K-quant
+/* How many int8 passes of x the K-quants (Q4_K, Q5_K, Q6_K) meet, per level.
+ *
+ * One pass (the avx512 level): r is zero, so s and h are the sums of q alone and every
+ * kernel's (w.q << RESIDUAL_SHIFT) + w.r is w.q scaled exactly by 256. llama.cpp's K-quant
  * path quantizes x to one int8 pass per 256 values (its Q8_K); one per 32 is as fine or
- * finer. The second pass doubled the kernel's integer work per weight, and at one thread the
- * row kernel is bound by its instructions, not memory (docs/kquant_kernels.md). A group of
- * weights (a fused Q/K/V) takes one pass only if all of its formats do. */
-static inline int one_pass_format(int qtype) {
+ * finer. The second pass doubles the VNNI row kernel's integer work per weight, and at one
+ * thread that kernel is bound by its instructions (docs/kquant_kernels.md).
+ *
+ * Two passes (avx2 and the portable level), as the 32-value formats: one pass put the 1.5B
+ * Q4_K_M file at 98.85% top-1 agreement with its dequantized self at avx2 (514 of 520
+ * tokens; the test asks 99%: its logits ~0.18 from the reference at the median position),
+ * two at 100% (logits within 0.005), for ~0.9x the row kernel's rate alone at one thread and
+ * a decode step within that run's noise (a 2-core AMD EPYC with AVX2 only, 2026-12-03;
+ * docs/kquant_kernels.md). The avx512 level measured 99.04% with one pass and keeps it.
+ *
+ * A group of weights (a fused Q/K/V) takes one pass only if all of its formats do. */
+#if defined(__AVX512F__)
+#define K_QUANT_X_PASSES 1
+#else
+#define K_QUANT_X_PASSES 2
+#endif
+/* That is each library's default; inferpath_set_k_quant_x_passes (matmul.c) changes it for
+ * the library (INFERPATH_KQUANT_X_PASSES, and the tests that hold two levels to the same
+ * bits). */
+static inline int k_quant_format(int qtype) {
     return qtype == Q4_K || qtype == Q5_K || qtype == Q6_K || qtype == Q4_K_R8 || qtype == Q6_K_R8;
 }
 
@@ -131,7 +148,7 @@ static inline void quantize_block(const float *xb, float inv, int8_t *q, int8_t 
 
 /* x (m, k) -> q, r (m, k) and the tile-major scalars d, s, h; with wq, wr (not NULL:
  * padded to whole tiles, zeroed by the caller) also the interleaved copies. one_pass: r
- * zero (one_pass_format). */
+ * zero (x in one pass: matmul.c's quant_prepare). */
 static inline void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, int8_t *r, float *d, float *s,
                                  float *h, int8_t *wq, int8_t *wr, int one_pass, int num_threads) {
     int64_t nb = k / 32, lanes = lanes_for(m);

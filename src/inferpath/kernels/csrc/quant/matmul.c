@@ -153,6 +153,9 @@ FOR_EACH_FORMAT(ROWS_OF)
 
 
 /* (values per block, bytes per block) of a format; 0 if not one of ours */
+/* the passes of x the K-quants meet here (activations.h; inferpath_set_k_quant_x_passes) */
+static int k_quant_x_passes = K_QUANT_X_PASSES;
+
 static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
     switch (qtype) {
 #define FORMAT_CASE(NAME, TYPE, BLOCK, BYTES, OFFSET, IS_SIGNED, TWO_SCALES) \
@@ -196,8 +199,8 @@ int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *
         q->starts[i + 1] = q->starts[i] + ns[i];
         q->qtypes[i] = qtypes[i];
     }
-    q->one_pass = 1;
-    for (int i = 0; i < count; i++) q->one_pass = q->one_pass && one_pass_format(qtypes[i]);
+    q->one_pass = k_quant_x_passes == 1;
+    for (int i = 0; i < count; i++) q->one_pass = q->one_pass && k_quant_format(qtypes[i]);
     int64_t nb = k / 32;
     q->n = q->starts[count], q->tiles = (m + TILE_ROWS - 1) / TILE_ROWS;
     q->use_gemm = m >= GEMM_MIN_ROWS && !rows_alone && gemm_ready() && !mxfp4_in(qtypes, count);
@@ -320,6 +323,15 @@ int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *co
 
 /* w: n rows of row_bytes (k values each in format qtype); x (m, k), bias (n,) or NULL,
  * y (m, n), all float32: a group of one. */
+/* the int8 passes of x the K-quants meet in this library (activations.h): 1 or 2; set
+ * before a call, never during one */
+int inferpath_k_quant_x_passes(void) { return k_quant_x_passes; }
+int inferpath_set_k_quant_x_passes(int passes) {
+    if (passes != 1 && passes != 2) return -1;
+    k_quant_x_passes = passes;
+    return 0;
+}
+
 int inferpath_quant_matmul(int qtype, const uint8_t *w, int64_t row_bytes, const float *x, const float *bias,
                            float *y, int64_t m, int64_t n, int64_t k, int num_threads, int rows_alone) {
     return inferpath_quant_matmul_group(1, &qtype, &w, &row_bytes, &n, &bias, x, y, m, k, num_threads, rows_alone);

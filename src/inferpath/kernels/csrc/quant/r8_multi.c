@@ -18,8 +18,9 @@
  * The integer sums are r8.c's (two vpmaddubsw pairs per vpmaddwd: |sum| <= 2 * 2 * 63 *
  * 127 < 32768), and each row's float chain is r8.c's, operation for operation and in order
  * (the half 0 term, the half 1 term, the two offsets), so the results equal r8_rows' own
- * tiles (and the portable spec) to the bit. x in one int8 pass only (the K-quant case): x
- * in two passes (a Q6_K weight fused with a Q8_0 one) keeps r8.c's tiles. */
+ * tiles (and the portable spec) to the bit. x in one int8 pass or two (activations.h's
+ * K_QUANT_X_PASSES, or a Q6_K weight fused with a Q8_0 one): with two, each quad pair meets
+ * q and r alike and the row's sum is (q-sum << RESIDUAL_SHIFT) + r-sum, r8.c's int32. */
 #include <stdint.h>
 #include <string.h>
 
@@ -46,7 +47,7 @@ static inline __m256 signed8(const uint8_t *p) {
  * 0 .. R - 1: isum[j] = the eight weight rows' dots with x row j, as int32 lanes */
 static inline __attribute__((always_inline)) void half_sums(const uint8_t *o, const int s, const int hf,
                                                              const q8_rows *x, const int64_t b, const int R,
-                                                             __m256i *isum) {
+                                                             const int one_pass, __m256i *isum) {
     const int64_t k = x->k;
     const __m256i low = _mm256_set1_epi8(0xf), high = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
     const uint8_t *ql = o + q6_ql_at(s / 2), *qh = o + q6_qh_at(s / 4);
@@ -64,9 +65,16 @@ static inline __attribute__((always_inline)) void half_sums(const uint8_t *o, co
 #pragma GCC unroll 8
         for (int j = 0; j < R; j++) {
             const int8_t *xq = x->q + j * k + 32 * b + 4 * g;
-            const __m256i m = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w[0], four_bytes(xq)),
-                                                                 _mm256_maddubs_epi16(w[1], four_bytes(xq + 4))),
-                                                ones);
+            __m256i m = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w[0], four_bytes(xq)),
+                                                           _mm256_maddubs_epi16(w[1], four_bytes(xq + 4))),
+                                          ones);
+            if (!one_pass) {
+                const int8_t *xr = x->r + j * k + 32 * b + 4 * g;
+                m = _mm256_add_epi32(_mm256_slli_epi32(m, RESIDUAL_SHIFT),
+                                     _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w[0], four_bytes(xr)),
+                                                                        _mm256_maddubs_epi16(w[1], four_bytes(xr + 4))),
+                                                       ones));
+            }
             isum[j] = g % 4 ? _mm256_add_epi32(isum[j], m) : m;
         }
     }
@@ -74,7 +82,7 @@ static inline __attribute__((always_inline)) void half_sums(const uint8_t *o, co
 
 /* rows 0 .. R - 1 of x against a group; out[j * 8 + r] as r8_rows */
 static inline __attribute__((always_inline)) void multi_tile(const uint8_t *group, const q8_rows *x, const int R,
-                                                              float *out) {
+                                                              const int one_pass, float *out) {
     const int64_t k = x->k, lanes = x->lanes, nsb = k / 256;
     float acc[TILE_ROWS * R8_ROWS];
     memset(acc, 0, sizeof acc);
@@ -86,14 +94,14 @@ static inline __attribute__((always_inline)) void multi_tile(const uint8_t *grou
             const int64_t b = 8 * t + s;
             const __m256 sc0 = _mm256_mul_ps(d, signed8(o + 16 + 8 * (2 * s)));
             const __m256 sc1 = _mm256_mul_ps(d, signed8(o + 16 + 8 * (2 * s + 1)));
-            /* r8.c's scales (unit: RESIDUAL_STEPS, x in one pass) */
-            const __m256 dsc0 = _mm256_mul_ps(sc0, _mm256_set1_ps(RESIDUAL_STEPS));
-            const __m256 dsc1 = _mm256_mul_ps(sc1, _mm256_set1_ps(RESIDUAL_STEPS));
+            /* r8.c's scales (unit: RESIDUAL_STEPS with x in one pass, 1 with two) */
+            const __m256 unit = _mm256_set1_ps(one_pass ? RESIDUAL_STEPS : 1.0f);
+            const __m256 dsc0 = _mm256_mul_ps(sc0, unit), dsc1 = _mm256_mul_ps(sc1, unit);
             const __m256 dmn0 = _mm256_mul_ps(sc0, _mm256_set1_ps(-32.0f)), dmn1 = _mm256_mul_ps(sc1, _mm256_set1_ps(-32.0f));
             __m256i isum[TILE_ROWS];
 #pragma GCC unroll 2
             for (int hf = 0; hf < 2; hf++) {  /* r8.c's order: the half 0 term, then half 1's */
-                half_sums(o, s, hf, x, b, R, isum);
+                half_sums(o, s, hf, x, b, R, one_pass, isum);
 #pragma GCC unroll 8
                 for (int j = 0; j < R; j++) {
                     const __m256 dx = _mm256_set1_ps(x->d[b * lanes + j]);
@@ -116,9 +124,10 @@ static inline __attribute__((always_inline)) void multi_tile(const uint8_t *grou
 }
 
 int r8_multi_rows(int qtype, const uint8_t *group, const q8_rows *x, int64_t rows, float *out) {
-    if (qtype != Q6_K_R8 || !x->one_pass) return 0;
+    if (qtype != Q6_K_R8) return 0;
     switch (rows) {
-#define MULTI_CASE(R) case R: multi_tile(group, x, R, out); return 1;
+#define MULTI_CASE(R) \
+    case R: x->one_pass ? multi_tile(group, x, R, 1, out) : multi_tile(group, x, R, 0, out); return 1;
         MULTI_CASE(2) MULTI_CASE(3) MULTI_CASE(4) MULTI_CASE(5) MULTI_CASE(6) MULTI_CASE(7) MULTI_CASE(8)
 #undef MULTI_CASE
         default: return 0;  /* one row: r8.c's tile (its chains split for the vpmaddubsw latency) */
