@@ -21,6 +21,7 @@ from inferpath.engine.weight_plan import (  # noqa: F401 (auto_float_dtype: re-e
     QUANTIZED,
     WeightPlan,
     auto_float_dtype,
+    k_quant_passes_note,
     plan_weights,
 )
 
@@ -41,7 +42,8 @@ class WeightFormat:
 
     def describe(self) -> str:
         activations = str(self.dtype).removeprefix("torch.")
-        return f"{self.formats} weights, {activations} activations, kernels {self.kernel_level}"
+        passes = k_quant_passes_note(self.formats.split(" + "), self.kernel_level) if self.quantized else ""
+        return f"{self.formats} weights, {activations} activations, kernels {self.kernel_level}{passes}"
 
 
 def load_weights(path: Path, engine_config, progress: bool = False) -> tuple:

@@ -105,7 +105,19 @@ class WeightPlan:
                 f"{' + '.join(self.repacked)} repacked by 8 rows"
         elif self.repacked:
             how += f" ({' + '.join(self.repacked)} repacked by 8 rows)"
-        return f"{how}, {dtypes}, kernels {self.kernel_level}{tp}"
+        passes = k_quant_passes_note(self.runs, self.kernel_level) if self.quantized else ""
+        return f"{how}, {dtypes}, kernels {self.kernel_level}{passes}{tp}"
+
+
+def k_quant_passes_note(formats, kernel_level: str) -> str:
+    """" (the K-quants' x in 2 int8 passes)" where ``formats`` (names) hold a K-quant and the
+    level runs native kernels: how many passes is the level's (csrc/quant/activations.h)."""
+    from inferpath.kernels import build
+
+    if kernel_level not in build.LEVEL_NAMES or not any(k in f for f in formats for k in ("Q4_K", "Q5_K", "Q6_K")):
+        return ""
+    passes = build.k_quant_x_passes(kernel_level)
+    return f" (the K-quants' x in {passes} int8 pass{'es' if passes > 1 else ''})" if passes else ""
 
 
 def auto_float_dtype() -> torch.dtype:
