@@ -150,8 +150,9 @@ def test_shared_experts_are_read_whole_every_step():
 def test_explain_names_the_routed_experts_of_a_qwen3_moe(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3MoeForCausalLM"],
                                                       "model_type": "qwen3_moe", **QWEN3_30B_A3B}))
+    # bf16 named: "auto" is the machine's (float32 on a CPU without AVX-512 BF16)
     assert main(["explain", "--model", str(tmp_path), "--hardware", "h100-sxm", "--prompt-tokens", "7",
-                 "--output-tokens", "4"]) == 0
+                 "--output-tokens", "4", "--dtype", "bfloat16"]) == 0
     out = capsys.readouterr().out
     assert "8 of 128 experts" in out
     assert "top-8 of 128 a token in each of 48 MoE layers, 3.624 GB of expert weights" in out
