@@ -106,26 +106,27 @@ def test_quantized_matmul_within_the_activation_rounding(qtype, rows, isa):
 def one_pass_x(x: torch.Tensor) -> torch.Tensor:
     """x as the K-quant kernels see it (activations.h): per 32 values d = max|x| / 127 and
     q = round(x * 127 / max|x|) (ties to even, as the kernels round), x' = d * q."""
+    v, amax = _scaled_blocks(x)
+    return (torch.round(v) * (amax / 127.0)).reshape(x.shape)
+
+
+def _scaled_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x per 32 values times 127 / max|x| (float32, as the kernels), and max|x| per block."""
     m, k = x.shape
     blocks = x.reshape(m, k // 32, 32)
     amax = blocks.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
     inv = torch.where(inv.isinf(), torch.zeros_like(inv), inv)  # a subnormal block: q = 0
-    return (torch.round(blocks * inv) * (amax / 127.0)).reshape(m, k)
+    return blocks * inv, amax
 
 
 def two_pass_x(x: torch.Tensor) -> torch.Tensor:
     """x in two int8 passes (activations.h): q as one pass, then the residual x / d - q in
     steps of 1/256, rounded (ties to even) and clipped to +-127: x' = d (q + r / 256)."""
-    m, k = x.shape
-    blocks = x.reshape(m, k // 32, 32)
-    amax = blocks.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-    inv = torch.where(inv.isinf(), torch.zeros_like(inv), inv)
-    v = blocks * inv
+    v, amax = _scaled_blocks(x)
     whole = torch.round(v)
     rest = torch.round((v - whole) * 256.0).clamp(-127, 127)
-    return ((whole.double() + rest.double() / 256.0) * (amax.double() / 127.0)).reshape(m, k)
+    return ((whole.double() + rest.double() / 256.0) * (amax.double() / 127.0)).reshape(x.shape)
 
 
 def k_quant_x(x: torch.Tensor, level: str | None = None) -> torch.Tensor:

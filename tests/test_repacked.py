@@ -12,7 +12,7 @@ from inferpath.kernels.groups import QuantGroup
 from inferpath.kernels.quantized import QuantLinear
 from inferpath.kernels.repacked import REPACK_DEFAULT_LEVELS, REPACK_FORMATS, RepackedTensor, kernel_type, repack, repackable
 from inferpath.model.batch_invariant import row_invariant_dispatch
-from test_quantized import isa, k_quant_tolerance, k_quant_x, k_quant_x_passes_everywhere, random_weight  # noqa: F401 (isa: a fixture)
+from test_quantized import isa, k_quant_tolerance, k_quant_x, k_quant_x_passes_everywhere, kernel_levels, random_weight  # noqa: F401 (isa: a fixture)
 
 Q = GGMLQuantizationType
 R8_TYPES = [Q.Q4_K, Q.Q6_K]
@@ -64,10 +64,9 @@ def test_every_level_gives_the_same_bits(qtype, passes):
     x = _x(5, 2 * 256, 1)
     outs = {}
     with k_quant_x_passes_everywhere(passes):
-        for level in build.LEVEL_NAMES:
-            if build.can_run(level) and build.resolve_level("quantized", level)[0] == level:
-                outs[level] = ops.run_quant_matmul(build.native_quant_matmul(level), x, packed.data,
-                                                   packed.kernel_type, None, 16)
+        for level in kernel_levels():
+            outs[level] = ops.run_quant_matmul(build.native_quant_matmul(level), x, packed.data,
+                                               packed.kernel_type, None, 16)
     assert len(outs) >= 1
     first = next(iter(outs.values()))
     for level, out in outs.items():

@@ -13,7 +13,7 @@ from inferpath.kernels import build, ops
 from inferpath.kernels.groups import QuantGroup
 from inferpath.kernels.repacked import repack
 from inferpath.model.batch_invariant import row_invariant_dispatch
-from test_quantized import isa, k_quant_tolerance, k_quant_x, k_quant_x_passes_everywhere, random_weight  # noqa: F401 (isa: a fixture)
+from test_quantized import isa, k_quant_tolerance, k_quant_x, k_quant_x_passes_everywhere, kernel_levels, random_weight  # noqa: F401 (isa: a fixture)
 
 Q = GGMLQuantizationType
 R8_TYPES = [Q.Q4_K, Q.Q6_K]
@@ -29,11 +29,6 @@ def _matmul(x: torch.Tensor, packed, level: str | None = None) -> torch.Tensor:
     with row_invariant_dispatch():  # every row through r8.c / r8_pair.c, never gemm.c's panels
         return ops.run_quant_matmul(build.native_quant_matmul(level), x, packed.data, packed.kernel_type, None,
                                     packed.shape[0])
-
-
-def _levels() -> list[str]:
-    return [level for level in build.LEVEL_NAMES
-            if build.can_run(level) and build.resolve_level("quantized", level)[0] == level]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -56,7 +51,7 @@ def test_one_to_eight_rows_give_the_same_bits_at_every_level(qtype, passes):
     """x in the same passes at every level (their defaults differ: activations.h)."""
     weight = random_weight(qtype, 40, 3 * 256, seed=5)
     packed = repack(weight, drop_source=False)
-    levels = _levels()
+    levels = kernel_levels()
     assert levels
     for rows in range(1, 9):
         x = _x(rows, 3 * 256, 10 + rows)

@@ -152,10 +152,10 @@ static void NAME##_rows(const uint8_t *row, const q8_rows *x, int64_t rows, floa
 FOR_EACH_FORMAT(ROWS_OF)
 
 
-/* (values per block, bytes per block) of a format; 0 if not one of ours */
 /* the passes of x the K-quants meet here (activations.h; inferpath_set_k_quant_x_passes) */
 static int k_quant_x_passes = K_QUANT_X_PASSES;
 
+/* (values per block, bytes per block) of a format; 0 if not one of ours */
 static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
     switch (qtype) {
 #define FORMAT_CASE(NAME, TYPE, BLOCK, BYTES, OFFSET, IS_SIGNED, TWO_SCALES) \
@@ -321,8 +321,6 @@ int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *co
     return 0;
 }
 
-/* w: n rows of row_bytes (k values each in format qtype); x (m, k), bias (n,) or NULL,
- * y (m, n), all float32: a group of one. */
 /* the int8 passes of x the K-quants meet in this library (activations.h): 1 or 2; set
  * before a call, never during one */
 int inferpath_k_quant_x_passes(void) { return k_quant_x_passes; }
@@ -332,6 +330,8 @@ int inferpath_set_k_quant_x_passes(int passes) {
     return 0;
 }
 
+/* w: n rows of row_bytes (k values each in format qtype); x (m, k), bias (n,) or NULL,
+ * y (m, n), all float32: a group of one. */
 int inferpath_quant_matmul(int qtype, const uint8_t *w, int64_t row_bytes, const float *x, const float *bias,
                            float *y, int64_t m, int64_t n, int64_t k, int num_threads, int rows_alone) {
     return inferpath_quant_matmul_group(1, &qtype, &w, &row_bytes, &n, &bias, x, y, m, k, num_threads, rows_alone);

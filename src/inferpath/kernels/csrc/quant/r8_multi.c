@@ -43,13 +43,20 @@ static inline __m256 signed8(const uint8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
+/* two unpacked quads against x's eight bytes at p (four a quad): int32 lanes */
+static inline __m256i quad_pair(const __m256i *w, const int8_t *p) {
+    const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], four_bytes(p)),
+                                           _mm256_maddubs_epi16(w[1], four_bytes(p + 4)));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
 /* half hf (quads 4hf .. 4hf + 3) of sub-block s of super-block o (x's block b), x rows
  * 0 .. R - 1: isum[j] = the eight weight rows' dots with x row j, as int32 lanes */
 static inline __attribute__((always_inline)) void half_sums(const uint8_t *o, const int s, const int hf,
                                                              const q8_rows *x, const int64_t b, const int R,
                                                              const int one_pass, __m256i *isum) {
     const int64_t k = x->k;
-    const __m256i low = _mm256_set1_epi8(0xf), high = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+    const __m256i low = _mm256_set1_epi8(0xf), high = _mm256_set1_epi8(0x30);
     const uint8_t *ql = o + q6_ql_at(s / 2), *qh = o + q6_qh_at(s / 4);
     const int i = s % 4;
 #pragma GCC unroll 2
@@ -64,17 +71,9 @@ static inline __attribute__((always_inline)) void half_sums(const uint8_t *o, co
         }
 #pragma GCC unroll 8
         for (int j = 0; j < R; j++) {
-            const int8_t *xq = x->q + j * k + 32 * b + 4 * g;
-            __m256i m = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w[0], four_bytes(xq)),
-                                                           _mm256_maddubs_epi16(w[1], four_bytes(xq + 4))),
-                                          ones);
-            if (!one_pass) {
-                const int8_t *xr = x->r + j * k + 32 * b + 4 * g;
-                m = _mm256_add_epi32(_mm256_slli_epi32(m, RESIDUAL_SHIFT),
-                                     _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w[0], four_bytes(xr)),
-                                                                        _mm256_maddubs_epi16(w[1], four_bytes(xr + 4))),
-                                                       ones));
-            }
+            const int64_t at = j * k + 32 * b + 4 * g;
+            __m256i m = quad_pair(w, x->q + at);
+            if (!one_pass) m = _mm256_add_epi32(_mm256_slli_epi32(m, RESIDUAL_SHIFT), quad_pair(w, x->r + at));
             isum[j] = g % 4 ? _mm256_add_epi32(isum[j], m) : m;
         }
     }
