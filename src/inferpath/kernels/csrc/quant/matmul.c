@@ -239,6 +239,7 @@ static void row_columns(const quant_matmul *q, int i, float *y, int64_t c0, int6
         for (int64_t r = c0; r < c1; r++) {
             int64_t local = r - q->starts[i];
             const uint8_t *row = q->ws[i] + local * q->row_bytes[i];
+            r8_prefetch(row, q->row_bytes[i]);  /* the rows ahead (r8.h): rows lie end to end */
             float add = q->biases[i] ? q->biases[i][local] : 0.0f, out[TILE_ROWS];
             if (q->use_wide && rows >= WIDE_MIN_ROWS) q->wides[i](row, &xw, out);
             else q->fns[i](row, &xj, rows, out);

@@ -188,6 +188,7 @@ static inline __attribute__((always_inline)) void r8_tile(const int qtype, const
             for (int s = 0; s < 8; s++) {
                 const int64_t b = 8 * t + s;
                 const uint8_t *qs = o + 160 + (s / 2) * 256;
+                r8_prefetch(o + s * (Q4_K_R8_BYTES / 8), Q4_K_R8_BYTES / 8);
                 for (int g = 0; g < 8; g++) {
                     __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * g));
                     w[g] = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(v, 4) : v, low);
@@ -210,6 +211,7 @@ static inline __attribute__((always_inline)) void r8_tile(const int qtype, const
                 const int64_t b = 8 * t + s;
                 const uint8_t *ql = o + q6_ql_at(s / 2), *qh = o + q6_qh_at(s / 4);
                 const int i = s % 4;
+                r8_prefetch(o + s * (Q6_K_R8_BYTES / 8), Q6_K_R8_BYTES / 8);
                 for (int g = 0; g < 8; g++) {
                     __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * g));
                     __m256i h = _mm256_loadu_si256((const __m256i *)(qh + 32 * g));

@@ -145,6 +145,7 @@ static inline __attribute__((always_inline)) void legacy_tile(const int qtype, c
     for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o = group + b * bytes;
+        r8_prefetch(o, bytes);
         __m256i w[8], sgn[8];
         if (is_q8) {
             for (int g = 0; g < 8; g++) {

@@ -91,6 +91,7 @@ static inline __attribute__((always_inline)) void multi_tile(const uint8_t *grou
 #pragma GCC unroll 8
         for (int s = 0; s < 8; s++) {
             const int64_t b = 8 * t + s;
+            r8_prefetch(o + s * (Q6_K_R8_BYTES / 8), Q6_K_R8_BYTES / 8);
             const __m256 sc0 = _mm256_mul_ps(d, signed8(o + 16 + 8 * (2 * s)));
             const __m256 sc1 = _mm256_mul_ps(d, signed8(o + 16 + 8 * (2 * s + 1)));
             /* r8.c's scales (unit: RESIDUAL_STEPS with x in one pass, 1 with two) */
