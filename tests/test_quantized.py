@@ -129,19 +129,26 @@ def two_pass_x(x: torch.Tensor) -> torch.Tensor:
     return ((whole.double() + rest.double() / 256.0) * (amax.double() / 127.0)).reshape(x.shape)
 
 
-def k_quant_x(x: torch.Tensor, level: str | None = None) -> torch.Tensor:
+def k_quant_passes(x: torch.Tensor, level: str | None = None, rows_alone: bool = False) -> int:
+    """The int8 passes the K-quant kernels at ``level`` (the active one) meet x in: a call of
+    x's rows (a prompt-sized one has its own count: activations.h)."""
+    return build.k_quant_x_passes(level, rows=x.shape[0], rows_alone=rows_alone)
+
+
+def k_quant_x(x: torch.Tensor, level: str | None = None, rows_alone: bool = False) -> torch.Tensor:
     """x as the K-quant kernels at ``level`` (the active one) meet it: their pass count."""
-    return one_pass_x(x) if build.k_quant_x_passes(level) == 1 else two_pass_x(x)
+    return one_pass_x(x) if k_quant_passes(x, level, rows_alone) == 1 else two_pass_x(x)
 
 
-def k_quant_tolerance(x: torch.Tensor, exact_w: torch.Tensor, level: str | None = None) -> torch.Tensor:
+def k_quant_tolerance(x: torch.Tensor, exact_w: torch.Tensor, level: str | None = None,
+                      rows_alone: bool = False) -> torch.Tensor:
     """(m, n) |kernel - k_quant_x(x) @ w.T| allowed: float32 rounding (2e-6 of sum |x| |w|);
     with two passes also a residual step (d / 256) on two values a block, where a value sits
     on a rounding tie of its residual that the kernels (x * inv - q contracted into one
     rounding at some levels) and this model break apart."""
     xd, wd = x.double(), exact_w.double()
     tolerance = 2e-6 * (xd.abs() @ wd.abs().T) + 1e-6
-    if build.k_quant_x_passes(level) == 2:
+    if k_quant_passes(x, level, rows_alone) == 2:
         m, k = x.shape
         step = xd.reshape(m, k // 32, 32).abs().amax(-1) / 127 / 256
         tolerance = tolerance + 2 * step @ wd.abs().reshape(wd.shape[0], k // 32, 32).amax(-1).T
@@ -159,31 +166,64 @@ def k_quant_x_passes_everywhere(passes: int):
     """Every level's K-quant kernels meeting x in ``passes`` int8 passes (their defaults
     differ: activations.h), restored after: for tests that hold two levels to the same bits."""
     levels = kernel_levels()
-    before = {level: build.k_quant_x_passes(level) for level in levels}
+    before = {level: (build.k_quant_x_passes(level), build.k_quant_x_passes(level, rows=build.k_quant_prompt_min_rows(level)))
+              for level in levels}
     try:
         for level in levels:
             build.set_k_quant_x_passes(passes, level)
         yield
     finally:
-        for level, passes_before in before.items():
-            build.set_k_quant_x_passes(passes_before, level)
+        for level, (decode, prompt) in before.items():
+            build.set_k_quant_x_passes(decode, level, prompt=prompt)
 
 
 K_TYPES = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
 
 
 def test_each_level_says_how_many_passes_of_x_its_k_quants_meet():
-    """One at avx512 (VNNI: the second pass doubles the instruction-bound row kernel's
-    work), two below (one put the 1.5B file under 99% agreement at avx2); settable, 1 or 2
-    only."""
+    """A decode step's rows: one at avx512 (VNNI: the second pass doubles the
+    instruction-bound row kernel's work), two below (one put the 1.5B file under 99%
+    agreement at avx2); a prompt-sized call (from k_quant_prompt_min_rows() rows, not
+    rows_alone): one everywhere. Settable, 1 or 2 only, both counts restored."""
     for level in kernel_levels():
-        assert build.k_quant_x_passes(level) == (1 if level == "avx512" else 2), level
+        first = build.k_quant_prompt_min_rows(level)
+        assert first == 32, level
+        assert build.k_quant_x_passes(level) == build.k_quant_x_passes(level, rows=first - 1) \
+            == build.k_quant_x_passes(level, rows=512, rows_alone=True) == (1 if level == "avx512" else 2), level
+        assert build.k_quant_x_passes(level, rows=first) == build.k_quant_x_passes(level, rows=512) == 1, level
     level = kernel_levels()[0]
-    with k_quant_x_passes_everywhere(1):
-        assert build.k_quant_x_passes(level) == 1
+    with k_quant_x_passes_everywhere(2):
+        assert build.k_quant_x_passes(level) == build.k_quant_x_passes(level, rows=512) == 2
+        build.set_k_quant_x_passes(1, level, prompt=2)
+        assert (build.k_quant_x_passes(level), build.k_quant_x_passes(level, rows=512)) == (1, 2)
         with pytest.raises(ValueError, match="must be 1 or 2, got 3"):
             build.set_k_quant_x_passes(3, level)
+        with pytest.raises(ValueError, match="must be 1 or 2, got 0"):
+            build.set_k_quant_x_passes(1, level, prompt=0)
     assert build.k_quant_x_passes(level) == (1 if level == "avx512" else 2)
+    assert build.k_quant_x_passes(level, rows=512) == 1
+
+
+@pytest.mark.parametrize("rows_alone", [False, True], ids=["together", "alone"])
+@pytest.mark.parametrize("qtype", K_TYPES, ids=[t.name for t in K_TYPES])
+def test_a_prompt_sized_call_meets_x_in_its_own_passes(qtype, rows_alone, isa):
+    """At each level's defaults, 64 rows of x together meet the K-quants in one int8 pass and
+    64 rows alone (--deterministic) in the decode count: each within float32 rounding of
+    that many passes and far from the other."""
+    from inferpath.model.batch_invariant import row_invariant_dispatch
+
+    cols = 3 * 256
+    weight = random_weight(qtype, 16, cols, seed=7 + int(qtype))
+    exact_w = weight.dequantize().double()
+    x = torch.randn(64, cols, generator=torch.Generator().manual_seed(3)) * 3
+    passes = k_quant_passes(x, rows_alone=rows_alone)
+    assert passes == (build.k_quant_x_passes() if rows_alone else 1)
+    with row_invariant_dispatch(rows_alone):
+        fused = ops.run_quant_matmul(build.native_quant_matmul(), x, weight.data, int(qtype), None, 16).double()
+    tolerance = k_quant_tolerance(x, exact_w, rows_alone=rows_alone)
+    assert ((fused - k_quant_x(x, rows_alone=rows_alone).double() @ exact_w.T).abs() <= tolerance).all()
+    other = (two_pass_x(x) if passes == 1 else one_pass_x(x)).double() @ exact_w.T
+    assert not ((fused - other).abs() <= tolerance).all()
 
 
 @pytest.mark.parametrize("passes", [1, 2])

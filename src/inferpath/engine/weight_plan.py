@@ -117,7 +117,11 @@ def k_quant_passes_note(formats, kernel_level: str) -> str:
     if kernel_level not in build.LEVEL_NAMES or not any(k in f for f in formats for k in ("Q4_K", "Q5_K", "Q6_K")):
         return ""
     passes = build.k_quant_x_passes(kernel_level)
-    return f" (the K-quants' x in {passes} int8 pass{'es' if passes > 1 else ''})" if passes else ""
+    if not passes:
+        return ""
+    prompt = build.k_quant_x_passes(kernel_level, rows=build.k_quant_prompt_min_rows(kernel_level))
+    plural = lambda n: f"{n} int8 pass{'es' if n > 1 else ''}"  # noqa: E731
+    return f" (the K-quants' x in {plural(passes)}{f', prompts in {prompt}' if prompt != passes else ''})"
 
 
 def auto_float_dtype() -> torch.dtype:

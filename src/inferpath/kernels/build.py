@@ -94,8 +94,9 @@ _SIGNATURES = {  # every exported function returns int: 0, or a negative error
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _EXTRA_SIGNATURES = {
     "inferpath_argmax_f32": [_P] * 2 + [_I] * 2 + [_N],
-    "inferpath_k_quant_x_passes": [],
-    "inferpath_set_k_quant_x_passes": [_N],
+    "inferpath_k_quant_x_passes": [_I, _N],
+    "inferpath_k_quant_prompt_min_rows": [],
+    "inferpath_set_k_quant_x_passes": [_N, _N],
     # bf16 weights, float32 x / bias / y: as inferpath_gemv_{} and inferpath_gemv_group_{}
     "inferpath_gemv_bf16_weights": _SIGNATURES["inferpath_gemv_{}"],
     "inferpath_gemv_group_bf16_weights": _SIGNATURES["inferpath_gemv_group_{}"],
@@ -324,9 +325,16 @@ def _build(level: Level) -> tuple[ctypes.CDLL | None, str]:
     lib.amx_ready = granted and AMX_FLAGS <= probed
     lib.amx_int8_ready = granted and AMX_INT8_FLAGS <= probed
     _set_amx_int8_engine(level.name, lib)
-    passes = os.environ.get("INFERPATH_KQUANT_X_PASSES", "")
-    if passes and (passes not in ("1", "2") or lib.inferpath_set_k_quant_x_passes(int(passes)) != 0):
-        raise ValueError(f"INFERPATH_KQUANT_X_PASSES must be 1 or 2, got {passes!r}")
+    decode, prompt = lib.inferpath_k_quant_x_passes(1, 0), lib.inferpath_k_quant_x_passes(1 << 30, 0)
+    for name in ("INFERPATH_KQUANT_X_PASSES", "INFERPATH_KQUANT_PROMPT_X_PASSES"):  # every call's; prompts'
+        passes = os.environ.get(name, "")
+        if passes and passes not in ("1", "2"):
+            raise ValueError(f"{name} must be 1 or 2, got {passes!r}")
+        if passes and name == "INFERPATH_KQUANT_X_PASSES":
+            decode = prompt = int(passes)
+        elif passes:
+            prompt = int(passes)
+    lib.inferpath_set_k_quant_x_passes(decode, prompt)
     return lib, ""
 
 
@@ -494,21 +502,33 @@ def native_quant_matmul(level: str | None = None):
     return _native("inferpath_quant_matmul", "quantized", level)
 
 
-def k_quant_x_passes(level: str | None = None) -> int | None:
-    """How many int8 passes of x the K-quant kernels at ``level`` meet (by default 1 at avx512,
-    2 below: csrc/quant/activations.h says why), or None without the quantized kernels."""
+def k_quant_x_passes(level: str | None = None, rows: int = 1, rows_alone: bool = False) -> int | None:
+    """How many int8 passes of x the K-quant kernels at ``level`` meet in a call of ``rows``
+    rows (by default: a decode step's rows 1 at avx512, 2 below; a prompt's, from
+    ``k_quant_prompt_min_rows()`` rows and not ``rows_alone``, 1: csrc/quant/activations.h
+    says why), or None without the quantized kernels."""
     fn = _native("inferpath_k_quant_x_passes", "quantized", level)
+    return None if fn is None else int(fn(rows, int(rows_alone)))
+
+
+def k_quant_prompt_min_rows(level: str | None = None) -> int | None:
+    """The rows of x from which a call is prompt-sized (its own pass count), or None."""
+    fn = _native("inferpath_k_quant_prompt_min_rows", "quantized", level)
     return None if fn is None else int(fn())
 
 
-def set_k_quant_x_passes(passes: int, level: str | None = None) -> None:
+def set_k_quant_x_passes(passes: int, level: str | None = None, prompt: int | None = None) -> None:
     """Make the K-quant kernels at ``level`` meet x in ``passes`` (1 or 2) int8 passes from
-    the next call on (``INFERPATH_KQUANT_X_PASSES`` sets every level's at load)."""
+    the next call on, and prompt-sized calls in ``prompt`` (by default ``passes`` too)
+    (``INFERPATH_KQUANT_X_PASSES`` sets every level's at load, both counts;
+    ``INFERPATH_KQUANT_PROMPT_X_PASSES`` the prompts' alone)."""
     fn = _native("inferpath_set_k_quant_x_passes", "quantized", level)
     if fn is None:
         raise RuntimeError(f"no quantized kernels at level {level or active_level()!r}: {kernel_status()}")
-    if fn(passes) != 0:
-        raise ValueError(f"K-quant x passes must be 1 or 2, got {passes!r}")
+    prompt = passes if prompt is None else prompt
+    if fn(passes, prompt) != 0:
+        bad = passes if passes not in (1, 2) else prompt
+        raise ValueError(f"K-quant x passes must be 1 or 2, got {bad!r}")
 
 
 def native_quant_matmul_group(level: str | None = None):

@@ -18,7 +18,7 @@ import torch
 
 from inferpath.kernels import build, ops
 from inferpath.kernels.repacked import R8_BASE, kernel_type
-from inferpath.model.batch_invariant import rows_must_be_invariant
+from inferpath.model.batch_invariant import quant_call_flags, rows_must_be_invariant
 
 GGUF_FLOAT_TYPES = {torch.float32: 0, torch.bfloat16: 30}  # GGUF's ids of F32 and BF16 matrices
 
@@ -64,7 +64,7 @@ class QuantGroup(_WeightArrays):
         out = torch.empty((x.shape[0], self.num_out), dtype=torch.float32)
         status = self._fn(*self.native_arguments(),
                           x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads(),
-                          rows_must_be_invariant())
+                          quant_call_flags())
         if status != 0:
             raise RuntimeError(f"quantized group matmul rejected x={tuple(x.shape)} (status {status})")
         return out

@@ -32,7 +32,7 @@ import torch
 
 from inferpath.kernels import build
 from inferpath.kernels.repacked import R8_BASE
-from inferpath.model.batch_invariant import rows_must_be_invariant, rowwise_linear
+from inferpath.model.batch_invariant import quant_call_flags, rows_must_be_invariant, rowwise_linear
 
 GEMV_MAX_ROWS = {torch.float32: 32, torch.bfloat16: 8}
 GEMV_MAX_ROWS_WITHOUT_AMX = {torch.float32: 32, torch.bfloat16: 32}  # (avx512 level; see above)
@@ -325,7 +325,7 @@ def run_quant_matmul(fn, x: torch.Tensor, data: torch.Tensor, qtype: int, bias: 
         note_dispatch(quant_fused_kernel(x.shape[0], qtype), x.shape[0])
     out = torch.empty((x.shape[0], num_out), dtype=torch.float32)
     status = fn(qtype, data.data_ptr(), data.shape[1], x.data_ptr(), None if bias is None else bias.data_ptr(),
-                out.data_ptr(), x.shape[0], num_out, x.shape[1], torch.get_num_threads(), rows_must_be_invariant())
+                out.data_ptr(), x.shape[0], num_out, x.shape[1], torch.get_num_threads(), quant_call_flags())
     if status != 0:
         raise RuntimeError(f"quantized matmul rejected x={tuple(x.shape)} weight rows={num_out} "
                            f"of {data.shape[1]} bytes, GGUF type {qtype} (status {status})")

@@ -58,6 +58,31 @@ def rows_must_be_invariant() -> bool:
     return getattr(_dispatch, "row_invariant", False)
 
 
+@contextmanager
+def decode_x_passes():
+    """Within the block (this thread), the quantized kernels meet x in a decode step's int8
+    passes whatever the number of rows (csrc/quant/activations.h: a prompt-sized call's
+    K-quants meet it in one pass): the LM head's logits, whose rows are few when serving
+    (the sampled positions) and many only for prompt logprobs, at the decode step's
+    precision either way."""
+    previous = getattr(_dispatch, "decode_passes", False)
+    _dispatch.decode_passes = True
+    try:
+        yield
+    finally:
+        _dispatch.decode_passes = previous
+
+
+QUANT_ROWS_ALONE, QUANT_DECODE_PASSES = 1, 2  # csrc/quant/prepared.h's flags
+
+
+def quant_call_flags() -> int:
+    """The quantized matmul's flags for a call on this thread: QUANT_ROWS_ALONE inside
+    ``row_invariant_dispatch``, QUANT_DECODE_PASSES inside ``decode_x_passes``."""
+    return (QUANT_ROWS_ALONE if rows_must_be_invariant() else 0) | \
+        (QUANT_DECODE_PASSES if getattr(_dispatch, "decode_passes", False) else 0)
+
+
 def rowwise_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ weight.T + bias one row at a time: each row is the same 1-row call whatever the
     batch; x (rows, in) -> (rows, out)."""

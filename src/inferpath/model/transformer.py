@@ -18,7 +18,7 @@ from torch import nn
 
 from inferpath.config import ROUTED_MOE_ARCHITECTURES, ModelConfig, require_engine_support
 from inferpath.model.attention_plan import build_attention_plan
-from inferpath.model.batch_invariant import rows_must_be_invariant
+from inferpath.model.batch_invariant import decode_x_passes, rows_must_be_invariant
 from inferpath.model.layers import RMSNorm, gated_mlp, make_norm
 from inferpath.model.metadata import AttentionMetadata
 from inferpath.model.deepseek_moe import DeepseekMoE
@@ -198,8 +198,10 @@ class Transformer(nn.Module):
         return self.model(input_ids, positions, kv_cache, plans)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """LM head on the given rows only: (num_rows, hidden_size) -> (num_rows, vocab) float32."""
-        logits = self.lm_head(hidden)
+        """LM head on the given rows only: (num_rows, hidden_size) -> (num_rows, vocab) float32,
+        a quantized head's x in a decode step's int8 passes whatever the rows (batch_invariant)."""
+        with decode_x_passes():
+            logits = self.lm_head(hidden)
         if self.config.logits_scaling != 1.0:  # Granite
             logits = logits / self.config.logits_scaling
         cap = self.config.final_logit_softcapping

@@ -152,8 +152,14 @@ static void NAME##_rows(const uint8_t *row, const q8_rows *x, int64_t rows, floa
 FOR_EACH_FORMAT(ROWS_OF)
 
 
-/* the passes of x the K-quants meet here (activations.h; inferpath_set_k_quant_x_passes) */
-static int k_quant_x_passes = K_QUANT_X_PASSES;
+/* the passes of x the K-quants meet here (activations.h; inferpath_set_k_quant_x_passes):
+ * a decode step's few rows, and a prompt-sized call's */
+static int k_quant_x_passes = K_QUANT_X_PASSES, k_quant_prompt_x_passes = K_QUANT_PROMPT_X_PASSES;
+
+/* the passes a call of m rows of x meets (flags: prepared.h's; either keeps the decode count) */
+static int passes_for(int64_t m, int flags) {
+    return m >= PROMPT_MIN_ROWS && !flags ? k_quant_prompt_x_passes : k_quant_x_passes;
+}
 
 /* (values per block, bytes per block) of a format; 0 if not one of ours */
 static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
@@ -173,8 +179,9 @@ static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
  * the weights' outputs side by side (a fused Q/K/V or gate/up projection, read in place
  * from three or two tensors of the file). x is quantized once (quant_prepare), then the
  * output columns are computed in ranges (quant_columns), split over the decode pool
- * (here as in decode.c). rows_alone: every row through the row kernel, whatever m
- * (a row's result then never depends on the rows beside it: batch invariance); else tiles
+ * (here as in decode.c). flags (prepared.h): QUANT_ROWS_ALONE, every row through the row
+ * kernel, whatever m (a row's result then never depends on the rows beside it: batch
+ * invariance); QUANT_DECODE_PASSES, x in the decode step's passes whatever m; else tiles
  * of WIDE_MIN_ROWS rows or more take the wide kernel (AVX2), or m >= GEMM_MIN_ROWS takes
  * gemm.c's panels (AVX-512 VNNI). Returns 0, -1 for a bad format or
  * shape, -2 out of memory. */
@@ -186,7 +193,8 @@ static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
 
 int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *const *ws, const int64_t *row_bytes,
                   const int64_t *ns, const float *const *biases, const float *x, int64_t m, int64_t k,
-                  int num_threads, int rows_alone) {
+                  int num_threads, int flags) {
+    const int rows_alone = flags & QUANT_ROWS_ALONE;
     if (count < 1 || count > MAX_GROUP || m < 1 || k < 32) return -1;
     q->count = count, q->ws = ws, q->row_bytes = row_bytes, q->biases = biases, q->m = m, q->k = k;
     q->starts[0] = 0;
@@ -199,7 +207,7 @@ int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *
         q->starts[i + 1] = q->starts[i] + ns[i];
         q->qtypes[i] = qtypes[i];
     }
-    q->one_pass = k_quant_x_passes == 1;
+    q->one_pass = passes_for(m, flags) == 1;
     for (int i = 0; i < count; i++) q->one_pass = q->one_pass && k_quant_format(qtypes[i]);
     int64_t nb = k / 32;
     q->n = q->starts[count], q->tiles = (m + TILE_ROWS - 1) / TILE_ROWS;
@@ -308,9 +316,9 @@ static void columns_task(void *ctx, int64_t chunk) {
 
 int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *const *ws, const int64_t *row_bytes,
                                  const int64_t *ns, const float *const *biases, const float *x, float *y,
-                                 int64_t m, int64_t k, int num_threads, int rows_alone) {
+                                 int64_t m, int64_t k, int num_threads, int flags) {
     quant_matmul q;
-    int status = quant_prepare(&q, count, qtypes, ws, row_bytes, ns, biases, x, m, k, num_threads, rows_alone);
+    int status = quant_prepare(&q, count, qtypes, ws, row_bytes, ns, biases, x, m, k, num_threads, flags);
     if (status) return status;
     const int64_t n = q.n;
     const int threads = m * n * k >= PARALLEL_MIN_MACS ? num_threads : 1;
@@ -322,20 +330,23 @@ int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *co
     return 0;
 }
 
-/* the int8 passes of x the K-quants meet in this library (activations.h): 1 or 2; set
- * before a call, never during one */
-int inferpath_k_quant_x_passes(void) { return k_quant_x_passes; }
-int inferpath_set_k_quant_x_passes(int passes) {
-    if (passes != 1 && passes != 2) return -1;
-    k_quant_x_passes = passes;
+/* the int8 passes of x the K-quants meet in this library (activations.h), 1 or 2, in a
+ * call of m rows (flags as quant_prepare's); set before a call, never during one: passes
+ * for the calls under PROMPT_MIN_ROWS rows (and those with flags), prompt_passes for the
+ * others */
+int inferpath_k_quant_x_passes(int64_t m, int flags) { return passes_for(m, flags); }
+int inferpath_k_quant_prompt_min_rows(void) { return PROMPT_MIN_ROWS; }
+int inferpath_set_k_quant_x_passes(int passes, int prompt_passes) {
+    if (passes < 1 || passes > 2 || prompt_passes < 1 || prompt_passes > 2) return -1;
+    k_quant_x_passes = passes, k_quant_prompt_x_passes = prompt_passes;
     return 0;
 }
 
 /* w: n rows of row_bytes (k values each in format qtype); x (m, k), bias (n,) or NULL,
  * y (m, n), all float32: a group of one. */
 int inferpath_quant_matmul(int qtype, const uint8_t *w, int64_t row_bytes, const float *x, const float *bias,
-                           float *y, int64_t m, int64_t n, int64_t k, int num_threads, int rows_alone) {
-    return inferpath_quant_matmul_group(1, &qtype, &w, &row_bytes, &n, &bias, x, y, m, k, num_threads, rows_alone);
+                           float *y, int64_t m, int64_t n, int64_t k, int num_threads, int flags) {
+    return inferpath_quant_matmul_group(1, &qtype, &w, &row_bytes, &n, &bias, x, y, m, k, num_threads, flags);
 }
 
 #if defined(__AVX2__)

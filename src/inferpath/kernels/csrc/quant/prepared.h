@@ -26,10 +26,16 @@ typedef struct {
     float *xd, *xs, *xh;            /* per-block scalars, tile-major */
 } quant_matmul;
 
+/* quant_prepare's flags (model/batch_invariant.py's): every row through the row kernel,
+ * whatever m (batch invariance; its x in the decode step's passes too); x in the decode
+ * step's int8 passes whatever m (activations.h: the LM head) */
+#define QUANT_ROWS_ALONE 1
+#define QUANT_DECODE_PASSES 2
+
 #define HIDDEN __attribute__((visibility("hidden")))
 HIDDEN int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *const *ws,
                          const int64_t *row_bytes, const int64_t *ns, const float *const *biases, const float *x,
-                         int64_t m, int64_t k, int num_threads, int rows_alone);
+                         int64_t m, int64_t k, int num_threads, int flags);
 HIDDEN void quant_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1);
 HIDDEN void quant_release(quant_matmul *q);
 
