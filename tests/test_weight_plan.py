@@ -164,3 +164,17 @@ def test_quantizing_a_quantized_file_is_refused(files):
 
     with pytest.raises(ValueError, match="quantization='q8_0' quantizes float weights.*Q4_1 \\+ Q8_0 already"):
         load_weights(files["q4_1 gguf"], EngineConfig(quantization="q8_0"))
+
+
+def test_the_plan_says_how_many_passes_of_x_the_k_quants_meet():
+    """The summary's note: a decode step's count and, where it differs, a prompt's (32+
+    rows: one everywhere; csrc/quant/activations.h); nothing for a file without K-quants."""
+    from test_quantized import kernel_levels
+
+    from inferpath.engine.weight_plan import k_quant_passes_note
+
+    for level in kernel_levels():
+        expected = " (the K-quants' x in 1 int8 pass)" if level == "avx512" else \
+            " (the K-quants' x in 2 int8 passes, prompts in 1)"
+        assert k_quant_passes_note(["Q4_K", "Q6_K"], level) == expected, level
+        assert k_quant_passes_note(["Q4_1", "Q8_0"], level) == "", level

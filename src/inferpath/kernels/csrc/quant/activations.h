@@ -72,14 +72,18 @@ static inline int64_t half_lane_of(int64_t j, int64_t b, int64_t nb, int half, i
  * (matmul.c) changes it for the library (INFERPATH_KQUANT_X_PASSES, and the tests that hold
  * two levels to the same bits).
  *
- * A prompt-sized call (PROMPT_MIN_ROWS rows of x or more, not rows_alone) meets x in
+ * A prompt-sized call (PROMPT_MIN_ROWS rows of x or more, no prepared.h flag) meets x in
  * K_QUANT_PROMPT_X_PASSES at every level: one. There the kernels are bound by their
  * integer work, not by the weight stream, and the second pass doubles it: at the avx2 level
  * (an AMD EPYC Zen 4, one thread, 512 rows, repacked) Q4_K 8960 x 1536 ran 1.56x and Q6_K
- * 1536 x 8960 2.2x as fast in one pass. The 1.5B file teacher-forced with its 520 rows
- * together in one pass: docs/kquant_kernels.md. rows_alone (--deterministic) keeps the
- * decode count whatever the rows, so a row's bits never depend on the call's size.
- * inferpath_set_k_quant_prompt_x_passes changes it (INFERPATH_KQUANT_PROMPT_X_PASSES). */
+ * 1536 x 8960 2.2x as fast in one pass. The LM head keeps the decode count
+ * (QUANT_DECODE_PASSES: its rows are the sampled ones, few, except for prompt logprobs):
+ * so the 1.5B file's 520 rows together, repacked, at avx2 agree 515 / 520 with its
+ * dequantized self (the head in one pass too: 514; llama.cpp on the same tokens: 513;
+ * docs/kquant_kernels.md). QUANT_ROWS_ALONE (--deterministic) keeps the decode count
+ * whatever the rows, so a row's bits never depend on the call's size.
+ * inferpath_set_k_quant_x_passes sets both counts (INFERPATH_KQUANT_X_PASSES both,
+ * INFERPATH_KQUANT_PROMPT_X_PASSES the prompts'). */
 #define K_QUANT_PROMPT_X_PASSES 1
 #define PROMPT_MIN_ROWS 32
 static inline int k_quant_format(int qtype) {
