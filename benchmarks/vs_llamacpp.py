@@ -22,6 +22,15 @@ Q4_K_M as published (Q4_K + Q6_K, 1.12 GB: the format most downloads are in, at 
 people run; pulled when first asked for). ``--formats`` picks the files, ``--tasks`` the
 measurements (e.g. ``--formats Qwen1.5B --tasks decode --threads 1``).
 ``--busy`` runs a niced busy loop beside every measurement.
+
+To hold llama.cpp to a lower level too (its native build takes the CPU's best), build it into
+a folder of its own with ``GGML_NATIVE=OFF`` and put that first on ``PYTHONPATH``:
+
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF" \
+        pip install --no-deps --no-build-isolation --target DIR llama-cpp-python==0.3.36
+    PYTHONPATH=DIR python benchmarks/vs_llamacpp.py --engines llamacpp,inferpath-avx2 ...
+
+The JSON's ``llamacpp_build`` says which build ran (its path and its own system info).
 """
 
 from __future__ import annotations
@@ -220,6 +229,14 @@ def machine() -> dict:
             "read_bandwidth": probe_this_machine().memory_bandwidth}
 
 
+def llamacpp_build() -> str:
+    """The llama.cpp build the workers import (its ISA: a native AVX-512 build, or one made
+    with GGML_NATIVE=OFF for another level, first on PYTHONPATH), as it prints itself."""
+    code = "import llama_cpp; print(llama_cpp.__file__, llama_cpp.llama_print_system_info().decode())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=WORKER_ENV)
+    return done.stdout.strip() or done.stderr.strip()[-300:]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", choices=["inferpath", "llamacpp"])
@@ -257,7 +274,7 @@ def main() -> None:
     if "Qwen1.5B" in args.formats.split(","):  # 1.12 GB: pulled only when asked for
         files["Qwen1.5B"] = str(resolve_model("qwen2.5-coder-1.5b-instruct"))
     results: dict = {"machine": info, "threads": args.threads, "busy": args.busy, "repeats": args.repeats,
-                     "load_average": os.getloadavg(),
+                     "load_average": os.getloadavg(), "llamacpp_build": llamacpp_build() if "llamacpp" in keys else None,
                      "files": {}}
     for fmt in args.formats.split(","):
         path = files[fmt]

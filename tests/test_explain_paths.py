@@ -185,3 +185,57 @@ def test_the_native_probes_matmul_is_the_module_paths_result():
     with torch.inference_mode():
         expected = linear(x)
     assert torch.equal(y, expected)
+
+
+def test_the_attention_probe_runs_the_paged_kernel_hot_and_cold(monkeypatch):
+    """explain/attention_cost.py: the engine's paged decode kernel at a key's shape, a fixed
+    part and a per-token part, each positive; cold (every call over blocks not read before)
+    costs more per token than hot; no native kernel, no figure."""
+    from inferpath.explain import attention_cost
+    from inferpath.kernels import build
+
+    monkeypatch.setattr(attention_cost, "ROUNDS", 2)
+    key = attention_cost.attention_key(9, 3, 64, "float32", 16)
+    if build.native_paged_attention(torch.float32) is None:
+        assert attention_cost.measure_attention(key) is None
+        pytest.skip(f"no native kernel here: {build.kernel_status()}")
+    (fixed, per_token), (_, cold_per_token) = (attention_cost.measure_attention(k)
+                                               for k in attention_cost.probed_keys(key))
+    assert fixed > 0 and per_token > 0 and fixed < 1e-3 and per_token < 1e-5
+    assert cold_per_token > per_token
+
+
+def test_a_decode_steps_attention_takes_the_measured_price_where_the_machine_has_it():
+    """Per layer and decode row: the fixed part plus the per-token part over the row's context
+    (split over the threads where the kernel splits); never below the roofline; a prefill
+    step, an unmeasured key and a preset keep the roofline."""
+    import inferpath.explain.attention_cost as attention_cost
+
+    config, precision = _two_layer_q4k()
+    key = attention_cost.attention_key(config.num_heads, config.num_kv_heads, config.head_dim, "float32", 16)
+    machine = dataclasses.replace(H100, name="machine", attention_s={key: (2e-6, 1e-8), f"{key}/cold": (3e-6, 2e-8)})
+    names = attention_cost.ATTENTION_STAGES
+
+    def attention_s(chunks, **kw):
+        cost = step_cost(config, machine, precision, chunks, **kw)
+        return sum(cost.stage(n).time_s for n in names), cost
+
+    roofline, plain = attention_s([(1, 3, True), (1, 5, True)])
+    priced, cost = attention_s([(1, 3, True), (1, 5, True)], attention=key)
+    # the cold figure: the step's 4096-wide Q4_K weights do not stay in a cache of 0 bytes;
+    # 2 rows x 32 heads x 128 x 5 positions: under either threshold, one thread
+    assert priced == pytest.approx(config.num_layers * (2 * 3e-6 + 2e-8 * (3 + 5)))
+    assert priced > roofline
+    threads = torch.get_num_threads()  # 4096 x 4000 positions: split over the threads on either path
+    for native in (False, True):
+        assert attention_s([(1, 4000, True)], attention=key, native=native)[0] == \
+            pytest.approx(config.num_layers * (3e-6 + 2e-8 * 4000 / threads))
+    for n in names:  # bytes and FLOPs kept, the time shared as the rooflines shared it
+        assert cost.stage(n).bytes_moved == plain.stage(n).bytes_moved
+        assert cost.stage(n).time_s / priced == pytest.approx(plain.stage(n).time_s / roofline)
+    assert attention_s([(8, 50, True)], attention=key)[0] == attention_s([(8, 50, True)])[0]  # a prefill step
+    assert attention_s([(1, 50, True)], attention="1x1x1/float32/16")[0] == attention_s([(1, 50, True)])[0]
+    assert attention_cost.with_attention_costs(H100, [key]) is H100
+    slow = dataclasses.replace(machine, attention_s={key: (1e-12, 0.0), f"{key}/cold": (1e-12, 0.0)})
+    assert sum(step_cost(config, slow, precision, [(1, 50, True)], attention=key).stage(n).time_s
+               for n in names) == pytest.approx(attention_s([(1, 50, True)])[0])  # never below the roofline

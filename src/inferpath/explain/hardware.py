@@ -43,6 +43,10 @@ class HardwareSpec:
     # seconds one call of the engine's sampler costs, keyed by vocabulary and the rows' kinds
     # (explain/sampler_cost.py: measured here by running it; presets: none, the roofline's price)
     sampler_s: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
+    # (seconds of the paged decode attention kernel's fixed part a call, seconds per context
+    # token) on one thread, keyed by shape (explain/attention_cost.py: measured here by
+    # running it; presets: none, the roofline's price)
+    attention_s: dict[str, tuple[float, float]] = field(default_factory=dict, hash=False, compare=False)
 
     def flops_for(self, compute_dtype: str) -> float:
         if compute_dtype == "quantized" and "quantized" not in self.peak_flops:

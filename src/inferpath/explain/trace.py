@@ -29,6 +29,7 @@ from inferpath.engine.trace_stages import COVERS, ROW_ORDER
 from inferpath.explain.cost import PassCost, Precision, StageCost, pass_cost
 from inferpath.explain.hardware import HardwareSpec
 from inferpath.explain.routed_experts import ROUTED_STAGES, routed_step
+from inferpath.explain.attention_cost import engine_attention_key
 from inferpath.explain.sampler_cost import step_sampler_key
 
 _PER_TOKEN_WEIGHTS = ("embedding",)  # rows of the table read per token, not once per step
@@ -39,14 +40,21 @@ AROUND_NATIVE = ("embedding", "final_norm", "lm_head")
 
 
 def step_cost(config: ModelConfig, hardware: HardwareSpec, precision: Precision,
-              chunks: list[tuple[int, int, bool]], native: bool = False, sampler: str | None = None) -> PassCost:
+              chunks: list[tuple[int, int, bool]], native: bool = False, sampler: str | None = None,
+              attention: str | None = None) -> PassCost:
     """Cost of one engine step of ``chunks`` = [(num_new_tokens, context_len, samples)].
 
     One chunk alone is exactly ``pass_cost``; several share one read of the weights.
     ``native``: the step's layers ran in the native decode call (their matmuls at its rates:
     kernel_cost.py); ``sampler``: the key of its sampled rows, whose ``sampling`` stage is
-    priced at the sampler's measured cost where ``hardware`` has it (sampler_cost.py).
+    priced at the sampler's measured cost where ``hardware`` has it (sampler_cost.py);
+    ``attention``: the key of its paged decode attention calls, a step of decode rows only
+    priced at the kernel's measured fixed and per-token costs where ``hardware`` has it
+    (attention_cost.py).
     """
+    import torch
+
+    from inferpath.explain.attention_cost import price_attention
     from inferpath.explain.kernel_cost import hot_bytes, price_stages, stays_in_cache
     from inferpath.explain.sampler_cost import price_sampling
 
@@ -77,6 +85,10 @@ def step_cost(config: ModelConfig, hardware: HardwareSpec, precision: Precision,
     phase = "prefill" if any(p.phase == "prefill" for p, _ in passes) else "decode"
     priced = price_stages(tuple(stages), precision, hardware, native)
     cold = not stays_in_cache(hardware, hot_bytes(priced))  # the sampler runs after the step's bytes passed
+    if all(n == 1 for n, _, _ in chunks):  # decode rows only: the paged decode kernel's own cost
+        priced = price_attention(priced, attention, [ctx for _, ctx, _ in chunks], config.num_layers,
+                                 config.num_heads * config.head_dim, config.sliding_window, hardware, cold, native,
+                                 torch.get_num_threads())
     return PassCost(phase=phase, batch=len(chunks), num_new_tokens=sum(n for n, _, _ in chunks),
                     context_len=max(ctx for _, ctx, _ in chunks),
                     stages=tuple(price_sampling(s, sampler, hardware, cold) if s.name == "sampling" else s
@@ -170,9 +182,12 @@ def machine_for(engine, refresh: bool = False, measure: bool = True) -> Hardware
     from inferpath.explain.probe import probe_this_machine
     from inferpath.explain.probe_kernels import with_gemv_shapes
     from inferpath.explain.sampler_cost import probed_keys, sampler_key, with_sampler_costs
+    from inferpath.explain import attention_cost
 
     shapes = gemv_shapes(precision_of(engine), native=native_decodes(engine))
     hardware = with_gemv_shapes(probe_this_machine(refresh=refresh), shapes, refresh, measure=measure)
+    hardware = attention_cost.with_attention_costs(
+        hardware, attention_cost.probed_keys(attention_cost.engine_attention_key(engine)), refresh, measure=measure)
     # the sampler of one greedy row (a chat's default here), and of one default sampled row
     vocab = engine.model_config.vocab_size
     return with_sampler_costs(hardware, probed_keys([sampler_key(vocab, ["greedy"]), sampler_key(vocab, ["sample"])]),
@@ -197,6 +212,7 @@ def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> di
     kv_bytes_per_token = engine.kv_cache.bytes_per_token
     records = tracer.steps_of(request_id)
     covers = family_covers(config)
+    attention = engine_attention_key(engine)
     steps = []
     for record in records:
         mine = record.chunk_of(request_id)
@@ -205,7 +221,7 @@ def request_trace(tracer, request_id: str, engine, hardware: HardwareSpec) -> di
         native = bool(getattr(record, "native_decode", False))
         predicted = step_cost(config, hardware, precision,
                               [(c.num_new_tokens, c.context_len, c.token_id is not None) for c in record.chunks],
-                              native, step_sampler_key(record, engine))
+                              native, step_sampler_key(record, engine), attention)
         # an MoE step: priced again at the experts its routers chose (explain/routed_experts.py)
         routed = routed_step(record, config, hardware, precision, predicted)
         rows = []
