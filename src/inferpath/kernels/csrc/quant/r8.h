@@ -78,10 +78,36 @@ static inline int r8_grouped(int qtype) { return r8_format(qtype) || r8_legacy_f
  * prefetcher alone left a one-row decode step's kernel waiting on memory: at one thread
  * on an AVX2-only AMD EPYC (Zen 3), 8960 x 1536 streamed from memory, Q4_K_R8 ran 1.3x
  * and Q6_K_R8 1.2x as fast with it (4 KB and 2 KB ahead measured alike;
- * docs/kquant_kernels.md). Past a tensor's end it reads nothing (a prefetch never faults). */
+ * docs/kquant_kernels.md). Past a tensor's end it reads nothing (a prefetch never faults).
+ * Written as the instruction itself (prefetch_line): GCC 12 emitted none of r8.c's and
+ * r8_legacy.c's __builtin_prefetch calls at the avx512 level (at avx2 it did). */
 #define R8_PREFETCH_BYTES 4096
-static inline void r8_prefetch(const uint8_t *at, int64_t bytes) {
-    for (int64_t c = 0; c < bytes; c += 64) __builtin_prefetch(at + R8_PREFETCH_BYTES + c, 0, 3);
+static inline __attribute__((always_inline)) void prefetch_line(const uint8_t *at) {
+#if defined(__x86_64__)
+    __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)at));
+#else
+    __builtin_prefetch(at, 0, 3);
+#endif
+}
+static inline __attribute__((always_inline)) void r8_prefetch(const uint8_t *at, int64_t bytes) {
+    for (int64_t c = 0; c < bytes; c += 64) prefetch_line(at + R8_PREFETCH_BYTES + c);
+}
+
+/* A pair of groups (r8_pair.c) is read as two streams side by side, group A at a and group
+ * B at a + group_bytes, a super-block of each in turn: each stream R8_PAIR_AHEAD bytes
+ * ahead, and past its group's end into the same stream of the next pair (the next pair's A
+ * for A, its B for B), so that a pair starts warm however short its groups (k = 1536:
+ * 7 KB). ``at``: the offset within a group of the slice in hand. At one thread on the AMD
+ * EPYC (AVX-512) VM, streamed, one row: Q4_K_R8 8960 x 1536 612 -> 281 us, Q6_K_R8
+ * 8960 x 1536 1084 -> 373, 1536 x 8960 Q4_K_R8 0.68x and Q6_K_R8 0.62x the file's layout's
+ * time (docs/kquant_kernels.md); 4 KB ahead 1.1-1.3x slower on k = 1536, 16-32 KB slower on
+ * k = 8960. */
+#define R8_PAIR_AHEAD 8192
+static inline __attribute__((always_inline)) void r8_prefetch_pair(const uint8_t *a, int64_t group_bytes, int64_t at,
+                                                                   int64_t bytes) {
+    const int64_t ahead = at + R8_PAIR_AHEAD, pairs = ahead / group_bytes;
+    const uint8_t *to = a + pairs * 2 * group_bytes + (ahead - pairs * group_bytes);
+    for (int64_t c = 0; c < bytes; c += 64) prefetch_line(to + c), prefetch_line(to + group_bytes + c);
 }
 
 /* where Q6_K_R8's low bits of pair p and high bits of quarter h lie in a super-block */

@@ -81,6 +81,7 @@ static inline __attribute__((always_inline)) void pair_tile(const int qtype, con
             for (int s = 0; s < 8; s++) {
                 const int64_t b = 8 * t + s;
                 const int at = 160 + (s / 2) * 256;
+                r8_prefetch_pair(a, step, t * Q4_K_R8_BYTES + s * (Q4_K_R8_BYTES / 8), Q4_K_R8_BYTES / 8);  /* r8.h */
                 for (int g = 0; g < 8; g++) {
                     if (s % 2 == 0) v[g] = load_pair(o + at + 32 * g, p + at + 32 * g);
                     w[g] = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(v[g], 4) : v[g], low);
@@ -102,6 +103,7 @@ static inline __attribute__((always_inline)) void pair_tile(const int qtype, con
             for (int s = 0; s < 8; s++) {
                 const int64_t b = 8 * t + s;
                 const int l_at = q6_ql_at(s / 2), h_at = q6_qh_at(s / 4), i = s % 4;
+                r8_prefetch_pair(a, step, t * Q6_K_R8_BYTES + s * (Q6_K_R8_BYTES / 8), Q6_K_R8_BYTES / 8);
                 for (int g = 0; g < 8; g++) {
                     if (s % 2 == 0) lv[g] = load_pair(o + l_at + 32 * g, p + l_at + 32 * g);
                     const __m512i l = lv[g];
