@@ -79,17 +79,18 @@ static inline int r8_grouped(int qtype) { return r8_format(qtype) || r8_legacy_f
  * on an AVX2-only AMD EPYC (Zen 3), 8960 x 1536 streamed from memory, Q4_K_R8 ran 1.3x
  * and Q6_K_R8 1.2x as fast with it (4 KB and 2 KB ahead measured alike;
  * docs/kquant_kernels.md). Past a tensor's end it reads nothing (a prefetch never faults).
- * Written as the instruction itself (prefetch_line): GCC 12 emitted none of r8.c's and
- * r8_legacy.c's __builtin_prefetch calls at the avx512 level (at avx2 it did). */
+ * At the avx512 level written as the instruction itself (prefetch_line): GCC 12 emitted
+ * none of r8.c's and r8_legacy.c's __builtin_prefetch calls there (at avx2 it did; there
+ * the asm, a barrier to the compiler's scheduling, made r8_multi.c's Q6_K tiles 2x slower). */
 #define R8_PREFETCH_BYTES 4096
-static inline __attribute__((always_inline)) void prefetch_line(const uint8_t *at) {
-#if defined(__x86_64__)
+static inline void prefetch_line(const uint8_t *at) {
+#if defined(__x86_64__) && defined(__AVX512F__)
     __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)at));
-#else
+#else  /* the builtin where GCC keeps it: the asm, a barrier to its scheduling, halved r8_multi.c's rate */
     __builtin_prefetch(at, 0, 3);
 #endif
 }
-static inline __attribute__((always_inline)) void r8_prefetch(const uint8_t *at, int64_t bytes) {
+static inline void r8_prefetch(const uint8_t *at, int64_t bytes) {
     for (int64_t c = 0; c < bytes; c += 64) prefetch_line(at + R8_PREFETCH_BYTES + c);
 }
 
