@@ -239,3 +239,34 @@ def test_a_decode_steps_attention_takes_the_measured_price_where_the_machine_has
     slow = dataclasses.replace(machine, attention_s={key: (1e-12, 0.0), f"{key}/cold": (1e-12, 0.0)})
     assert sum(step_cost(config, slow, precision, [(1, 50, True)], attention=key).stage(n).time_s
                for n in names) == pytest.approx(attention_s([(1, 50, True)])[0])  # never below the roofline
+
+
+def test_the_attention_figures_are_cached_beside_the_probe(tmp_path, monkeypatch):
+    """Measured once, stored under the probe's entry ("attention_s", as lists), read back as
+    (fixed, per-token) without measuring; not stored when the machine is busy; a refresh
+    measures again."""
+    import json
+
+    import inferpath.explain.attention_cost as attention_cost
+    from inferpath.explain import probe, probe_kernels
+    from inferpath.explain.hardware import THIS_MACHINE
+
+    path = tmp_path / "probe.json"
+    _, _, entry = probe.cached_entry(cache_path=path)
+    path.write_text(json.dumps({entry: {}}))
+    calls = []
+    monkeypatch.setattr(attention_cost, "measure_attention", lambda key: calls.append(key) or (2e-6, 3e-8))
+    monkeypatch.setattr(probe_kernels, "busy", lambda: False)
+    here = dataclasses.replace(H100, name=THIS_MACHINE)
+    keys = attention_cost.probed_keys("4x2x64/float32/16")
+    measured = attention_cost.with_attention_costs(here, keys, cache_path=path)
+    assert measured.attention_s == dict.fromkeys(keys, (2e-6, 3e-8)) and calls == keys
+    assert json.loads(path.read_text())[entry]["attention_s"] == dict.fromkeys(keys, [2e-6, 3e-8])
+    again = attention_cost.with_attention_costs(here, keys, cache_path=path, measure=False)
+    assert again.attention_s == measured.attention_s and len(calls) == 2  # from the cache
+    attention_cost.with_attention_costs(here, keys, refresh=True, cache_path=path)
+    assert len(calls) == 4
+    monkeypatch.setattr(probe_kernels, "busy", lambda: True)
+    other = attention_cost.probed_keys("8x8x128/float32/16")
+    attention_cost.with_attention_costs(here, other, cache_path=path)
+    assert not set(other) & set(json.loads(path.read_text())[entry]["attention_s"])  # busy: used, not kept
