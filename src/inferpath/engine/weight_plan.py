@@ -120,8 +120,8 @@ def k_quant_passes_note(formats, kernel_level: str) -> str:
     if not passes:
         return ""
     prompt = build.k_quant_x_passes(kernel_level, rows=build.k_quant_prompt_min_rows(kernel_level))
-    plural = lambda n: f"{n} int8 pass{'es' if n > 1 else ''}"  # noqa: E731
-    return f" (the K-quants' x in {plural(passes)}{f', prompts in {prompt}' if prompt != passes else ''})"
+    prompts = f", prompts in {prompt}" if prompt != passes else ""
+    return f" (the K-quants' x in {passes} int8 pass{'es' if passes > 1 else ''}{prompts})"
 
 
 def auto_float_dtype() -> torch.dtype:

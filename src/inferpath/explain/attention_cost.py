@@ -1,26 +1,27 @@
-"""The paged decode attention kernel's fixed cost a call: measured by running the kernel itself.
+"""The paged decode attention kernel's cost a call: measured by running the kernel itself.
 
 The cost model's attention stages (cost.py: ``attn_scores``, ``softmax``,
 ``attn_weighted_sum``, fused on this engine) are the roofline of reading each layer's K and V
 once. At a chat's short contexts that is a few KB a layer (SmolLM2 at 40 tokens: 30 KB, ~1 us
 at 30 GB/s), while the kernel's call costs ~8 us a layer there: it plans its work (the heads'
-groups, the block table's blocks), then walks the blocks. A decode step's ``attention`` row
-measured 4.2x its roofline on SmolLM2 (5% of the step) and 3x on the 1.5B (1%).
+groups, the block table's blocks), then walks the blocks, bound by its own work (the softmax's
+exps, the heads' dots) more than by the bytes. A decode step's ``attention`` row measured 4.2x
+its roofline on SmolLM2 (5% of the step) and 3x on the 1.5B (1%).
 
 So the probe runs the engine's own kernel (the exported C function the module path calls, with
-the decode call's own attention behind it: drivers/decode_attention.c) on one query row over a
-one-block context of the model's shape, one thread (what the native step runs below its
-parallel threshold at such contexts), best of ``ROUNDS`` rounds of ``CALLS`` calls, less the
-same call refused at its first check (the ctypes call's own cost). That is the fixed part; a
-step's attention is priced at the roofline of its bytes plus one fixed part per layer and
-decode row (``price_attention``). A longer context adds bytes at the roofline's rate, which is
-what the kernel approaches there.
+the decode call's own attention behind it: drivers/decode_attention.c) on one query row of the
+model's shape, one thread, at a one-block context and at ``LONG_CONTEXT`` tokens, best of
+``ROUNDS`` rounds of ``CALLS`` calls, less the same call refused at its first check (the ctypes
+call's own cost), and fits a fixed part a call and a part per context token; hot (the same
+blocks every call) and cold (``"/cold"``: every call over blocks no call read before). A step
+of decode rows is priced at layers x rows x (fixed + per token x the row's context), split over
+the threads where the kernel splits, never below the roofline (``price_attention``).
 
-Keys ``"HEADSxKV_HEADSxHEAD_DIM/DTYPE/BLOCK"``; seconds in ``HardwareSpec.attention_s``, cached
-beside the probe as the sampler's are (``"attention_s"``; a re-probe drops them, a busy
-machine's figure is used and not kept). Presets have none: the roofline alone.
+Keys ``"HEADSxKV_HEADSxHEAD_DIM/DTYPE/BLOCK"``; (fixed, per-token) seconds in
+``HardwareSpec.attention_s``, cached beside the probe as the sampler's are (``"attention_s"``;
+a re-probe drops them, a busy machine's figures are used and not kept). Presets have none:
+the roofline alone.
 """
-
 from __future__ import annotations
 
 import time
@@ -102,27 +103,10 @@ def measure_attention(key: str) -> tuple[float, float] | None:
 
 def with_attention_costs(hardware, keys, refresh: bool = False, cache_path=None, measure: bool = True):
     """``hardware`` with ``attention_s`` holding every key of ``keys`` (measured, or cached
-    beside this machine's probe); a preset is returned as it is."""
-    from inferpath.explain.hardware import THIS_MACHINE
-    from inferpath.explain.probe import cached_entry, store
-    from inferpath.explain.probe_kernels import busy
+    beside this machine's probe: probe.with_measured); a preset is returned as it is."""
+    from inferpath.explain.probe import with_measured
 
-    keys = sorted({k for k in keys if k})
-    if hardware.name != THIS_MACHINE or not keys:
-        return hardware
-    path, cached, entry = cached_entry(cache_path=cache_path)
-    known = {} if refresh else {k: tuple(v) for k, v in cached.get(entry, {}).get("attention_s", {}).items()}
-    missing = [k for k in keys if k not in known] if measure else []
-    for k in missing:
-        seconds = measure_attention(k)
-        if seconds is not None:
-            known[k] = seconds
-    if missing and not busy():
-        path, cached, entry = cached_entry(cache_path=cache_path)
-        if entry in cached:
-            cached[entry].setdefault("attention_s", {}).update({k: list(known[k]) for k in missing if k in known})
-            store(path, cached)
-    return replace(hardware, attention_s={**hardware.attention_s, **known})
+    return with_measured(hardware, "attention_s", keys, measure_attention, refresh, cache_path, measure)
 
 
 # decode rows x heads x head dim x context from which the kernel splits over the threads:
@@ -156,6 +140,5 @@ def price_attention(stages: tuple, key: str | None, contexts: list[int], layers:
     roofline = sum(s.time_s for s in mine)
     if not mine or seconds <= roofline:
         return stages
-    scale = seconds / roofline if roofline > 0 else None
-    return tuple(replace(s, memory_time_s=(s.time_s * scale if scale else seconds / len(mine)))
-                 if s.name in ATTENTION_STAGES else s for s in stages)
+    share = {id(s): s.time_s / roofline if roofline > 0 else 1 / len(mine) for s in mine}
+    return tuple(replace(s, memory_time_s=seconds * share[id(s)]) if id(s) in share else s for s in stages)

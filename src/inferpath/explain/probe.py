@@ -33,6 +33,7 @@ import json
 import os
 import platform
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from inferpath.explain.hardware import THIS_MACHINE, HardwareSpec
@@ -162,6 +163,34 @@ def cached_entry(device: str = "cpu", cache_path: Path | None = None) -> tuple[P
 
 def store(path: Path, cached: dict) -> None:
     _store(path, cached)
+
+
+def with_measured(hardware: HardwareSpec, field: str, keys, measure_one, refresh: bool = False,
+                  cache_path: Path | None = None, measure: bool = True) -> HardwareSpec:
+    """``hardware`` with its dict ``field`` holding every key of ``keys``: measured by
+    ``measure_one(key)`` (None: not measurable here, left out) or cached beside this
+    machine's probe under ``field`` (JSON lists read back as tuples); a busy machine's figures
+    are used and not kept; ``refresh`` measures again; ``measure=False`` takes the cached
+    ones only. A preset is returned as it is (its stages keep the roofline)."""
+    from inferpath.explain.probe_kernels import busy
+
+    keys = sorted({k for k in keys if k})
+    if hardware.name != THIS_MACHINE or not keys:
+        return hardware
+    path, cached, entry = cached_entry(cache_path=cache_path)
+    known = {} if refresh else {k: tuple(v) if isinstance(v, list) else v
+                                for k, v in cached.get(entry, {}).get(field, {}).items()}
+    missing = [k for k in keys if k not in known] if measure else []
+    for k in missing:
+        value = measure_one(k)
+        if value is not None:
+            known[k] = value
+    if missing and not busy():
+        path, cached, entry = cached_entry(cache_path=cache_path)
+        if entry in cached:
+            cached[entry].setdefault(field, {}).update({k: known[k] for k in missing if k in known})
+            store(path, cached)
+    return replace(hardware, **{field: {**getattr(hardware, field), **known}})
 
 
 def _store(path: Path, cached: dict) -> None:

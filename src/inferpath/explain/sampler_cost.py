@@ -127,26 +127,12 @@ def probed_keys(keys) -> list[str]:
 
 
 def with_sampler_costs(hardware, keys, refresh: bool = False, cache_path=None, measure: bool = True):
-    """``hardware`` with ``sampler_s`` holding every key of ``keys`` (measured, or cached beside
-    this machine's probe); a preset is returned as it is (its sampling keeps the roofline)."""
-    from inferpath.explain.hardware import THIS_MACHINE
-    from inferpath.explain.probe import cached_entry, store
-    from inferpath.explain.probe_kernels import busy
+    """``hardware`` with ``sampler_s`` holding every key of ``keys`` (measured, or cached
+    beside this machine's probe: probe.with_measured); a preset is returned as it is (its
+    sampling keeps the roofline)."""
+    from inferpath.explain.probe import with_measured
 
-    keys = sorted({k for k in keys if k})
-    if hardware.name != THIS_MACHINE or not keys:
-        return hardware
-    path, cached, entry = cached_entry(cache_path=cache_path)
-    known = {} if refresh else dict(cached.get(entry, {}).get("sampler_s", {}))
-    missing = [k for k in keys if k not in known] if measure else []
-    for k in missing:
-        known[k] = measure_sampler(k)
-    if missing and not busy():
-        path, cached, entry = cached_entry(cache_path=cache_path)
-        if entry in cached:
-            cached[entry].setdefault("sampler_s", {}).update({k: known[k] for k in missing})
-            store(path, cached)
-    return replace(hardware, sampler_s={**hardware.sampler_s, **known})
+    return with_measured(hardware, "sampler_s", keys, measure_sampler, refresh, cache_path, measure)
 
 
 def price_sampling(stage, key: str | None, hardware, cold: bool = False):

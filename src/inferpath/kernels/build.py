@@ -325,17 +325,19 @@ def _build(level: Level) -> tuple[ctypes.CDLL | None, str]:
     lib.amx_ready = granted and AMX_FLAGS <= probed
     lib.amx_int8_ready = granted and AMX_INT8_FLAGS <= probed
     _set_amx_int8_engine(level.name, lib)
-    decode, prompt = lib.inferpath_k_quant_x_passes(1, 0), lib.inferpath_k_quant_x_passes(1 << 30, 0)
-    for name in ("INFERPATH_KQUANT_X_PASSES", "INFERPATH_KQUANT_PROMPT_X_PASSES"):  # every call's; prompts'
-        passes = os.environ.get(name, "")
-        if passes and passes not in ("1", "2"):
-            raise ValueError(f"{name} must be 1 or 2, got {passes!r}")
-        if passes and name == "INFERPATH_KQUANT_X_PASSES":
-            decode = prompt = int(passes)
-        elif passes:
-            prompt = int(passes)
+    every, prompts = (_passes_from_env(name) for name in ("INFERPATH_KQUANT_X_PASSES", "INFERPATH_KQUANT_PROMPT_X_PASSES"))
+    decode = every or lib.inferpath_k_quant_x_passes(1, 0)
+    prompt = prompts or every or lib.inferpath_k_quant_x_passes(lib.inferpath_k_quant_prompt_min_rows(), 0)
     lib.inferpath_set_k_quant_x_passes(decode, prompt)
     return lib, ""
+
+
+def _passes_from_env(name: str) -> int | None:
+    """The K-quants' x passes ``name`` sets (1 or 2), or None where it is unset."""
+    passes = os.environ.get(name, "")
+    if passes and passes not in ("1", "2"):
+        raise ValueError(f"{name} must be 1 or 2, got {passes!r}")
+    return int(passes) if passes else None
 
 
 def _family(dtype: torch.dtype | str) -> str:

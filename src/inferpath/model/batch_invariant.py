@@ -41,16 +41,21 @@ _dispatch = threading.local()
 
 
 @contextmanager
+def _thread_flag(name: str, enabled: bool):
+    """``_dispatch.<name>`` set to ``enabled`` within the block (this thread), restored after."""
+    previous = getattr(_dispatch, name, False)
+    setattr(_dispatch, name, enabled)
+    try:
+        yield
+    finally:
+        setattr(_dispatch, name, previous)
+
+
 def row_invariant_dispatch(enabled: bool = True):
     """Within the block (this thread), the native linears (kernels/ops.py
     ``small_batch_linear``) compute each row the same way whatever the number of rows.
     The runner runs each step of a batch-invariant model inside it."""
-    previous = getattr(_dispatch, "row_invariant", False)
-    _dispatch.row_invariant = enabled
-    try:
-        yield
-    finally:
-        _dispatch.row_invariant = previous
+    return _thread_flag("row_invariant", enabled)
 
 
 def rows_must_be_invariant() -> bool:
@@ -58,19 +63,13 @@ def rows_must_be_invariant() -> bool:
     return getattr(_dispatch, "row_invariant", False)
 
 
-@contextmanager
 def decode_x_passes():
     """Within the block (this thread), the quantized kernels meet x in a decode step's int8
     passes whatever the number of rows (csrc/quant/activations.h: a prompt-sized call's
     K-quants meet it in one pass): the LM head's logits, whose rows are few when serving
     (the sampled positions) and many only for prompt logprobs, at the decode step's
     precision either way."""
-    previous = getattr(_dispatch, "decode_passes", False)
-    _dispatch.decode_passes = True
-    try:
-        yield
-    finally:
-        _dispatch.decode_passes = previous
+    return _thread_flag("decode_passes", True)
 
 
 QUANT_ROWS_ALONE, QUANT_DECODE_PASSES = 1, 2  # csrc/quant/prepared.h's flags
