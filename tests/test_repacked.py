@@ -137,7 +137,7 @@ def test_what_cannot_be_repacked_is_refused():
 @pytest.mark.parametrize("level", ["generic", "avx2", "avx512"])
 def test_the_weight_plan_repacks_where_the_kernel_is_simd(level, monkeypatch):
     """The allow-list: Q4_K and Q6_K at the avx2 and avx512 levels with INFERPATH_REPACK=1,
-    and by default at REPACK_DEFAULT_LEVELS (avx2) or when the engine speculates; the
+    and by default at REPACK_DEFAULT_LEVELS (avx2, avx512) or when the engine speculates; the
     file's layout with 0; any other value refused."""
     from inferpath.config import EngineConfig
     from inferpath.engine.weight_plan import plan_weights

@@ -40,13 +40,15 @@ R8_ROWS = 8
 REPACK_FORMATS = ("Q4_K", "Q6_K", "Q8_0", "Q5_0")  # the allow-list: formats r8.c / r8_legacy.c have a kernel for
 REPACK_LEVELS = ("avx2", "avx512")  # levels whose r8 kernel is SIMD (generic runs the C spec)
 # Levels that repack without INFERPATH_REPACK=1: where prefill is at least as fast as the
-# file's layout. 512-token prefill, AMD EPYC Zen 4 (benchmarks/repack_ab.py, medians):
-# avx2 1.5B 1.71x at 1 and 2 threads, 0.5B 1.13x / 1.30x; avx512 1.5B 0.99-1.06x at 1
-# thread but 0.84-0.94x at 2 (0.5B 0.98x / 0.92x): opt-in there until that is explained.
-# Re-measured with Q8_0 / Q5_0 repacked too (q8repack_prefill_2t_avx512.json, 2 threads, a
-# loaded machine): 1.5B 1.02x (rounds 0.90-1.09), 0.5B rounds 0.98-1.60: no clear win, and
-# huge pages on the copies changed nothing (q8repack_ab_05b_2t_avx512.json): still opt-in.
-REPACK_DEFAULT_LEVELS = ("avx2",)
+# file's layout and decode at one thread, batched decode and verification faster. 512-token
+# prefill, AMD EPYC Zen 4 (benchmarks/repack_ab.py, medians of 4 alternating rounds,
+# repack_ab_prefill_avx512_1204b.json): avx512 1.5B 1.04x at 2 threads, 1.05x at 1; 0.5B
+# 0.98x / 1.18x (avx2: 1.71x, 0.5B 1.13-1.30x). Decode (repack_ab_decode_avx512_1204b.json):
+# 1 thread 1.37x (1.5B) and 1.43x (0.5B), 2 threads even on the 1.5B file (the bandwidth);
+# batch 8 5.3x its batch 1 against 1.9x. (Before r8_pair.c prefetched its streams the
+# 1.5B file's 2-thread prefill had measured 0.84-0.94x here: opt-in then.) Not measured on
+# an AMX machine: the AMX-INT8 engine packs the repacked groups' panels like the file's.
+REPACK_DEFAULT_LEVELS = ("avx2", "avx512")
 ROW_BYTES = {Q.Q4_K: 1184 // R8_ROWS, Q.Q6_K: 1696 // R8_ROWS,  # per super-block, a group's / 8
              Q.Q8_0: 272 // R8_ROWS, Q.Q5_0: 176 // R8_ROWS}  # per 32-value block
 BLOCK_VALUES = {Q.Q4_K: 256, Q.Q6_K: 256, Q.Q8_0: 32, Q.Q5_0: 32}  # the values ROW_BYTES covers
