@@ -12,7 +12,7 @@ from inferpath.kernels import build, ops
 from inferpath.kernels.groups import QuantGroup
 from inferpath.kernels.repacked import ROW_BYTES, kernel_type, repack, repackable
 from inferpath.model.batch_invariant import row_invariant_dispatch
-from test_quantized import activation_bound, isa, random_weight  # noqa: F401 (isa: a fixture)
+from test_quantized import activation_bound, isa, k_quant_x_passes_everywhere, random_weight  # noqa: F401 (isa: a fixture)
 
 Q = GGMLQuantizationType
 LEGACY = [Q.Q8_0, Q.Q5_0]
@@ -72,6 +72,24 @@ def test_every_level_gives_the_same_bits(qtype):
         first = next(iter(outs.values()))
         for level, out in outs.items():
             assert torch.equal(out, first), (level, rows)
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("qtype", LEGACY, ids=IDS)
+def test_tiles_of_rows_give_every_levels_bits(qtype, passes):
+    """A verification's tiles (2-8 rows of x at once) over pairs of groups: at avx512
+    r8_pair.c's 512-bit kernel (two groups per vector), elsewhere r8_legacy.c's; the same
+    chain per row and lane, so every level gives the same bits, x in one int8 pass or two
+    (an odd group at the end: the single-group kernel beside the pairs)."""
+    weight = repack(random_weight(qtype, 40, 9 * 32, seed=5), drop_source=False)
+    with k_quant_x_passes_everywhere(passes):
+        for rows in (2, 5, 8):
+            x = _x(rows, 9 * 32, 30 + rows)
+            outs = {level: _matmul(x, weight, level=level) for level in build.LEVEL_NAMES
+                    if build.can_run(level) and build.resolve_level("quantized", level)[0] == level}
+            first = next(iter(outs.values()))
+            for level, out in outs.items():
+                assert torch.equal(out, first), (level, rows)
 
 
 @pytest.mark.parametrize("qtype", LEGACY, ids=IDS)

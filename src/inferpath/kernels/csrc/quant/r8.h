@@ -125,9 +125,9 @@ __attribute__((visibility("hidden"))) void r8_rows(int qtype, const uint8_t *gro
 
 /* Two adjacent groups (group, group + group_bytes) against rows 0..rows-1 (<= TILE_ROWS)
  * of x at once, in 512-bit registers (r8_pair.c): out[j * 16 + r] = group A's weight row r
- * . x row j (r < 8), group B's row r - 8 (r >= 8), the bits of r8_rows on each group. 1, or
- * 0 where the level has no 512-bit VNNI or for a format other than Q4_K_R8 and Q6_K_R8 (the
- * caller then runs r8_rows per group). */
+ * . x row j (r < 8), group B's row r - 8 (r >= 8), the bits of r8_rows (r8_legacy_rows for
+ * Q8_0_R8 and Q5_0_R8) on each group. 1, or 0 where the level has no 512-bit VNNI (the
+ * caller then runs r8_rows or r8_legacy_rows per group). */
 __attribute__((visibility("hidden"))) int r8_pair_rows(int qtype, const uint8_t *group, int64_t group_bytes,
                                                        const q8_rows *x, int64_t rows, float *out);
 

@@ -14,7 +14,8 @@
  * min); Q5_0's values are 0..31 unsigned. The chain of a row j never depends on the other
  * rows of the call, and the portable form runs the same float operations in the same order
  * (fmaf): every level gives the same bits. Per group and block, the weights are unpacked
- * once for all rows of x.
+ * once for all rows of x. At avx512 two adjacent groups run at once in r8_pair.c (the same
+ * chain in 512-bit lanes); this file's kernel serves a group alone there.
  */
 #include <stdint.h>
 #include <string.h>
