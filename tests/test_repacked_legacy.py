@@ -1,4 +1,4 @@
-"""Q8_0 and Q5_0 repacked into groups of eight rows (kernels/repacked.py,
+"""Q8_0, Q5_0 and Q4_1 repacked into groups of eight rows (kernels/repacked.py,
 csrc/quant/r8_legacy.c) against the gguf package's dequantized weights, the file's layout,
 across levels, and row by row."""
 
@@ -15,7 +15,7 @@ from inferpath.model.batch_invariant import row_invariant_dispatch
 from test_quantized import activation_bound, isa, k_quant_x_passes_everywhere, random_weight  # noqa: F401 (isa: a fixture)
 
 Q = GGMLQuantizationType
-LEGACY = [Q.Q8_0, Q.Q5_0]
+LEGACY = [Q.Q8_0, Q.Q5_0, Q.Q4_1]
 IDS = [t.name for t in LEGACY]
 ROWS = [1, 3, 5, 8, 13, 64, 512]
 
@@ -176,3 +176,32 @@ def test_the_05b_file_with_every_format_repacked_agrees_with_its_dequantized_sel
     targets = torch.tensor(tokens[1:])
     ratio = F.cross_entropy(fused[:-1], targets).exp().item() / F.cross_entropy(reference[:-1], targets).exp().item()
     assert agreement >= 0.99 and abs(ratio - 1) <= 0.01, (agreement, ratio)
+
+
+@pytest.mark.parametrize("qtype", LEGACY, ids=IDS)
+def test_an_embedding_looks_its_rows_up_in_the_repacked_groups(qtype):
+    """A table a tied LM head shares is repacked with it: the lookup dequantizes each id's
+    group of eight rows and keeps its row, the file's values to the bit (ids in any order,
+    repeated, in the first and the last group)."""
+    from inferpath.kernels.quantized import QuantEmbedding
+
+    weight = random_weight(qtype, 40, 3 * 32, seed=9)
+    ids = torch.tensor([[0, 7, 8, 39], [5, 5, 33, 16]])
+    laid_out, packed = QuantEmbedding(weight), QuantEmbedding(repack(weight, drop_source=False))
+    assert packed(ids).shape == (2, 4, 3 * 32)
+    assert torch.equal(packed(ids), laid_out(ids))
+
+
+def test_smollm2s_tied_table_is_repacked_once_for_the_lookup_and_the_head():
+    """SmolLM2's Q8_0 embedding is its LM head too: repacked where the plan repacks Q8_0, one
+    tensor under both modules (the model's bytes counted once)."""
+    from inferpath import LLM
+    from inferpath.kernels.quantized import QuantEmbedding, QuantLinear
+
+    llm = LLM("smollm2-135m-instruct", threads=1)
+    model = llm.engine.runner.model
+    table, head = model.model.embed_tokens, model.lm_head
+    assert isinstance(table, QuantEmbedding) and isinstance(head, QuantLinear)
+    assert head.qweight is table.qweight
+    assert getattr(table.qweight, "repacked", False) == ("Q8_0" in llm.engine.weight_plan.repacked)
+    assert llm.engine.weight_format.decode_bytes < 100e6  # the table once (96.6 MB a token)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from inferpath.kernels import build, ops
-from inferpath.kernels.repacked import kernel_type, repack, repackable
+from inferpath.kernels.repacked import R8_ROWS, RepackedTensor, kernel_type, repack, repackable
 from inferpath.weights.quantized import QuantizedTensor
 
 
@@ -59,9 +59,10 @@ class QuantLinear(nn.Module):
 
 class QuantEmbedding(nn.Module):
     """Row lookup in a ``QuantizedTensor`` (num_embeddings, embedding_dim), dequantized to
-    ``dtype``."""
+    ``dtype``; or in a ``RepackedTensor`` (a table a tied LM head shares, repacked with it):
+    each id's group of eight rows dequantized (the file's values to the bit) and its row kept."""
 
-    def __init__(self, weight: QuantizedTensor, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, weight: QuantizedTensor | RepackedTensor, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.qweight = weight
         self.num_embeddings, self.embedding_dim = weight.shape
@@ -73,12 +74,25 @@ class QuantEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         # input_ids: (num_tokens,) -> (num_tokens, embedding_dim)
+        if isinstance(self.qweight, RepackedTensor):
+            return self._grouped_rows(input_ids.reshape(-1)).to(self.dtype).reshape(*input_ids.shape, self.embedding_dim)
         rows = self.qweight.data.index_select(0, input_ids.reshape(-1))  # (num_tokens, row_bytes)
         if self._dequantize is None:
             values = QuantizedTensor(rows, self.qweight.qtype, (rows.shape[0], self.embedding_dim)).dequantize()
         else:
             values = ops.run_dequantize(self._dequantize, rows, int(self.qweight.qtype), self.embedding_dim)
         return values.to(self.dtype).reshape(*input_ids.shape, self.embedding_dim)
+
+    def _grouped_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """(n,) ids -> (n, embedding_dim) float32 from the repacked groups holding them."""
+        data, n = self.qweight.data, ids.shape[0]
+        groups = data.view(-1, R8_ROWS * data.shape[1]).index_select(0, ids // R8_ROWS)  # (n, a group's bytes)
+        groups = groups.view(n * R8_ROWS, data.shape[1])
+        if self._dequantize is None:
+            values = RepackedTensor(groups, self.qweight.qtype, (n * R8_ROWS, self.embedding_dim)).dequantize()
+        else:
+            values = ops.run_dequantize(self._dequantize, groups, self.qweight.kernel_type, self.embedding_dim)
+        return values.view(n, R8_ROWS, self.embedding_dim)[torch.arange(n), ids % R8_ROWS]
 
 
 def quantized_kernels_available() -> bool:
@@ -93,30 +107,39 @@ def build_quantized_model(checkpoint, dtype: torch.dtype = torch.float32, repack
 
     ``repack_formats`` (a ``WeightPlan.repacked``): the linear weights of these formats are
     repacked into groups of eight rows (kernels/repacked.py) where r8.c takes their shape,
-    the mapped pages under them dropped; an embedding's table (a tied LM head's too) stays
-    as laid out, its rows looked up in place."""
+    the mapped pages under them dropped; so is an embedding's table that a tied LM head
+    shares (once, for both: the lookup dequantizes an id's group); an embedding's own table
+    stays as laid out, its rows looked up in place."""
     from inferpath.model import Transformer
 
     from inferpath.kernels.quant_experts import swap_quantized_experts  # gpt-oss's stacked experts
 
     model = Transformer(checkpoint.config, dtype)
     quantized = checkpoint.quantized_tensors
+    tied = checkpoint.config.tie_word_embeddings and "model.embed_tokens.weight" in quantized
+    repacked: dict[str, RepackedTensor] = {}
+
+    def packed(name: str, weight):
+        if weight.type_name in repack_formats and repackable(weight):
+            if name not in repacked:  # the tied table: once, for the lookup and the head
+                repacked[name] = repack(weight)
+            return repacked[name]
+        return weight
+
     for name, weight in swap_quantized_experts(model, quantized).items():
         module_name = name.removesuffix(".weight")
         module = model.get_submodule(module_name)
         if isinstance(module, nn.Embedding):
-            replacement = QuantEmbedding(weight, dtype)
+            replacement = QuantEmbedding(packed(name, weight) if tied and name == "model.embed_tokens.weight" else weight,
+                                         dtype)
         elif isinstance(module, nn.Linear):
-            tied = checkpoint.config.tie_word_embeddings and name == "model.embed_tokens.weight"
-            if weight.type_name in repack_formats and repackable(weight) and not tied:
-                weight = repack(weight)
-            replacement = QuantLinear(weight, module.bias)
+            replacement = QuantLinear(packed(name, weight), module.bias)
         else:
             raise ValueError(f"quantized tensor {name!r} belongs to a {type(module).__name__}, "
                              "which has no quantized counterpart")
         _replace(model, module_name, replacement)
-    if checkpoint.config.tie_word_embeddings and "model.embed_tokens.weight" in quantized:
-        model.lm_head = QuantLinear(quantized["model.embed_tokens.weight"])
+    if tied:
+        model.lm_head = QuantLinear(packed("model.embed_tokens.weight", quantized["model.embed_tokens.weight"]))
     model.load_weights({name: t for name, t in checkpoint.tensors.items() if name not in quantized})
     return model.eval()
 

@@ -184,15 +184,15 @@ static void r8_pack(int qtype, const uint8_t *w, int64_t group_bytes, int cols, 
         }
 }
 
-/* The same from Q8_0 or Q5_0 repacked by 8 rows (r8.h, r8_legacy.c): a group's 32 bytes
+/* The same from Q8_0, Q5_0 or Q4_1 repacked by 8 rows (r8.h, r8_legacy.c): a group's 32 bytes
  * for one quad are its rows' four values side by side, as the file's pack above makes them
  * (Q8_0: offset by 128 to unsigned; Q5_0: the fifth bit joined), and the same floats (d,
- * and 0 - OFFSET * d), so the GEMM's results are the as-laid-out GEMM's to the bit. */
+ * and min - OFFSET * d: Q4_1's m, else 0), so the GEMM's results are the as-laid-out GEMM's to the bit. */
 static void r8_legacy_pack(int qtype, const uint8_t *w, int64_t group_bytes, int cols, int64_t nb, uint8_t *panel) {
-    const int groups = (cols + R8_ROWS - 1) / R8_ROWS, is_q8 = qtype == Q8_0_R8;
-    const int64_t block_bytes = is_q8 ? Q8_0_R8_BYTES : Q5_0_R8_BYTES;
+    const int groups = (cols + R8_ROWS - 1) / R8_ROWS, is_q8 = qtype == Q8_0_R8, is_q41 = qtype == Q4_1_R8;
+    const int64_t block_bytes = r8_legacy_block_bytes(qtype), at = r8_legacy_nibbles_at(qtype);
     const __m256i low = _mm256_set1_epi8(0xf), fifth = _mm256_set1_epi8(0x10), flip = _mm256_set1_epi8((char)0x80);
-    const __m256 offset = _mm256_set1_ps(is_q8 ? 128.0f : 16.0f);
+    const __m256 offset = _mm256_set1_ps(is_q8 ? 128.0f : is_q41 ? 0.0f : 16.0f);
     if (cols < PANEL) memset(panel, 0, (size_t)(nb * BLOCK_BYTES));
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *pb = panel + b * BLOCK_BYTES;
@@ -207,16 +207,17 @@ static void r8_legacy_pack(int qtype, const uint8_t *w, int64_t group_bytes, int
                 if (is_q8) {
                     v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(o + 16 + 32 * g)), flip);
                 } else {
-                    const __m256i nib = _mm256_loadu_si256((const __m256i *)(o + 48 + 32 * (g % 4)));
+                    const __m256i nib = _mm256_loadu_si256((const __m256i *)(o + at + 32 * (g % 4)));
                     const __m256i h = g < 4 ? _mm256_slli_epi16(hb, 4 - g) : _mm256_srli_epi16(hb, g - 4);
-                    v = _mm256_or_si256(_mm256_and_si256(g < 4 ? nib : _mm256_srli_epi16(nib, 4), low),
-                                        _mm256_and_si256(h, fifth));
+                    v = _mm256_and_si256(g < 4 ? nib : _mm256_srli_epi16(nib, 4), low);
+                    if (!is_q41) v = _mm256_or_si256(v, _mm256_and_si256(h, fifth));
                 }
                 _mm256_store_si256((__m256i *)(pb + g * QUAD_BYTES + 32 * G), v);
             }
             float *scale = (float *)(pb + 8 * QUAD_BYTES) + 8 * G, *min = scale + 2 * PANEL;
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)o));
-            const __m256 mn = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(offset, d));  /* 0 - OFFSET * d */
+            const __m256 base = is_q41 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16))) : _mm256_setzero_ps();
+            const __m256 mn = _mm256_sub_ps(base, _mm256_mul_ps(offset, d));  /* min - OFFSET * d, as the file's pack */
             _mm256_store_ps(scale, d), _mm256_store_ps(scale + PANEL, d);
             _mm256_store_ps(min, mn), _mm256_store_ps(min + PANEL, mn);
         }

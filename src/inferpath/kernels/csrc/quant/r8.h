@@ -27,7 +27,7 @@
  *     h    high two bits of quarter h (sub-blocks 4h..4h+3): [8 quads][8 rows][4], bits
  *          2i, 2i+1 of byte (g, r, e): value 4g + e of sub-block 4h + i; at 416, 1184
  *
- * Q8_0 and Q5_0 (r8_legacy.c), per group of eight rows and 32-value block, bytes:
+ * Q8_0, Q5_0 and Q4_1 (r8_legacy.c), per group of eight rows and 32-value block, bytes:
  *
  *   Q8_0_R8 272 (= 8 x 34, the file's):
  *       0  d[8] float16        16  q[8 quads g][8 rows][4] int8: row r's values 4g..4g+3
@@ -36,6 +36,9 @@
  *                                  row r's value 4g + e (a quad's bits: one shift, one and)
  *      48  q[4 quads g][8 rows][4]: byte (g, r, e) holds row r's value 4g + e in its low
  *          nibble and 16 + 4g + e in its high one (the file's q[4g + e])
+ *   Q4_1_R8 160 (= 8 x 20, the file's):
+ *       0  d[8] float16        16  m[8] float16 (the rows' mins)
+ *      32  q[4 quads g][8 rows][4] as Q5_0_R8's at 48
  *
  * A repacked tensor of n rows (n a multiple of 8) is n rows of R8_ROW_BYTES per
  * super-block (Q8_0, Q5_0: per block) in matmul.c's terms: rows 8G..8G+7 together hold group G, so row ranges at
@@ -59,15 +62,20 @@ static inline int64_t r8_row_bytes(int qtype) {
 }
 static inline int r8_format(int qtype) { return r8_row_bytes(qtype) != 0; }
 
-/* Q8_0 and Q5_0 repacked (r8_legacy.c): ids as R8_BASE + the GGUF type, bytes per group
- * and 32-value block */
-enum { Q5_0_R8 = R8_BASE + Q5_0, Q8_0_R8 = R8_BASE + Q8_0 };
+/* Q8_0, Q5_0 and Q4_1 repacked (r8_legacy.c): ids as R8_BASE + the GGUF type, bytes per
+ * group and 32-value block */
+enum { Q4_1_R8 = R8_BASE + Q4_1, Q5_0_R8 = R8_BASE + Q5_0, Q8_0_R8 = R8_BASE + Q8_0 };
 #define Q8_0_R8_BYTES 272
 #define Q5_0_R8_BYTES 176
-/* the bytes a row takes per 32-value block (a group's / 8), 0 if not one of these */
-static inline int64_t r8_legacy_row_bytes(int qtype) {
-    return qtype == Q8_0_R8 ? Q8_0_R8_BYTES / R8_ROWS : qtype == Q5_0_R8 ? Q5_0_R8_BYTES / R8_ROWS : 0;
+#define Q4_1_R8_BYTES 160
+/* the bytes a group takes per 32-value block, 0 if not one of these */
+static inline int64_t r8_legacy_block_bytes(int qtype) {
+    return qtype == Q8_0_R8 ? Q8_0_R8_BYTES : qtype == Q5_0_R8 ? Q5_0_R8_BYTES : qtype == Q4_1_R8 ? Q4_1_R8_BYTES : 0;
 }
+/* the bytes a row takes per 32-value block (a group's / 8), 0 if not one of these */
+static inline int64_t r8_legacy_row_bytes(int qtype) { return r8_legacy_block_bytes(qtype) / R8_ROWS; }
+/* where a legacy group's block keeps its quads' nibbles (Q5_0_R8, Q4_1_R8) */
+static inline int r8_legacy_nibbles_at(int qtype) { return qtype == Q4_1_R8 ? 32 : 48; }
 static inline int r8_legacy_format(int qtype) { return r8_legacy_row_bytes(qtype) != 0; }
 /* any format repacked by groups of eight rows (r8.c or r8_legacy.c) */
 static inline int r8_grouped(int qtype) { return r8_format(qtype) || r8_legacy_format(qtype); }
@@ -126,7 +134,7 @@ __attribute__((visibility("hidden"))) void r8_rows(int qtype, const uint8_t *gro
 /* Two adjacent groups (group, group + group_bytes) against rows 0..rows-1 (<= TILE_ROWS)
  * of x at once, in 512-bit registers (r8_pair.c): out[j * 16 + r] = group A's weight row r
  * . x row j (r < 8), group B's row r - 8 (r >= 8), the bits of r8_rows (r8_legacy_rows for
- * Q8_0_R8 and Q5_0_R8) on each group. 1, or 0 where the level has no 512-bit VNNI (the
+ * Q8_0_R8, Q5_0_R8 and Q4_1_R8) on each group. 1, or 0 where the level has no 512-bit VNNI (the
  * caller then runs r8_rows or r8_legacy_rows per group). */
 __attribute__((visibility("hidden"))) int r8_pair_rows(int qtype, const uint8_t *group, int64_t group_bytes,
                                                        const q8_rows *x, int64_t rows, float *out);
@@ -143,7 +151,7 @@ __attribute__((visibility("hidden"))) int r8_multi_rows(int qtype, const uint8_t
 __attribute__((visibility("hidden"))) void r8_dequantize(int qtype, const uint8_t *w, int64_t rows, int64_t k,
                                                          float *out, int num_threads);
 
-/* r8_rows and r8_dequantize for Q8_0_R8 and Q5_0_R8 (r8_legacy.c), with the same contract:
+/* r8_rows and r8_dequantize for Q8_0_R8, Q5_0_R8 and Q4_1_R8 (r8_legacy.c), with the same contract:
  * batch invariant, equal to the bit across levels; the values equal to matmul.c's
  * dequantizer of the file's blocks */
 __attribute__((visibility("hidden"))) void r8_legacy_rows(int qtype, const uint8_t *group, const q8_rows *x,

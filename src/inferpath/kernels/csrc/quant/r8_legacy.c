@@ -1,17 +1,18 @@
-/* Q8_0 and Q5_0 repacked into groups of eight rows (layout: r8.h): the repacking, the
- * kernel at every level, and the dequantizer.
+/* Q8_0, Q5_0 and Q4_1 repacked into groups of eight rows (layout: r8.h): the repacking,
+ * the kernel at every level, and the dequantizer.
  *
  * Per 32-value block b, for each x row j:
  *
  *     isum = the eight rows' integer dots with x (lanes: rows), exact in int32:
  *            (w.q << RESIDUAL_SHIFT) + w.r, or w.q alone where x is in one pass
  *     acc_j = fma(float(isum), (d * unit) * dx_b, acc_j)
- *     acc_j = fma(d * -16, sx_b, acc_j)                    (Q5_0 only: its offset 16)
+ *     acc_j = fma(d * -16, sx_b, acc_j)                    (Q5_0: its offset 16)
+ *     acc_j = fma(m, sx_b, acc_j)                          (Q4_1: its min m)
  *
  * unit as r8.c's (RESIDUAL_STEPS where x is in one int8 pass, else 1). The integer dot is
  * exact at every level: Q8_0's signed weights meet x as |w| against x carrying w's sign
  * (vpsignb), so VNNI and AVX2 sum the same integers (no +128 offset folded into a float
- * min); Q5_0's values are 0..31 unsigned. The chain of a row j never depends on the other
+ * min); Q5_0's values are 0..31 unsigned, Q4_1's 0..15. The chain of a row j never depends on the other
  * rows of the call, and the portable form runs the same float operations in the same order
  * (fmaf): every level gives the same bits. Per group and block, the weights are unpacked
  * once for all rows of x. At avx512 two adjacent groups run at once in r8_pair.c (the same
@@ -38,6 +39,12 @@ static void repack_group(int qtype, const uint8_t *src, int64_t row_bytes, int64
                 uint8_t *o = dst + b * Q8_0_R8_BYTES;
                 memcpy(o + 2 * r, blk, 2);
                 for (int g = 0; g < 8; g++) memcpy(o + 16 + 32 * g + 4 * r, blk + 2 + 4 * g, 4);
+            } else if (qtype == Q4_1_R8) {
+                const uint8_t *blk = src + r * row_bytes + 20 * b;
+                uint8_t *o = dst + b * Q4_1_R8_BYTES;
+                memcpy(o + 2 * r, blk, 2);
+                memcpy(o + 16 + 2 * r, blk + 2, 2);
+                for (int g = 0; g < 4; g++) memcpy(o + 32 + 32 * g + 4 * r, blk + 4 + 4 * g, 4);
             } else {
                 const uint8_t *blk = src + r * row_bytes + 22 * b;
                 uint8_t *o = dst + b * Q5_0_R8_BYTES;
@@ -54,13 +61,13 @@ static void repack_group(int qtype, const uint8_t *src, int64_t row_bytes, int64
         }
 }
 
-/* w: n rows (a multiple of 8) of the file's row_bytes in GGUF format qtype (Q8_0, Q5_0),
+/* w: n rows (a multiple of 8) of the file's row_bytes in GGUF format qtype (Q8_0, Q5_0, Q4_1),
  * k values each -> dst (n / 8 groups of k / 32 blocks, r8.h): 0, or -1 for a format or
  * shape it does not take. */
 int inferpath_quant_repack_legacy(int qtype, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t k, uint8_t *dst,
                                   int num_threads) {
     const int r8 = qtype + R8_BASE;
-    const int64_t file_bytes = qtype == Q8_0 ? 34 : qtype == Q5_0 ? 22 : 0;
+    const int64_t file_bytes = qtype == Q8_0 ? 34 : qtype == Q5_0 ? 22 : qtype == Q4_1 ? 20 : 0;
     if (!r8_legacy_format(r8) || n < R8_ROWS || n % R8_ROWS || k < 32 || k % 32 || row_bytes != k / 32 * file_bytes)
         return -1;
     const int64_t nb = k / 32, group = R8_ROWS * r8_legacy_row_bytes(r8) * nb;
@@ -69,23 +76,28 @@ int inferpath_quant_repack_legacy(int qtype, const uint8_t *w, int64_t row_bytes
     return 0;
 }
 
-/* value e of row r in block o: Q8_0 signed, Q5_0 0..31 (its offset not subtracted) */
+/* value e of row r in block o: Q8_0 signed, Q5_0 0..31 (its offset not subtracted), Q4_1 0..15 */
 static inline int value_at(int qtype, const uint8_t *o, int r, int e) {
     if (qtype == Q8_0_R8) return (int8_t)o[16 + 32 * (e / 4) + 4 * r + e % 4];
-    const int g = e / 4, nib = o[48 + 32 * (g % 4) + 4 * r + e % 4];
+    const int g = e / 4, nib = o[r8_legacy_nibbles_at(qtype) + 32 * (g % 4) + 4 * r + e % 4];
+    if (qtype == Q4_1_R8) return (g < 4 ? nib : nib >> 4) & 0xf;
     return ((g < 4 ? nib : nib >> 4) & 0xf) | (((o[16 + 4 * r + e % 4] >> g) & 1) << 4);
+}
+/* the float the block's sum of x meets in row r's chain: Q5_0 d * -16, Q4_1 its min m */
+static inline float min_term(int qtype, const uint8_t *o, int r) {
+    return qtype == Q4_1_R8 ? half_to_float(o + 16 + 2 * r) : half_to_float(o + 2 * r) * -16.0f;
 }
 
 /* ---------------------------------------------------------------- dequantizing */
-/* as matmul.c's dequantizer of the file's blocks: d * (q - OFFSET) + 0, unfused */
+/* as matmul.c's dequantizer of the file's blocks: d * (q - OFFSET) + min (Q4_1's m, else 0), unfused */
 static void __attribute__((optimize("fp-contract=off")))
 dequantize_group(int qtype, const uint8_t *group, int64_t nb, int64_t k, float *out) {
     const int64_t bytes = R8_ROWS * r8_legacy_row_bytes(qtype), offset = qtype == Q5_0_R8 ? 16 : 0;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o = group + b * bytes;
         for (int r = 0; r < R8_ROWS; r++) {
-            const float d = half_to_float(o + 2 * r);
-            for (int e = 0; e < 32; e++) out[r * k + 32 * b + e] = d * (float)(value_at(qtype, o, r, e) - offset) + 0.0f;
+            const float d = half_to_float(o + 2 * r), min = qtype == Q4_1_R8 ? half_to_float(o + 16 + 2 * r) : 0.0f;
+            for (int e = 0; e < 32; e++) out[r * k + 32 * b + e] = d * (float)(value_at(qtype, o, r, e) - offset) + min;
         }
     }
 }
@@ -138,8 +150,8 @@ static inline __attribute__((always_inline)) void legacy_tile(const int qtype, c
                                                                const int64_t j0, const int R, const int one_pass,
                                                                float *out) {
     const int64_t k = x->k, lanes = x->lanes, nb = k / 32;
-    const int is_q8 = qtype == Q8_0_R8;
-    const int64_t bytes = is_q8 ? Q8_0_R8_BYTES : Q5_0_R8_BYTES;
+    const int is_q8 = qtype == Q8_0_R8, is_q41 = qtype == Q4_1_R8;
+    const int64_t bytes = r8_legacy_block_bytes(qtype), at = r8_legacy_nibbles_at(qtype);
     const __m256 unit = _mm256_set1_ps(one_pass ? RESIDUAL_STEPS : 1.0f), offset = _mm256_set1_ps(-16.0f);
     const __m256i low = _mm256_set1_epi8(0xf), fifth = _mm256_set1_epi8(0x10);
     __m256 acc[TILE_ROWS];
@@ -156,14 +168,15 @@ static inline __attribute__((always_inline)) void legacy_tile(const int qtype, c
         } else {
             const __m256i hb = _mm256_loadu_si256((const __m256i *)(o + 16));
             for (int g = 0; g < 8; g++) {
-                const __m256i nib = _mm256_loadu_si256((const __m256i *)(o + 48 + 32 * (g % 4)));
+                const __m256i nib = _mm256_loadu_si256((const __m256i *)(o + at + 32 * (g % 4)));
                 const __m256i l = _mm256_and_si256(g < 4 ? nib : _mm256_srli_epi16(nib, 4), low);
                 const __m256i h = g < 4 ? _mm256_slli_epi16(hb, 4 - g) : _mm256_srli_epi16(hb, g - 4);
-                w[g] = _mm256_or_si256(l, _mm256_and_si256(h, fifth));
+                w[g] = is_q41 ? l : _mm256_or_si256(l, _mm256_and_si256(h, fifth));
             }
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)o));
-        const __m256 dsc = _mm256_mul_ps(d, unit), dmn = _mm256_mul_ps(d, offset);
+        const __m256 dsc = _mm256_mul_ps(d, unit);
+        const __m256 dmn = is_q41 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16))) : _mm256_mul_ps(d, offset);
         for (int j = 0; j < R; j++) {
             const int64_t row = j0 + j;
             __m256i isum = quads(w, sgn, x->q + row * k + 32 * b, is_q8);
@@ -199,6 +212,9 @@ void r8_legacy_rows(int qtype, const uint8_t *group, const q8_rows *x, int64_t r
     if (qtype == Q8_0_R8) {
         if (x->one_pass) legacy_tiles(Q8_0_R8, group, x, rows, 1, out);
         else legacy_tiles(Q8_0_R8, group, x, rows, 0, out);
+    } else if (qtype == Q4_1_R8) {
+        if (x->one_pass) legacy_tiles(Q4_1_R8, group, x, rows, 1, out);
+        else legacy_tiles(Q4_1_R8, group, x, rows, 0, out);
     } else {
         if (x->one_pass) legacy_tiles(Q5_0_R8, group, x, rows, 1, out);
         else legacy_tiles(Q5_0_R8, group, x, rows, 0, out);
@@ -227,7 +243,7 @@ void __attribute__((optimize("fp-contract=off"))) r8_legacy_rows(int qtype, cons
                 if (!x->one_pass) isum = (int32_t)((uint32_t)isum << RESIDUAL_SHIFT) + row_dot(qtype, o, r, xr);
                 const float d = half_to_float(o + 2 * r), dx = x->d[b * lanes + j];
                 acc = fmaf((float)isum, (d * unit) * dx, acc);
-                if (qtype == Q5_0_R8) acc = fmaf(d * -16.0f, x->s[b * lanes + j], acc);
+                if (qtype != Q8_0_R8) acc = fmaf(min_term(qtype, o, r), x->s[b * lanes + j], acc);
             }
             out[8 * j + r] = acc;
         }

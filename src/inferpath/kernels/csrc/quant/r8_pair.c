@@ -1,6 +1,6 @@
 /* Two adjacent groups of a repacked tensor (r8.h) at once in 512-bit registers (AVX-512
  * VNNI): the lower 256 bits of every vector are group A's eight rows, the upper group B's.
- * Q4_K_R8 and Q6_K_R8 (r8.c's chain), Q8_0_R8 and Q5_0_R8 (r8_legacy.c's: a verification's
+ * Q4_K_R8 and Q6_K_R8 (r8.c's chain), Q8_0_R8, Q5_0_R8 and Q4_1_R8 (r8_legacy.c's: a verification's
  * 5 rows of the 0.5B file's Q5_0 4864 x 896, 1 thread, streamed, 284 -> 179 us).
  *
  * Why: a 512-bit vpdpbusd issues at the rate of a 256-bit one here (AMD Zen 4, 16
@@ -135,7 +135,7 @@ static inline __attribute__((always_inline)) void pair_tile(const int qtype, con
     for (int j = 0; j < R; j++) _mm512_storeu_ps(out + 16 * j, acc[j]);
 }
 
-/* The same for Q8_0_R8 and Q5_0_R8 (r8_legacy.c's chain per lane): per 32-value block, the
+/* The same for Q8_0_R8, Q5_0_R8 and Q4_1_R8 (r8_legacy.c's chain per lane): per 32-value block, the
  * eight quads of both groups unpacked once for all rows of x. Q8_0's signed weights meet
  * x as |w| against x negated where w < 0 (a masked subtract: AVX-512 has no vpsignb; where
  * w = 0 the product is 0 either way, and -(-128) wraps as vpsignb's does), so the integer
@@ -144,8 +144,8 @@ static inline __attribute__((always_inline)) void pair_legacy_tile(const int qty
                                                                     const int64_t step, const q8_rows *x, const int R,
                                                                     const int one_pass, float *out) {
     const int64_t k = x->k, lanes = x->lanes, nb = k / 32;
-    const int is_q8 = qtype == Q8_0_R8, chains = R <= 2 ? 2 : 1;
-    const int64_t bytes = is_q8 ? Q8_0_R8_BYTES : Q5_0_R8_BYTES;
+    const int is_q8 = qtype == Q8_0_R8, is_q41 = qtype == Q4_1_R8, chains = R <= 2 ? 2 : 1;
+    const int64_t bytes = r8_legacy_block_bytes(qtype), at = r8_legacy_nibbles_at(qtype);
     const __m512 unit = _mm512_set1_ps(one_pass ? RESIDUAL_STEPS : 1.0f), offset = _mm512_set1_ps(-16.0f);
     const __m512i low = _mm512_set1_epi8(0xf), fifth = _mm512_set1_epi8(0x10), zero = _mm512_setzero_si512();
     __m512 acc[TILE_ROWS];
@@ -164,14 +164,14 @@ static inline __attribute__((always_inline)) void pair_legacy_tile(const int qty
         } else {
             const __m512i hb = load_pair(o + 16, p + 16);
             for (int g = 0; g < 8; g++) {
-                const __m512i nib = load_pair(o + 48 + 32 * (g % 4), p + 48 + 32 * (g % 4));
+                const __m512i nib = load_pair(o + at + 32 * (g % 4), p + at + 32 * (g % 4));
                 const __m512i l = _mm512_and_si512(g < 4 ? nib : _mm512_srli_epi16(nib, 4), low);
                 const __m512i h = g < 4 ? _mm512_slli_epi16(hb, 4 - g) : _mm512_srli_epi16(hb, g - 4);
-                w[g] = _mm512_or_si512(l, _mm512_and_si512(h, fifth));
+                w[g] = is_q41 ? l : _mm512_or_si512(l, _mm512_and_si512(h, fifth));
             }
         }
         const __m512 d = halves16(o, p);
-        const __m512 dsc = _mm512_mul_ps(d, unit), dmn = _mm512_mul_ps(d, offset);
+        const __m512 dsc = _mm512_mul_ps(d, unit), dmn = is_q41 ? halves16(o + 16, p + 16) : _mm512_mul_ps(d, offset);
         for (int j = 0; j < R; j++) {
             const int8_t *xq = x->q + j * k + 32 * b, *xr = x->r + j * k + 32 * b;
             __m512i isum;
@@ -206,7 +206,7 @@ static inline __attribute__((always_inline)) void pair_legacy_tile(const int qty
 static inline __attribute__((always_inline)) void pair_rows(const int qtype, const uint8_t *a, const int64_t step,
                                                              const q8_rows *x, const int64_t rows, const int one_pass,
                                                              float *out) {
-    if (qtype == Q8_0_R8 || qtype == Q5_0_R8) {
+    if (r8_legacy_format(qtype)) {
         switch (rows) {
 #define PAIR_CASE(R) case R: pair_legacy_tile(qtype, a, step, x, R, one_pass, out); break;
             PAIR_CASE(1) PAIR_CASE(2) PAIR_CASE(3) PAIR_CASE(4) PAIR_CASE(5) PAIR_CASE(6) PAIR_CASE(7) PAIR_CASE(8)
@@ -232,6 +232,9 @@ int r8_pair_rows(int qtype, const uint8_t *group, int64_t group_bytes, const q8_
     } else if (qtype == Q5_0_R8) {
         if (x->one_pass) pair_rows(Q5_0_R8, group, group_bytes, x, rows, 1, out);
         else pair_rows(Q5_0_R8, group, group_bytes, x, rows, 0, out);
+    } else if (qtype == Q4_1_R8) {
+        if (x->one_pass) pair_rows(Q4_1_R8, group, group_bytes, x, rows, 1, out);
+        else pair_rows(Q4_1_R8, group, group_bytes, x, rows, 0, out);
     } else {
         if (x->one_pass) pair_rows(Q6_K_R8, group, group_bytes, x, rows, 1, out);
         else pair_rows(Q6_K_R8, group, group_bytes, x, rows, 0, out);
