@@ -15,7 +15,7 @@ from inferpath.model.batch_invariant import row_invariant_dispatch
 from test_quantized import isa, k_quant_tolerance, k_quant_x, k_quant_x_passes_everywhere, kernel_levels, random_weight  # noqa: F401 (isa: a fixture)
 
 Q = GGMLQuantizationType
-R8_TYPES = [Q.Q4_K, Q.Q6_K]
+R8_TYPES = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
 ROWS = [1, 3, 5, 8, 13, 64, 512]
 
 
@@ -33,7 +33,7 @@ def _x(rows: int, cols: int, seed: int) -> torch.Tensor:
 def test_repacked_values_are_the_files_to_the_bit(qtype, isa):
     weight = random_weight(qtype, 24, 3 * 256, seed=int(qtype))
     packed = repack(weight, drop_source=False)
-    assert packed.data.shape == (24, 3 * {Q.Q4_K: 148, Q.Q6_K: 212}[qtype])
+    assert packed.data.shape == (24, 3 * {Q.Q4_K: 148, Q.Q5_K: 180, Q.Q6_K: 212}[qtype])
     assert torch.equal(packed.dequantize(), weight.dequantize())
 
 

@@ -16,7 +16,7 @@ from inferpath.model.batch_invariant import row_invariant_dispatch
 from test_quantized import isa, k_quant_tolerance, k_quant_x, k_quant_x_passes_everywhere, kernel_levels, random_weight  # noqa: F401 (isa: a fixture)
 
 Q = GGMLQuantizationType
-R8_TYPES = [Q.Q4_K, Q.Q6_K]
+R8_TYPES = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
 SHAPES = [(40, 3 * 256), (16, 256), (56, 7 * 256)]  # 5 groups (two pairs and one alone), 2, 7
 
 

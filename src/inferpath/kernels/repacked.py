@@ -1,10 +1,11 @@
 """Quantized weights repacked once at load into groups of eight output rows (csrc/quant/r8.h).
 
-A ``RepackedTensor`` holds a Q4_K or Q6_K matrix's values, scales and float16 d / dmin in
+A ``RepackedTensor`` holds a Q4_K, Q5_K or Q6_K matrix's values, scales and float16 d / dmin in
 the interleaved layout r8.c's kernel reads: one 32-byte load holds four values of each of
 eight rows, so one broadcast of x and one vpdpbusd serve eight output rows and a row's
 result needs no horizontal reduction. Q4_K takes 1184 bytes per group and super-block
-against the file's 8 x 144 (+2.8%); Q6_K 1696 against 8 x 210 (+1%: 32-byte aligned loads).
+against the file's 8 x 144 (+2.8%); Q5_K 1440 against 8 x 176 (+2.3%: Q4_K's and the fifth
+bits); Q6_K 1696 against 8 x 210 (+1%: 32-byte aligned loads).
 Q8_0, Q5_0 and Q4_1 (r8_legacy.c) take a group's 32-value block in the file's bytes exactly
 (272 = 8 x 34, 176 = 8 x 22, 160 = 8 x 20): the eight float16 d (and Q4_1's eight m), then
 the values four bytes a row.
@@ -38,7 +39,7 @@ from inferpath.kernels import build
 Q = GGMLQuantizationType
 R8_BASE = 1000  # csrc/quant/blocks.h: a repacked format's kernel id is R8_BASE + its GGUF type
 R8_ROWS = 8
-REPACK_FORMATS = ("Q4_K", "Q6_K", "Q8_0", "Q5_0", "Q4_1")  # the allow-list: formats r8.c / r8_legacy.c have a kernel for
+REPACK_FORMATS = ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0", "Q4_1")  # the allow-list: formats r8.c / r8_legacy.c have a kernel for
 REPACK_LEVELS = ("avx2", "avx512")  # levels whose r8 kernel is SIMD (generic runs the C spec)
 # Levels that repack without INFERPATH_REPACK=1: where prefill is at least as fast as the
 # file's layout and decode at one thread, batched decode and verification faster. 512-token
@@ -50,9 +51,9 @@ REPACK_LEVELS = ("avx2", "avx512")  # levels whose r8 kernel is SIMD (generic ru
 # 1.5B file's 2-thread prefill had measured 0.84-0.94x here: opt-in then.) Not measured on
 # an AMX machine: the AMX-INT8 engine packs the repacked groups' panels like the file's.
 REPACK_DEFAULT_LEVELS = ("avx2", "avx512")
-ROW_BYTES = {Q.Q4_K: 1184 // R8_ROWS, Q.Q6_K: 1696 // R8_ROWS,  # per super-block, a group's / 8
+ROW_BYTES = {Q.Q4_K: 1184 // R8_ROWS, Q.Q5_K: 1440 // R8_ROWS, Q.Q6_K: 1696 // R8_ROWS,  # per super-block, a group's / 8
              Q.Q8_0: 272 // R8_ROWS, Q.Q5_0: 176 // R8_ROWS, Q.Q4_1: 160 // R8_ROWS}  # per 32-value block
-BLOCK_VALUES = {Q.Q4_K: 256, Q.Q6_K: 256, Q.Q8_0: 32, Q.Q5_0: 32, Q.Q4_1: 32}  # the values ROW_BYTES covers
+BLOCK_VALUES = {Q.Q4_K: 256, Q.Q5_K: 256, Q.Q6_K: 256, Q.Q8_0: 32, Q.Q5_0: 32, Q.Q4_1: 32}  # the values ROW_BYTES covers
 LEGACY = (Q.Q8_0, Q.Q5_0, Q.Q4_1)  # repacked by r8_legacy.c (the others by r8.c)
 
 

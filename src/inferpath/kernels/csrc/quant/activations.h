@@ -87,7 +87,7 @@ static inline int64_t half_lane_of(int64_t j, int64_t b, int64_t nb, int half, i
 #define K_QUANT_PROMPT_X_PASSES 1
 #define PROMPT_MIN_ROWS 32
 static inline int k_quant_format(int qtype) {
-    return qtype == Q4_K || qtype == Q5_K || qtype == Q6_K || qtype == Q4_K_R8 || qtype == Q6_K_R8;
+    return qtype == Q4_K || qtype == Q5_K || qtype == Q6_K || qtype == Q4_K_R8 || qtype == Q5_K_R8 || qtype == Q6_K_R8;
 }
 
 /* Where value e (a multiple of 4) of row i's block b lies in the interleaved copy the

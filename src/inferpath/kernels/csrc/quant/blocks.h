@@ -36,8 +36,8 @@
 #include <string.h>
 
 enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
-/* Q4_K and Q6_K repacked at load into groups of eight rows (r8.h): ids of ours, not GGUF's */
-enum { R8_BASE = 1000, Q4_K_R8 = R8_BASE + Q4_K, Q6_K_R8 = R8_BASE + Q6_K };
+/* Q4_K, Q5_K and Q6_K repacked at load into groups of eight rows (r8.h): ids of ours, not GGUF's */
+enum { R8_BASE = 1000, Q4_K_R8 = R8_BASE + Q4_K, Q5_K_R8 = R8_BASE + Q5_K, Q6_K_R8 = R8_BASE + Q6_K };
 
 /* Every format, for the kernels to instantiate theirs from one list: X(name, GGUF type,
  * values per block, bytes per block, OFFSET, signed q (Q8_0), two scales per block (Q6_K)) */

@@ -17,7 +17,7 @@
  * format with two scales a block (Q6_K) folds each 16-value half apart. So a row's result
  * is the row kernel's up to float32 summation order.
  *
- * Q4_K and Q6_K repacked by 8 rows (r8.h) pack into the same panel (r8_pack: 4 groups of 8
+ * Q4_K, Q5_K and Q6_K repacked by 8 rows (r8.h) pack into the same panel (r8_pack: 4 groups of 8
  * columns, no transpose: a group holds each quad's 8 rows side by side already), with the
  * bytes and floats the file's blocks give, so a repacked weight's GEMM equals its file's
  * to the bit (tests/test_repacked_gemm.py). Q8_0 and Q5_0 repacked (r8_legacy.c) likewise
@@ -140,7 +140,7 @@ FOR_EACH_FORMAT(DEFINE_PACK)
  * it are computed and never stored. */
 static void r8_pack(int qtype, const uint8_t *w, int64_t group_bytes, int cols, int64_t nb, uint8_t *panel) {
     const int groups = (cols + R8_ROWS - 1) / R8_ROWS;
-    const int64_t sb_bytes = qtype == Q4_K_R8 ? Q4_K_R8_BYTES : Q6_K_R8_BYTES;
+    const int64_t sb_bytes = r8_block_bytes(qtype);
     const __m256i low = _mm256_set1_epi8(0xf), high = _mm256_set1_epi8(0x30);
     if (cols < PANEL) memset(panel, 0, (size_t)(nb * BLOCK_BYTES));
     for (int64_t t = 0; t < nb / 8; t++)
@@ -152,11 +152,16 @@ static void r8_pack(int qtype, const uint8_t *w, int64_t group_bytes, int cols, 
             for (int s = 0; s < 8; s++) {
                 uint8_t *pb = panel + (8 * t + s) * BLOCK_BYTES;
                 float *scale = (float *)(pb + 8 * QUAD_BYTES) + 8 * G, *min = scale + 2 * PANEL;
-                if (qtype == Q4_K_R8) {
-                    const uint8_t *qs = o + 160 + (s / 2) * 256;
+                if (qtype == Q4_K_R8 || qtype == Q5_K_R8) {
+                    const uint8_t *qs = o + k4_quants_at(qtype, s / 2);
                     for (int g = 0; g < 8; g++) {
                         __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * g));
                         v = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(v, 4) : v, low);
+                        if (qtype == Q5_K_R8) {  /* the fifth bits joined, as the file's pack */
+                            const __m256i hb = _mm256_loadu_si256((const __m256i *)(o + 160 + 32 * g));
+                            const __m256i h = s < 4 ? _mm256_slli_epi16(hb, 4 - s) : _mm256_srli_epi16(hb, s - 4);
+                            v = _mm256_or_si256(v, _mm256_and_si256(h, _mm256_set1_epi8(0x10)));
+                        }
                         _mm256_store_si256((__m256i *)(pb + g * QUAD_BYTES + 32 * G), v);
                     }
                     const __m256 neg_dmin = _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16))));  /* -dmin */

@@ -168,7 +168,7 @@ static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
         case TYPE: *block = BLOCK; *bytes = BYTES; *fn = eight_block_rows(TYPE) ? eight_block_rows(TYPE) : NAME##_rows; return 1;
         FOR_EACH_FORMAT(FORMAT_CASE)
         case MXFP4: *block = 32; *bytes = MXFP4_BYTES; *fn = mxfp4_rows; return 1;  /* mxfp4.c */
-        case Q4_K_R8: case Q6_K_R8: *block = 256; *bytes = r8_row_bytes(qtype); *fn = 0; return 1;  /* r8.c */
+        case Q4_K_R8: case Q5_K_R8: case Q6_K_R8: *block = 256; *bytes = r8_row_bytes(qtype); *fn = 0; return 1;  /* r8.c */
         case Q8_0_R8: case Q5_0_R8: case Q4_1_R8: *block = 32; *bytes = r8_legacy_row_bytes(qtype); *fn = 0; return 1;  /* r8_legacy.c */
         default: return 0;
     }

@@ -1,5 +1,6 @@
-/* Q4_K and Q6_K repacked into groups of eight rows (layout: r8.h): the repacking, the
- * kernel at every level, and the dequantizer.
+/* Q4_K, Q5_K and Q6_K repacked into groups of eight rows (layout: r8.h): the repacking,
+ * the kernel at every level, and the dequantizer. Q5_K runs Q4_K's chain on its 0..31
+ * values (each quad's fifth bits joined: one shift and two logic ops more).
  *
  * Per super-block and sub-block s (x's 32-value block b = 8t + s), for each x row j:
  *
@@ -36,21 +37,30 @@ static void repack_group(int qtype, const uint8_t *src, int64_t row_bytes, int64
         for (int r = 0; r < R8_ROWS; r++) {
             const uint8_t *row = src + r * row_bytes;
             uint8_t q[8][32];
-            if (qtype == Q4_K_R8) {
-                uint8_t *o = dst + t * Q4_K_R8_BYTES;
-                const uint8_t *sb = row + 144 * t;
+            if (qtype == Q4_K_R8 || qtype == Q5_K_R8) {
+                const int is_q5 = qtype == Q5_K_R8;
+                uint8_t *o = dst + t * r8_block_bytes(qtype);
+                const uint8_t *sb = row + (is_q5 ? 176 : 144) * t;
                 memcpy(o + 2 * r, sb, 2), memcpy(o + 16 + 2 * r, sb + 2, 2);
                 for (int s = 0; s < 8; s++) {
                     int scale, min;
                     k_scale_min(sb + 4, s, &scale, &min);
                     o[32 + 8 * s + r] = (uint8_t)scale, o[96 + 8 * s + r] = (uint8_t)min;
-                    q4_k_quants(row, 8 * t + s, q[s]);
+                    if (is_q5) q5_k_quants(row, 8 * t + s, q[s]);
+                    else q4_k_quants(row, 8 * t + s, q[s]);
                 }
                 for (int p = 0; p < 4; p++)
                     for (int g = 0; g < 8; g++)
                         for (int e = 0; e < 4; e++)
-                            o[160 + (p * 8 + g) * 32 + 4 * r + e] =
-                                (uint8_t)(q[2 * p][4 * g + e] | (q[2 * p + 1][4 * g + e] << 4));
+                            o[k4_quants_at(qtype, p) + g * 32 + 4 * r + e] =
+                                (uint8_t)((q[2 * p][4 * g + e] & 0xf) | ((q[2 * p + 1][4 * g + e] & 0xf) << 4));
+                if (is_q5)
+                    for (int g = 0; g < 8; g++)
+                        for (int e = 0; e < 4; e++) {
+                            int bits = 0;
+                            for (int s = 0; s < 8; s++) bits |= (q[s][4 * g + e] >> 4) << s;
+                            o[160 + g * 32 + 4 * r + e] = (uint8_t)bits;
+                        }
             } else {
                 uint8_t *o = dst + t * Q6_K_R8_BYTES;
                 const uint8_t *sb = row + 210 * t;
@@ -75,13 +85,13 @@ static void repack_group(int qtype, const uint8_t *src, int64_t row_bytes, int64
     }
 }
 
-/* w: n rows (a multiple of 8) of the file's row_bytes in GGUF format qtype (Q4_K, Q6_K),
+/* w: n rows (a multiple of 8) of the file's row_bytes in GGUF format qtype (Q4_K, Q5_K, Q6_K),
  * k values each -> dst (n / 8 groups of k / 256 super-blocks, r8.h): 0, or -1 for a format
  * or shape it does not take. */
 int inferpath_quant_repack(int qtype, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t k, uint8_t *dst,
                            int num_threads) {
     const int r8 = qtype + R8_BASE;
-    const int64_t file_bytes = qtype == Q4_K ? 144 : qtype == Q6_K ? 210 : 0;
+    const int64_t file_bytes = qtype == Q4_K ? 144 : qtype == Q5_K ? 176 : qtype == Q6_K ? 210 : 0;
     if (!r8_format(r8) || n < R8_ROWS || n % R8_ROWS || k < 256 || k % 256 || row_bytes != k / 256 * file_bytes)
         return -1;
     const int64_t nsb = k / 256, group = R8_ROWS * r8_row_bytes(r8) * nsb;
@@ -98,14 +108,15 @@ dequantize_group(int qtype, const uint8_t *group, int64_t nsb, int64_t k, float 
         for (int r = 0; r < R8_ROWS; r++)
             for (int s = 0; s < 8; s++) {
                 float *dst = out + r * k + 256 * t + 32 * s;
-                if (qtype == Q4_K_R8) {
-                    const uint8_t *o = group + t * Q4_K_R8_BYTES;
+                if (qtype == Q4_K_R8 || qtype == Q5_K_R8) {
+                    const uint8_t *o = group + t * r8_block_bytes(qtype);
                     float scale = half_to_float(o + 2 * r) * (float)o[32 + 8 * s + r];
                     float min = -half_to_float(o + 16 + 2 * r) * (float)o[96 + 8 * s + r];
-                    const uint8_t *qs = o + 160 + (s / 2) * 256;
+                    const uint8_t *qs = o + k4_quants_at(qtype, s / 2);
                     for (int e = 0; e < 32; e++) {
-                        int byte = qs[(e / 4) * 32 + 4 * r + e % 4];
-                        dst[e] = scale * (float)((s % 2) ? byte >> 4 : byte & 0xf) + min;
+                        const int at = (e / 4) * 32 + 4 * r + e % 4, byte = qs[at];
+                        const int fifth = qtype == Q5_K_R8 ? ((o[160 + at] >> s) & 1) << 4 : 0;
+                        dst[e] = scale * (float)(((s % 2) ? byte >> 4 : byte & 0xf) | fifth) + min;
                     }
                 } else {
                     const uint8_t *o = group + t * Q6_K_R8_BYTES;
@@ -131,8 +142,8 @@ void r8_dequantize(int qtype, const uint8_t *w, int64_t rows, int64_t k, float *
 #if defined(__AVX2__)
 /* sum over quads [g0, g0 + count) of the eight rows' dots with x's four bytes 4g.. (x:
  * the block's first value): int32 lanes, a row each. Without VNNI, maddubs pairs are
- * summed in int16 (Q4_K: four, |sum| <= 4 * 2 * 15 * 127; Q6_K: two, <= 2 * 2 * 63 * 127
- * < 32768) before one vpmaddwd. */
+ * summed in int16 (Q4_K: four, |sum| <= 4 * 2 * 15 * 127; Q5_K: four, <= 4 * 2 * 31 * 128;
+ * Q6_K: two, <= 2 * 2 * 63 * 127: all < 32768) before one vpmaddwd. */
 static inline __attribute__((always_inline)) __m256i quads(const __m256i *w, const int8_t *x, const int g0,
                                                             const int count, const int per_madd) {
     int32_t four;
@@ -181,17 +192,23 @@ static inline __attribute__((always_inline)) void r8_tile(const int qtype, const
     for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
     for (int64_t t = 0; t < nsb; t++) {
         __m256i w[8];
-        if (qtype == Q4_K_R8) {
-            const uint8_t *o = group + t * Q4_K_R8_BYTES;
+        if (qtype == Q4_K_R8 || qtype == Q5_K_R8) {
+            const int64_t sb_bytes = r8_block_bytes(qtype);
+            const uint8_t *o = group + t * sb_bytes;
             const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)o)), _mm256_set1_ps(unit));
             const __m256 dmin = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16))));
             for (int s = 0; s < 8; s++) {
                 const int64_t b = 8 * t + s;
-                const uint8_t *qs = o + 160 + (s / 2) * 256;
-                r8_prefetch(o + s * (Q4_K_R8_BYTES / 8), Q4_K_R8_BYTES / 8);
+                const uint8_t *qs = o + k4_quants_at(qtype, s / 2);
+                r8_prefetch(o + s * (sb_bytes / 8), sb_bytes / 8);
                 for (int g = 0; g < 8; g++) {
                     __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * g));
                     w[g] = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(v, 4) : v, low);
+                    if (qtype == Q5_K_R8) {
+                        const __m256i hb = _mm256_loadu_si256((const __m256i *)(o + 160 + 32 * g));
+                        const __m256i h = s < 4 ? _mm256_slli_epi16(hb, 4 - s) : _mm256_srli_epi16(hb, s - 4);
+                        w[g] = _mm256_or_si256(w[g], _mm256_and_si256(h, _mm256_set1_epi8(0x10)));
+                    }
                 }
                 const __m256 dsc = _mm256_mul_ps(d, cvt8(o + 32 + 8 * s, 0));
                 const __m256 dmn = _mm256_mul_ps(dmin, cvt8(o + 96 + 8 * s, 0));
@@ -263,6 +280,9 @@ void r8_rows(int qtype, const uint8_t *group, const q8_rows *x, int64_t rows, fl
     if (qtype == Q4_K_R8) {
         if (x->one_pass) r8_tiles(Q4_K_R8, group, x, rows, 1, out);
         else r8_tiles(Q4_K_R8, group, x, rows, 0, out);
+    } else if (qtype == Q5_K_R8) {
+        if (x->one_pass) r8_tiles(Q5_K_R8, group, x, rows, 1, out);
+        else r8_tiles(Q5_K_R8, group, x, rows, 0, out);
     } else {
         if (x->one_pass) r8_tiles(Q6_K_R8, group, x, rows, 1, out);
         else r8_tiles(Q6_K_R8, group, x, rows, 0, out);
@@ -297,10 +317,13 @@ void __attribute__((optimize("fp-contract=off"))) r8_rows(int qtype, const uint8
                     const int8_t *xq = x->q + j * k + 32 * b, *xr = x->r + j * k + 32 * b;
                     uint8_t w[8][32];
                     const float dx = x->d[b * lanes + j];
-                    if (qtype == Q4_K_R8) {
-                        const uint8_t *o = group + t * Q4_K_R8_BYTES, *qs = o + 160 + (s / 2) * 256;
+                    if (qtype == Q4_K_R8 || qtype == Q5_K_R8) {
+                        const uint8_t *o = group + t * r8_block_bytes(qtype), *qs = o + k4_quants_at(qtype, s / 2);
                         for (int g = 0; g < 8; g++)
-                            for (int e = 0; e < 32; e++) w[g][e] = (s % 2) ? qs[32 * g + e] >> 4 : qs[32 * g + e] & 0xf;
+                            for (int e = 0; e < 32; e++) {
+                                w[g][e] = (s % 2) ? qs[32 * g + e] >> 4 : qs[32 * g + e] & 0xf;
+                                if (qtype == Q5_K_R8) w[g][e] |= ((o[160 + 32 * g + e] >> s) & 1) << 4;
+                            }
                         const float d = half_to_float(o + 2 * r) * unit, dmin = 0.0f - half_to_float(o + 16 + 2 * r);
                         const float dsc = d * (float)o[32 + 8 * s + r], dmn = dmin * (float)o[96 + 8 * s + r];
                         acc = fmaf((float)dot_of(w, r, xq, xr, 0, 8, x->one_pass), dsc * dx, acc);

@@ -1,5 +1,5 @@
-/* Weights repacked at load into groups of eight output rows (K-quants: r8.c; Q8_0 and
- * Q5_0: r8_legacy.c), for matmul.c.
+/* Weights repacked at load into groups of eight output rows (K-quants: r8.c; Q8_0, Q5_0
+ * and Q4_1: r8_legacy.c), for matmul.c.
  *
  * A repacked tensor keeps its GGUF format's values, scales and float16 d / dmin, laid out
  * so that one 32-byte load holds four quant values of each of eight rows for the same
@@ -14,6 +14,10 @@
  *      96  mins[8][8] uint8
  *     160  quants[4 pairs p][8 quads g][8 rows][4]: byte (p, g, r, e) holds row r's value
  *          4g + e of sub-block 2p in its low nibble, of sub-block 2p + 1 in its high one
+ *   Q5_K_R8 1440 (= 8 x 180, the file's 8 x 176 + 2.3%): Q4_K_R8's first 160 bytes, then
+ *     160  qh[8 quads g][8 rows][4]: bit s of byte (g, r, e) is the fifth bit of row r's
+ *          value 4g + e of sub-block s (the file's qh[4g + e])
+ *     416  quants as Q4_K_R8's at 160
  *   Q6_K_R8 1696 (= 8 x 212, the file's 8 x 210 + 1%):
  *       0  d[8] float16                        16  scales[16 halves][8 rows] int8
  *     144  16 bytes of zeros: every 32-byte load below (and each super-block) 32-byte
@@ -54,12 +58,17 @@
 
 #define R8_ROWS 8
 #define Q4_K_R8_BYTES 1184  /* a group's super-block */
+#define Q5_K_R8_BYTES 1440
 #define Q6_K_R8_BYTES 1696
 
-/* the bytes a repacked format takes per row and super-block (a group's / 8), 0 if none */
-static inline int64_t r8_row_bytes(int qtype) {
-    return qtype == Q4_K_R8 ? Q4_K_R8_BYTES / R8_ROWS : qtype == Q6_K_R8 ? Q6_K_R8_BYTES / R8_ROWS : 0;
+/* the bytes a group of a repacked K-quant takes per super-block, 0 if none */
+static inline int64_t r8_block_bytes(int qtype) {
+    return qtype == Q4_K_R8 ? Q4_K_R8_BYTES : qtype == Q5_K_R8 ? Q5_K_R8_BYTES : qtype == Q6_K_R8 ? Q6_K_R8_BYTES : 0;
 }
+/* the bytes a repacked format takes per row and super-block (a group's / 8), 0 if none */
+static inline int64_t r8_row_bytes(int qtype) { return r8_block_bytes(qtype) / R8_ROWS; }
+/* Q4_K_R8 and Q5_K_R8 (the latter's fifth bits beside): where sub-block pair p's nibbles lie */
+static inline int k4_quants_at(int qtype, int p) { return (qtype == Q5_K_R8 ? 416 : 160) + 256 * p; }
 static inline int r8_format(int qtype) { return r8_row_bytes(qtype) != 0; }
 
 /* Q8_0, Q5_0 and Q4_1 repacked (r8_legacy.c): ids as R8_BASE + the GGUF type, bytes per

@@ -1,6 +1,6 @@
 /* Two adjacent groups of a repacked tensor (r8.h) at once in 512-bit registers (AVX-512
  * VNNI): the lower 256 bits of every vector are group A's eight rows, the upper group B's.
- * Q4_K_R8 and Q6_K_R8 (r8.c's chain), Q8_0_R8, Q5_0_R8 and Q4_1_R8 (r8_legacy.c's: a verification's
+ * Q4_K_R8, Q5_K_R8 and Q6_K_R8 (r8.c's chain), Q8_0_R8, Q5_0_R8 and Q4_1_R8 (r8_legacy.c's: a verification's
  * 5 rows of the 0.5B file's Q5_0 4864 x 896, 1 thread, streamed, 284 -> 179 us).
  *
  * Why: a 512-bit vpdpbusd issues at the rate of a 256-bit one here (AMD Zen 4, 16
@@ -75,18 +75,24 @@ static inline __attribute__((always_inline)) void pair_tile(const int qtype, con
     for (int j = 0; j < R; j++) acc[j] = _mm512_setzero_ps();
     for (int64_t t = 0; t < nsb; t++) {
         __m512i w[8];
-        if (qtype == Q4_K_R8) {
-            const uint8_t *o = a + t * Q4_K_R8_BYTES, *p = o + step;
+        if (qtype == Q4_K_R8 || qtype == Q5_K_R8) {
+            const int64_t sb_bytes = r8_block_bytes(qtype);
+            const uint8_t *o = a + t * sb_bytes, *p = o + step;
             const __m512 d = _mm512_mul_ps(halves16(o, p), _mm512_set1_ps(unit));
             const __m512 dmin = _mm512_sub_ps(_mm512_setzero_ps(), halves16(o + 16, p + 16));
             __m512i v[8];  /* pair s / 2's bytes: sub-block s even in the low nibbles, odd in the high */
             for (int s = 0; s < 8; s++) {
                 const int64_t b = 8 * t + s;
-                const int at = 160 + (s / 2) * 256;
-                r8_prefetch_pair(a, step, t * Q4_K_R8_BYTES + s * (Q4_K_R8_BYTES / 8), Q4_K_R8_BYTES / 8);  /* r8.h */
+                const int at = k4_quants_at(qtype, s / 2);
+                r8_prefetch_pair(a, step, t * sb_bytes + s * (sb_bytes / 8), sb_bytes / 8);  /* r8.h */
                 for (int g = 0; g < 8; g++) {
                     if (s % 2 == 0) v[g] = load_pair(o + at + 32 * g, p + at + 32 * g);
                     w[g] = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(v[g], 4) : v[g], low);
+                    if (qtype == Q5_K_R8) {  /* the fifth bits: r8.c's */
+                        const __m512i hb = load_pair(o + 160 + 32 * g, p + 160 + 32 * g);
+                        const __m512i h = s < 4 ? _mm512_slli_epi16(hb, 4 - s) : _mm512_srli_epi16(hb, s - 4);
+                        w[g] = _mm512_or_si512(w[g], _mm512_and_si512(h, _mm512_set1_epi8(0x10)));
+                    }
                 }
                 const __m512 dsc = _mm512_mul_ps(d, cvt16(o + 32 + 8 * s, p + 32 + 8 * s, 0));
                 const __m512 dmn = _mm512_mul_ps(dmin, cvt16(o + 96 + 8 * s, p + 96 + 8 * s, 0));
@@ -226,6 +232,9 @@ int r8_pair_rows(int qtype, const uint8_t *group, int64_t group_bytes, const q8_
     if (qtype == Q4_K_R8) {
         if (x->one_pass) pair_rows(Q4_K_R8, group, group_bytes, x, rows, 1, out);
         else pair_rows(Q4_K_R8, group, group_bytes, x, rows, 0, out);
+    } else if (qtype == Q5_K_R8) {
+        if (x->one_pass) pair_rows(Q5_K_R8, group, group_bytes, x, rows, 1, out);
+        else pair_rows(Q5_K_R8, group, group_bytes, x, rows, 0, out);
     } else if (qtype == Q8_0_R8) {
         if (x->one_pass) pair_rows(Q8_0_R8, group, group_bytes, x, rows, 1, out);
         else pair_rows(Q8_0_R8, group, group_bytes, x, rows, 0, out);
