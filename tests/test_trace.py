@@ -119,7 +119,8 @@ def test_a_traced_decode_step_stays_native_and_times_itself(llm, traced):
     """The trace observes the path that serves: a traced decode step runs the native call
     (its record says so because the call filled the stage buffer it was handed), and the
     call's stages with the embedding, final norm, LM head and sampling cover the step's
-    wall time to within 10% (the rest, ``other``, is laying out the batch)."""
+    wall time to within 15% (the rest, ``other``, is laying out the batch: ~0.4 ms of
+    Python, 9-11% of SmolLM2's ~4 ms traced step with its weights repacked by 8 rows)."""
     stack = llm.engine.runner.model.model
     if not hasattr(stack, "native_decode_refusal") or stack.native_decode_refusal():
         pytest.skip("no native decode here")
@@ -131,7 +132,7 @@ def test_a_traced_decode_step_stays_native_and_times_itself(llm, traced):
     # the best-covered step (on a quiet machine nearly every one): a step that another
     # process preempted while it ran Python outside the stages shows more "other"
     covered = sorted(1 - r.stages["other"] / r.step_s for r in decodes)
-    assert covered[-1] >= 0.9, covered
+    assert covered[-1] >= 0.85, covered
     assert all(r.stages[name] > 0 for r in decodes for name in ("qkv_proj", "attention", "gate_up_silu",
                                                                  "down_proj", "lm_head"))
 
@@ -217,10 +218,10 @@ def test_request_trace_predicts_the_batch_the_step_ran(llm, traced):
     # the packaged Q4_1 file runs quantized (dtype auto): predictions count its bytes, not fp32's
     assert precision.label == "Q4_1 + Q8_0" and 0.7 < precision.weight_bytes < 0.73
     assert precision.weights == "fp32"  # float32 activations and KV cache
-    # Q8_0 repacked by 8 rows where that is the level's default (avx2: weight_plan.py)
-    laid_out = ("Q4_1 + Q8_0 as laid out", "Q4_1 as laid out, Q8_0 repacked by 8 rows")
+    # both formats repacked by 8 rows where that is the level's default (avx2, avx512: weight_plan.py)
+    layouts = ("Q4_1 + Q8_0 as laid out", "Q4_1 + Q8_0 repacked by 8 rows")
     assert view["weight_plan"] == llm.engine.weight_plan.describe()
-    assert any(how in view["weight_plan"] for how in laid_out), view["weight_plan"]
+    assert any(how in view["weight_plan"] for how in layouts), view["weight_plan"]
     n = len(out.prompt_token_ids)
     assert [s["phase"] for s in view["steps"]] == ["prefill", "decode", "decode"]
     for step in view["steps"]:  # one sequence alone: the step is exactly one pass
