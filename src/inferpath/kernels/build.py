@@ -78,7 +78,7 @@ KERNEL_NAMES = {
     "float32": "gemv (float32 or bf16 weights), rms_norm, silu_mul, rope, paged decode attention, argmax, "
                "native decode",
     "bfloat16": "gemv, rms_norm, silu_mul, rope, paged decode attention, native decode",
-    "quantized": "GGUF Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K matmul and dequantize, Q4_K/Q6_K/Q8_0/Q5_0/Q4_1 repacked by 8 rows",
+    "quantized": "GGUF Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K matmul and dequantize, Q4_K/Q5_K/Q6_K/Q8_0/Q5_0/Q4_1 repacked by 8 rows",
 }
 
 _P, _I, _F, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int  # pointer, size, float, threads
