@@ -190,6 +190,14 @@ def test_an_embedding_looks_its_rows_up_in_the_repacked_groups(qtype):
     laid_out, packed = QuantEmbedding(weight), QuantEmbedding(repack(weight, drop_source=False))
     assert packed(ids).shape == (2, 4, 3 * 32)
     assert torch.equal(packed(ids), laid_out(ids))
+    for i in (0, 13, 39):  # a decode step's one id: its group sliced, not gathered
+        one = torch.tensor([i])
+        assert torch.equal(packed(one), laid_out(one))
+    for bad in (40, -1):
+        with pytest.raises(IndexError):
+            packed(torch.tensor([bad]))
+        with pytest.raises(IndexError):
+            packed(torch.tensor([1, bad]))
 
 
 def test_smollm2s_tied_table_is_repacked_once_for_the_lookup_and_the_head():

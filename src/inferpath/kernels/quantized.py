@@ -86,13 +86,22 @@ class QuantEmbedding(nn.Module):
     def _grouped_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """(n,) ids -> (n, embedding_dim) float32 from the repacked groups holding them."""
         data, n = self.qweight.data, ids.shape[0]
+        if n == 1:  # a decode step's id: its group is a slice of rows (no gather)
+            i = int(ids[0])
+            if not 0 <= i < self.num_embeddings:
+                raise IndexError(f"token id {i} is out of range for an embedding of {self.num_embeddings} rows")
+            first = i - i % R8_ROWS
+            values = self._dequantized(data[first:first + R8_ROWS], R8_ROWS)
+            return values[i - first:i - first + 1]
         groups = data.view(-1, R8_ROWS * data.shape[1]).index_select(0, ids // R8_ROWS)  # (n, a group's bytes)
-        groups = groups.view(n * R8_ROWS, data.shape[1])
-        if self._dequantize is None:
-            values = RepackedTensor(groups, self.qweight.qtype, (n * R8_ROWS, self.embedding_dim)).dequantize()
-        else:
-            values = ops.run_dequantize(self._dequantize, groups, self.qweight.kernel_type, self.embedding_dim)
+        values = self._dequantized(groups.view(n * R8_ROWS, data.shape[1]), n * R8_ROWS)
         return values.view(n, R8_ROWS, self.embedding_dim)[torch.arange(n), ids % R8_ROWS]
+
+    def _dequantized(self, groups: torch.Tensor, rows: int) -> torch.Tensor:
+        """Whole repacked groups (rows, row_bytes) -> (rows, embedding_dim) float32."""
+        if self._dequantize is None:
+            return RepackedTensor(groups, self.qweight.qtype, (rows, self.embedding_dim)).dequantize()
+        return ops.run_dequantize(self._dequantize, groups, self.qweight.kernel_type, self.embedding_dim)
 
 
 def quantized_kernels_available() -> bool:
