@@ -227,26 +227,31 @@ static inline __attribute__((always_inline)) void pair_rows(const int qtype, con
     }
 }
 
+/* each format's pairs in a function of its own (as r8.c's tiles: one function holding every
+ * format's code compiled worse), x in one int8 pass or two */
+#define PAIR_ROWS_OF(NAME, QTYPE)                                                                      \
+    static __attribute__((noinline)) void NAME(const uint8_t *group, int64_t group_bytes, const q8_rows *x, \
+                                               int64_t rows, float *out) {                              \
+        if (x->one_pass) pair_rows(QTYPE, group, group_bytes, x, rows, 1, out);                         \
+        else pair_rows(QTYPE, group, group_bytes, x, rows, 0, out);                                     \
+    }
+PAIR_ROWS_OF(pair_q4_k, Q4_K_R8)
+PAIR_ROWS_OF(pair_q5_k, Q5_K_R8)
+PAIR_ROWS_OF(pair_q6_k, Q6_K_R8)
+PAIR_ROWS_OF(pair_q8_0, Q8_0_R8)
+PAIR_ROWS_OF(pair_q5_0, Q5_0_R8)
+PAIR_ROWS_OF(pair_q4_1, Q4_1_R8)
+#undef PAIR_ROWS_OF
+
 int r8_pair_rows(int qtype, const uint8_t *group, int64_t group_bytes, const q8_rows *x, int64_t rows, float *out) {
     if (rows < 1 || rows > TILE_ROWS || !r8_grouped(qtype)) return 0;
-    if (qtype == Q4_K_R8) {
-        if (x->one_pass) pair_rows(Q4_K_R8, group, group_bytes, x, rows, 1, out);
-        else pair_rows(Q4_K_R8, group, group_bytes, x, rows, 0, out);
-    } else if (qtype == Q5_K_R8) {
-        if (x->one_pass) pair_rows(Q5_K_R8, group, group_bytes, x, rows, 1, out);
-        else pair_rows(Q5_K_R8, group, group_bytes, x, rows, 0, out);
-    } else if (qtype == Q8_0_R8) {
-        if (x->one_pass) pair_rows(Q8_0_R8, group, group_bytes, x, rows, 1, out);
-        else pair_rows(Q8_0_R8, group, group_bytes, x, rows, 0, out);
-    } else if (qtype == Q5_0_R8) {
-        if (x->one_pass) pair_rows(Q5_0_R8, group, group_bytes, x, rows, 1, out);
-        else pair_rows(Q5_0_R8, group, group_bytes, x, rows, 0, out);
-    } else if (qtype == Q4_1_R8) {
-        if (x->one_pass) pair_rows(Q4_1_R8, group, group_bytes, x, rows, 1, out);
-        else pair_rows(Q4_1_R8, group, group_bytes, x, rows, 0, out);
-    } else {
-        if (x->one_pass) pair_rows(Q6_K_R8, group, group_bytes, x, rows, 1, out);
-        else pair_rows(Q6_K_R8, group, group_bytes, x, rows, 0, out);
+    switch (qtype) {
+        case Q4_K_R8: pair_q4_k(group, group_bytes, x, rows, out); break;
+        case Q5_K_R8: pair_q5_k(group, group_bytes, x, rows, out); break;
+        case Q8_0_R8: pair_q8_0(group, group_bytes, x, rows, out); break;
+        case Q5_0_R8: pair_q5_0(group, group_bytes, x, rows, out); break;
+        case Q4_1_R8: pair_q4_1(group, group_bytes, x, rows, out); break;
+        default: pair_q6_k(group, group_bytes, x, rows, out); break;
     }
     return 1;
 }
