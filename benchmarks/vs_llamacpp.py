@@ -141,6 +141,7 @@ def worker_inferpath(path: str, task: str, threads: int, dtype: str = "auto") ->
     engine = LLMEngine.from_model(path, EngineConfig(threads=None if threads == physical_cores() else threads,
                                                      max_num_seqs=64, kv_cache_memory_bytes=kv_bytes, dtype=dtype))
     result = {"load_s": time.perf_counter() - start, "baseline_mb": baseline, "format": engine.weight_format.describe(),
+              "plan": engine.weight_plan.describe() if engine.weight_plan is not None else None,
               "decode_bytes": engine.weight_format.decode_bytes, "kv_mb": kv_bytes / 2**20}
 
     def run(prompts, max_tokens):
