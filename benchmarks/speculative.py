@@ -188,7 +188,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--spec", default=json.dumps(NGRAM), help="the speculative config (JSON)")
     parser.add_argument("--workloads", default=DEFAULT_WORKLOADS, help=f"of {', '.join(WORKLOADS)}")
-    parser.add_argument("--out", default="speculative", help="results/OUT.json")
+    parser.add_argument("--out", default="speculative", help="results/OUT.json, or a path ending in .json")
     parser.add_argument("--module-verify", action="store_true",
                         help="also run the speculative engine with its verification steps on the module path "
                              "(as before the native step took chunks, issue 23 item 0): the same-run 'before'")
@@ -305,7 +305,8 @@ def main() -> None:
                   f"{row['speedup_vs_llama_off']:>13.2f}x "
                   f"{same['llama_off']:>8}/{same['llama_pl']}")
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"{args.out}.json"
+    # a name (results/NAME.json) or a path ending in .json
+    out = Path(args.out) if args.out.endswith(".json") else RESULTS / f"{args.out}.json"
     out.write_text(json.dumps({"model": args.model, "threads": args.threads, "batch": 1,
                                "max_tokens": args.max_tokens, "repeats": args.repeats,
                                "speculative_config": spec, "note": "shared, noisy machine",

@@ -115,7 +115,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--rows", default="1,2,3,5,8")
-    parser.add_argument("--out", default="verify_step")
+    parser.add_argument("--out", default="verify_step", help="results/OUT.json, or a path ending in .json")
     parser.add_argument("--module-only", action="store_true", help="time the module path alone")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
@@ -135,7 +135,8 @@ def main() -> None:
             native_x = "-" if s["native_ms"] is None else f"{s['native_vs_one_token']:.2f}x"
             print(f"{s['rows']:>4} {native:>10} {native_x:>10} {s['module_ms']:>10.2f} {s['module_vs_one_token']:>9.2f}x")
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"{args.out}.json"
+    # a name (results/NAME.json) or a path ending in .json
+    out = Path(args.out) if args.out.endswith(".json") else RESULTS / f"{args.out}.json"
     out.write_text(json.dumps({"threads": args.threads, "context": args.context, "results": results}, indent=2) + "\n")
     print(f"\nwrote {out}")
 
