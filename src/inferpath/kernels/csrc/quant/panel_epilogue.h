@@ -8,19 +8,25 @@
 #include "activations.h"
 #include "prepared.h"
 
+/* acc += s * scale * dx + sx * min: x's scale dx and sum sx for this row and block (half) given */
+static inline __attribute__((always_inline)) void panel_accumulate_row(__m512 acc[2], __m512i s0, __m512i s1,
+                                                                        __m512 sc0, __m512 sc1, __m512 mn0, __m512 mn1,
+                                                                        float x_d, float x_s) {
+    const __m512 dx = _mm512_set1_ps(x_d), sx = _mm512_set1_ps(x_s);
+    acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(sc0, dx), acc[0]);
+    acc[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(sc1, dx), acc[1]);
+    acc[0] = _mm512_fmadd_ps(sx, mn0, acc[0]);
+    acc[1] = _mm512_fmadd_ps(sx, mn1, acc[1]);
+}
+
 /* acc (x row j's two halves) += s * scale * x's d + x's sum * min, for block b (half: Q6_K's
  * half block, two_scales); sc, mn: the block's (half's) scales and mins, 16 columns each. */
 static inline __attribute__((always_inline)) void panel_accumulate(__m512 acc[2], __m512i s0, __m512i s1,
                                                                     __m512 sc0, __m512 sc1, __m512 mn0, __m512 mn1,
                                                                     const quant_matmul *q, int64_t j, int64_t b,
                                                                     int64_t nb, int half, int two_scales) {
-    const __m512 dx = _mm512_set1_ps(q->xd[lane_of(j, b, nb, TILE_ROWS)]);
-    const __m512 sx = _mm512_set1_ps(two_scales ? q->xh[half_lane_of(j, b, nb, half, TILE_ROWS)]
-                                                : q->xs[lane_of(j, b, nb, TILE_ROWS)]);
-    acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(sc0, dx), acc[0]);
-    acc[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(sc1, dx), acc[1]);
-    acc[0] = _mm512_fmadd_ps(sx, mn0, acc[0]);
-    acc[1] = _mm512_fmadd_ps(sx, mn1, acc[1]);
+    panel_accumulate_row(acc, s0, s1, sc0, sc1, mn0, mn1, q->xd[lane_of(j, b, nb, TILE_ROWS)],
+                         two_scales ? q->xh[half_lane_of(j, b, nb, half, TILE_ROWS)] : q->xs[lane_of(j, b, nb, TILE_ROWS)]);
 }
 
 /* rows of acc + bias (cols floats, or NULL) into y's rows (n apart): columns [0, cols) */
