@@ -56,12 +56,12 @@ static inline __attribute__((always_inline)) void step_epilogue(__m512 acc[][2],
      * (activations.h's lane_of): rows j0 + i0.. from one pointer each */
     for (int i0 = 0; i0 < rows; i0 += TILE_ROWS) {
         const int64_t j = j0 + i0;
-        const float *xd = q->xd + lane_of(j, b, nb, TILE_ROWS);
+        const float *xd = (q->xd1 ? q->xd1 : q->xd) + lane_of(j, b, nb, TILE_ROWS);
         const float *xs = two_scales ? q->xh + half_lane_of(j, b, nb, half, TILE_ROWS) : q->xs + lane_of(j, b, nb, TILE_ROWS);
         const int end = rows - i0 < TILE_ROWS ? rows - i0 : TILE_ROWS;
         for (int i = 0; i < end; i++) {
-            const __m512i s0 = _mm512_slli_epi32(_mm512_load_si512(c[0][i0 + i]), RESIDUAL_SHIFT);
-            const __m512i s1 = _mm512_slli_epi32(_mm512_load_si512(c[1][i0 + i]), RESIDUAL_SHIFT);
+            __m512i s0 = _mm512_load_si512(c[0][i0 + i]), s1 = _mm512_load_si512(c[1][i0 + i]);
+            if (!q->xd1) s0 = _mm512_slli_epi32(s0, RESIDUAL_SHIFT), s1 = _mm512_slli_epi32(s1, RESIDUAL_SHIFT);
             panel_accumulate_row(acc[i0 + i], s0, s1, sc0, sc1, mn0, mn1, xd[i], xs[i]);
         }
     }

@@ -274,13 +274,19 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *panel, con
             __m512i s[MR][2];
             for (int i = 0; i < R; i++) s[i][0] = s[i][1] = _mm512_setzero_si512();
             one_pass(s, pb, xq + 32 * b, k, g0, quads, R);
+            const __m512 sc0 = _mm512_load_ps(scale + half * PANEL), sc1 = _mm512_load_ps(scale + half * PANEL + 16);
+            const __m512 mn0 = _mm512_load_ps(min + half * PANEL), mn1 = _mm512_load_ps(min + half * PANEL + 16);
+            if (q->xd1) {  /* x in one pass: the shift folded into x's scale (panel_epilogue.h) */
+                for (int i = 0; i < R; i++)
+                    panel_accumulate_one_pass(acc[i], s[i][0], s[i][1], sc0, sc1, mn0, mn1, q, j0 + i, b, nb, half,
+                                              two_scales);
+                continue;
+            }
             for (int i = 0; i < R; i++) {
                 s[i][0] = _mm512_slli_epi32(s[i][0], RESIDUAL_SHIFT);
                 s[i][1] = _mm512_slli_epi32(s[i][1], RESIDUAL_SHIFT);
             }
             if (!q->one_pass) one_pass(s, pb, xr + 32 * b, k, g0, quads, R);  /* else r is zero */
-            const __m512 sc0 = _mm512_load_ps(scale + half * PANEL), sc1 = _mm512_load_ps(scale + half * PANEL + 16);
-            const __m512 mn0 = _mm512_load_ps(min + half * PANEL), mn1 = _mm512_load_ps(min + half * PANEL + 16);
             for (int i = 0; i < R; i++)
                 panel_accumulate(acc[i], s[i][0], s[i][1], sc0, sc1, mn0, mn1, q, j0 + i, b, nb, half, two_scales);
         }

@@ -196,7 +196,7 @@ int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *
                   int num_threads, int flags) {
     const int rows_alone = flags & QUANT_ROWS_ALONE;
     if (count < 1 || count > MAX_GROUP || m < 1 || k < 32) return -1;
-    q->count = count, q->ws = ws, q->row_bytes = row_bytes, q->biases = biases, q->m = m, q->k = k;
+    q->count = count, q->ws = ws, q->row_bytes = row_bytes, q->biases = biases, q->m = m, q->k = k, q->xd1 = 0;
     q->starts[0] = 0;
     for (int i = 0; i < count; i++) {
         int64_t block, bytes;
@@ -218,7 +218,9 @@ int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *
     int64_t padded = q->tiles * TILE_ROWS;
     q->xq = (int8_t *)malloc((size_t)((q->use_wide ? 4 : 2) * padded * k)), q->xr = q->xq + m * k;
     int64_t lanes = padded * nb;  /* per-block scalars, tile-major */
-    q->xd = (float *)calloc((size_t)(4 * lanes), sizeof(float)), q->xs = q->xd + lanes, q->xh = q->xs + lanes;
+    const int unshifted = q->use_gemm && q->one_pass;
+    q->xd = (float *)calloc((size_t)((unshifted ? 5 : 4) * lanes), sizeof(float)), q->xs = q->xd + lanes, q->xh = q->xs + lanes;
+    q->xd1 = unshifted && q->xd ? q->xh + 2 * lanes : 0;
     if (!q->xq || !q->xd) { quant_release(q); return -2; }
     q->wq = q->use_wide ? q->xq + 2 * padded * k : 0, q->wr = q->use_wide ? q->wq + padded * k : 0;  /* interleaved */
     if (q->use_wide && padded > m) {  /* the last tile's missing rows: zero lanes */
@@ -226,12 +228,14 @@ int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *
         memset(q->wr + (padded - TILE_ROWS) * k, 0, (size_t)(TILE_ROWS * k));
     }
     quantize_rows(x, m, k, q->xq, q->xr, q->xd, q->xs, q->xh, q->wq, q->wr, q->one_pass, num_threads);
+    if (q->xd1)
+        for (int64_t i = 0; i < lanes; i++) q->xd1[i] = q->xd[i] * RESIDUAL_STEPS;  /* a power of two: exact */
     return 0;
 }
 
 void quant_release(quant_matmul *q) {
     free(q->xq); free(q->xd);
-    q->xq = 0, q->xd = 0;
+    q->xq = 0, q->xd = 0, q->xd1 = 0;
 }
 
 /* Output columns [c0, c1) of y (m, n), all of weight i (not repacked): for each tile of x,

@@ -29,6 +29,19 @@ static inline __attribute__((always_inline)) void panel_accumulate(__m512 acc[2]
                          two_scales ? q->xh[half_lane_of(j, b, nb, half, TILE_ROWS)] : q->xs[lane_of(j, b, nb, TILE_ROWS)]);
 }
 
+/* panel_accumulate for x in one int8 pass, from the sums unshifted: s << RESIDUAL_SHIFT is
+ * s * 256 exactly (|s| < 2^21), and so is xd1 = x's d * 256 and scale * xd1 = (scale * x's d) *
+ * 256 (normal floats): the fma's product, and so its result, are the shifted form's to the bit,
+ * one integer shift a row and block fewer */
+static inline __attribute__((always_inline)) void panel_accumulate_one_pass(__m512 acc[2], __m512i s0, __m512i s1,
+                                                                             __m512 sc0, __m512 sc1, __m512 mn0,
+                                                                             __m512 mn1, const quant_matmul *q,
+                                                                             int64_t j, int64_t b, int64_t nb, int half,
+                                                                             int two_scales) {
+    panel_accumulate_row(acc, s0, s1, sc0, sc1, mn0, mn1, q->xd1[lane_of(j, b, nb, TILE_ROWS)],
+                         two_scales ? q->xh[half_lane_of(j, b, nb, half, TILE_ROWS)] : q->xs[lane_of(j, b, nb, TILE_ROWS)]);
+}
+
 /* rows of acc + bias (cols floats, or NULL) into y's rows (n apart): columns [0, cols) */
 static inline void panel_store(__m512 acc[][2], int rows, float *y, int64_t n, int cols, const float *bias) {
     const __mmask16 m0 = cols >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1u);
