@@ -17,7 +17,7 @@ from test_quantized import isa, random_weight  # noqa: F401 (isa: a fixture)
 from test_repacked import R8_TYPES, _matmul, _x
 
 Q = GGMLQuantizationType
-R8_GEMM_MIN_ROWS = 9  # csrc/quant/prepared.h: repacked weights take gemm.c's panels from this many rows (past a tile)
+R8_GEMM_MIN_ROWS = 17  # csrc/quant/prepared.h: repacked weights take gemm.c's panels from this many rows (past two tiles)
 # (output rows, input columns): whole panels of 32, a panel of 4 groups and one of 1 (40), 3 (88)
 SHAPES = [(64, 512), (40, 3 * 256), (88, 5 * 256)]
 
@@ -44,7 +44,7 @@ def _gemm_runs(level: str) -> bool:
     return level == "avx512"
 
 
-@pytest.mark.parametrize("rows", [16, 37, 64, 512])
+@pytest.mark.parametrize("rows", [R8_GEMM_MIN_ROWS, 37, 64, 512])
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
 @pytest.mark.parametrize("qtype", R8_TYPES, ids=[t.name for t in R8_TYPES])
 def test_repacked_prompts_equal_the_files_layout(qtype, shape, rows, isa):

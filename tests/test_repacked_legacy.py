@@ -103,11 +103,11 @@ def test_a_row_alone_equals_the_same_row_in_a_tile(qtype, isa):
     assert torch.equal(_matmul(x[:5].contiguous(), weight), tile[:5])
 
 
-@pytest.mark.parametrize("rows", [9, 64, 512])  # from R8_GEMM_MIN_ROWS (csrc/quant/prepared.h): the GEMM's rows
+@pytest.mark.parametrize("rows", [17, 64, 512])  # from R8_GEMM_MIN_ROWS (csrc/quant/prepared.h): the GEMM's rows
 @pytest.mark.parametrize("qtype", LEGACY, ids=IDS)
 def test_the_gemm_from_repacked_groups_is_the_files_gemm_to_the_bit(qtype, rows):
     """avx512: gemm.c's panels packed from the groups (r8_legacy_pack) hold the file's
-    panel bytes and floats; 9+ rows (R8_GEMM_MIN_ROWS), odd output counts in the last panel (40 = 32 + 8)."""
+    panel bytes and floats; 17+ rows (R8_GEMM_MIN_ROWS), odd output counts in the last panel (40 = 32 + 8)."""
     if not build.can_run("avx512") or build.resolve_level("quantized", "avx512")[0] != "avx512":
         pytest.skip("gemm.c's panels run at avx512 only")
     weight = random_weight(qtype, 40, 9 * 32, seed=rows)

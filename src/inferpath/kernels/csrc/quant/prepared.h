@@ -61,8 +61,14 @@ HIDDEN int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1)
  * interleaved rounds (benchmarks/r8rows_kernel.py, results/r8rows_kernel.json): Q4_K 512 x
  * 1536 from L2 6 rows 89 vs 121, 8: 115 vs 146; Q6_K 6: 113 vs 178, 8: 154 vs 212; from
  * memory Q4_K 8960 x 1536 6: 2098 vs 2817, 8: 2534 vs 3701; Q6_K 1536 x 8960 6: 2788 vs
- * 3457, 8: 3627 vs 3763. (Before r8_pair.c: 6 rows 0.60 vs 0.58 ms, the GEMM from 6.) */
-#define R8_GEMM_MIN_ROWS (TILE_ROWS + 1)
+ * 3457, 8: 3627 vs 3763. (Before r8_pair.c: 6 rows 0.60 vs 0.58 ms, the GEMM from 6.)
+ * From the third tile since 2026-12-06: on the Intel Xeon AMX VM (docs/benchmarks.md's machine
+ * B), 2 threads, streamed, the 1.5B file's five shapes, us r8 vs the GEMM, medians of 3
+ * rounds (benchmarks/r8rows_kernel.py --cases model --threads 2): 9 rows 758-1707 vs
+ * 1199-1854 (r8 1.09-1.59x faster), 12 rows 1.22-1.54x, 16 rows 1.23-1.27x on four shapes
+ * (Q6_K 1536 x 1536 0.93x), 24 rows 0.99-1.08x, 32 rows 0.74-1.12x, 128 and 512 rows the GEMM
+ * (r8 0.59-0.94x but for Q4_K 1536 x 8960). */
+#define R8_GEMM_MIN_ROWS (2 * TILE_ROWS + 1)
 #define GEMM_PANEL 32
 
 #endif
