@@ -20,10 +20,10 @@ from gguf import GGMLQuantizationType as Q
 from inferpath.kernels import build, ops
 from inferpath.kernels.repacked import kernel_type, repack
 from test_quantized import random_weight
+from test_repacked_gemm import R8_GEMM_MIN_ROWS
 
 FILE_TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 R8_TYPES = ["Q4_K_R8", "Q6_K_R8"]
-R8_GEMM_MIN_ROWS = 17  # csrc/quant/prepared.h: fewer rows of repacked weights take r8.c's tiles, not the GEMM
 ENGINES = {name: i for i, name in enumerate(build.AMX_INT8_ENGINES)}
 MIN_ROWS = 16  # drivers/amx_int8_tiles.h AMX_INT8_MIN_ROWS
 BLOCK_BYTES, QUAD_BYTES = 8 * 128 + 4 * 32 * 4, 128

@@ -42,7 +42,7 @@ static void configure_tiles(int rows, int a_bytes) {
 typedef int32_t step_sums[2][AMX_INT8_TILE_ROWS][16];
 
 /* acc[i] += step t's float epilogue from its stored sums c (the same operations, in the same
- * order, as gemm.c's VNNI tiles; x one int8 pass: r is zero) */
+ * order, as gemm.c's VNNI tiles; x one int8 pass: r is zero, the shift in xd1) */
 static inline __attribute__((always_inline)) void step_epilogue(__m512 acc[][2], step_sums c, const uint8_t *panel,
                                                                 const quant_matmul *q, int64_t j0, int rows,
                                                                 int64_t t, int halves, int64_t nb, int two_scales) {
@@ -56,12 +56,11 @@ static inline __attribute__((always_inline)) void step_epilogue(__m512 acc[][2],
      * (activations.h's lane_of): rows j0 + i0.. from one pointer each */
     for (int i0 = 0; i0 < rows; i0 += TILE_ROWS) {
         const int64_t j = j0 + i0;
-        const float *xd = (q->xd1 ? q->xd1 : q->xd) + lane_of(j, b, nb, TILE_ROWS);
+        const float *xd = q->xd1 + lane_of(j, b, nb, TILE_ROWS);  /* the sums unshifted (prepared.h) */
         const float *xs = two_scales ? q->xh + half_lane_of(j, b, nb, half, TILE_ROWS) : q->xs + lane_of(j, b, nb, TILE_ROWS);
         const int end = rows - i0 < TILE_ROWS ? rows - i0 : TILE_ROWS;
         for (int i = 0; i < end; i++) {
-            __m512i s0 = _mm512_load_si512(c[0][i0 + i]), s1 = _mm512_load_si512(c[1][i0 + i]);
-            if (!q->xd1) s0 = _mm512_slli_epi32(s0, RESIDUAL_SHIFT), s1 = _mm512_slli_epi32(s1, RESIDUAL_SHIFT);
+            const __m512i s0 = _mm512_load_si512(c[0][i0 + i]), s1 = _mm512_load_si512(c[1][i0 + i]);
             panel_accumulate_row(acc[i0 + i], s0, s1, sc0, sc1, mn0, mn1, xd[i], xs[i]);
         }
     }
@@ -173,7 +172,7 @@ void amx_int8_tiles_panel(const uint8_t *panel, const quant_matmul *q, int two_s
                         s0 = _mm512_add_epi32(s0, _mm512_load_si512(cr[0][i]));
                         s1 = _mm512_add_epi32(s1, _mm512_load_si512(cr[1][i]));
                     }
-                    panel_accumulate(acc[i], s0, s1, sc0, sc1, mn0, mn1, q, j0 + i, b, nb, half, two_scales);
+                    panel_accumulate(acc[i], s0, s1, sc0, sc1, mn0, mn1, q, q->xd, j0 + i, b, nb, half, two_scales);
                 }
             }
         }

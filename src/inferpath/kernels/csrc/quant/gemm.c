@@ -263,6 +263,7 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *panel, con
                                                        int cols, const float *bias) {
     const int64_t k = q->k, nb = k / 32;
     const int8_t *xq = q->xq + j0 * k, *xr = q->xr + j0 * k;
+    const float *xd = q->one_pass ? q->xd1 : q->xd;
     const int halves = two_scales ? 2 : 1, quads = 8 / halves;
     __m512 acc[MR][2];
     for (int i = 0; i < R; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
@@ -274,21 +275,17 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *panel, con
             __m512i s[MR][2];
             for (int i = 0; i < R; i++) s[i][0] = s[i][1] = _mm512_setzero_si512();
             one_pass(s, pb, xq + 32 * b, k, g0, quads, R);
+            if (!q->one_pass) {  /* (w.q << RESIDUAL_SHIFT) + w.r; one pass: the shift is in xd1 (prepared.h) */
+                for (int i = 0; i < R; i++) {
+                    s[i][0] = _mm512_slli_epi32(s[i][0], RESIDUAL_SHIFT);
+                    s[i][1] = _mm512_slli_epi32(s[i][1], RESIDUAL_SHIFT);
+                }
+                one_pass(s, pb, xr + 32 * b, k, g0, quads, R);
+            }
             const __m512 sc0 = _mm512_load_ps(scale + half * PANEL), sc1 = _mm512_load_ps(scale + half * PANEL + 16);
             const __m512 mn0 = _mm512_load_ps(min + half * PANEL), mn1 = _mm512_load_ps(min + half * PANEL + 16);
-            if (q->xd1) {  /* x in one pass: the shift folded into x's scale (panel_epilogue.h) */
-                for (int i = 0; i < R; i++)
-                    panel_accumulate_one_pass(acc[i], s[i][0], s[i][1], sc0, sc1, mn0, mn1, q, j0 + i, b, nb, half,
-                                              two_scales);
-                continue;
-            }
-            for (int i = 0; i < R; i++) {
-                s[i][0] = _mm512_slli_epi32(s[i][0], RESIDUAL_SHIFT);
-                s[i][1] = _mm512_slli_epi32(s[i][1], RESIDUAL_SHIFT);
-            }
-            if (!q->one_pass) one_pass(s, pb, xr + 32 * b, k, g0, quads, R);  /* else r is zero */
             for (int i = 0; i < R; i++)
-                panel_accumulate(acc[i], s[i][0], s[i][1], sc0, sc1, mn0, mn1, q, j0 + i, b, nb, half, two_scales);
+                panel_accumulate(acc[i], s[i][0], s[i][1], sc0, sc1, mn0, mn1, q, xd, j0 + i, b, nb, half, two_scales);
         }
     }
     panel_store(acc, R, y + j0 * n, n, cols, bias);

@@ -228,8 +228,11 @@ int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *
         memset(q->wr + (padded - TILE_ROWS) * k, 0, (size_t)(TILE_ROWS * k));
     }
     quantize_rows(x, m, k, q->xq, q->xr, q->xd, q->xs, q->xh, q->wq, q->wr, q->one_pass, num_threads);
+    /* The GEMM's panels meet one-pass x with their sums unshifted: s << RESIDUAL_SHIFT is s * 256
+     * exactly (|s| < 2^21), and so are xd * 256 and scale * (xd * 256) = (scale * xd) * 256
+     * (normal floats), so each fma's product, and so its result, are the shifted form's bits. */
     if (q->xd1)
-        for (int64_t i = 0; i < lanes; i++) q->xd1[i] = q->xd[i] * RESIDUAL_STEPS;  /* a power of two: exact */
+        for (int64_t i = 0; i < lanes; i++) q->xd1[i] = q->xd[i] * RESIDUAL_STEPS;
     return 0;
 }
 

@@ -20,25 +20,13 @@ static inline __attribute__((always_inline)) void panel_accumulate_row(__m512 ac
 }
 
 /* acc (x row j's two halves) += s * scale * x's d + x's sum * min, for block b (half: Q6_K's
- * half block, two_scales); sc, mn: the block's (half's) scales and mins, 16 columns each. */
+ * half block, two_scales); sc, mn: the block's (half's) scales and mins, 16 columns each; xd:
+ * x's d per block (q->xd, or q->xd1 for sums left unshifted: prepared.h). */
 static inline __attribute__((always_inline)) void panel_accumulate(__m512 acc[2], __m512i s0, __m512i s1,
                                                                     __m512 sc0, __m512 sc1, __m512 mn0, __m512 mn1,
-                                                                    const quant_matmul *q, int64_t j, int64_t b,
-                                                                    int64_t nb, int half, int two_scales) {
-    panel_accumulate_row(acc, s0, s1, sc0, sc1, mn0, mn1, q->xd[lane_of(j, b, nb, TILE_ROWS)],
-                         two_scales ? q->xh[half_lane_of(j, b, nb, half, TILE_ROWS)] : q->xs[lane_of(j, b, nb, TILE_ROWS)]);
-}
-
-/* panel_accumulate for x in one int8 pass, from the sums unshifted: s << RESIDUAL_SHIFT is
- * s * 256 exactly (|s| < 2^21), and so is xd1 = x's d * 256 and scale * xd1 = (scale * x's d) *
- * 256 (normal floats): the fma's product, and so its result, are the shifted form's to the bit,
- * one integer shift a row and block fewer */
-static inline __attribute__((always_inline)) void panel_accumulate_one_pass(__m512 acc[2], __m512i s0, __m512i s1,
-                                                                             __m512 sc0, __m512 sc1, __m512 mn0,
-                                                                             __m512 mn1, const quant_matmul *q,
-                                                                             int64_t j, int64_t b, int64_t nb, int half,
-                                                                             int two_scales) {
-    panel_accumulate_row(acc, s0, s1, sc0, sc1, mn0, mn1, q->xd1[lane_of(j, b, nb, TILE_ROWS)],
+                                                                    const quant_matmul *q, const float *xd, int64_t j,
+                                                                    int64_t b, int64_t nb, int half, int two_scales) {
+    panel_accumulate_row(acc, s0, s1, sc0, sc1, mn0, mn1, xd[lane_of(j, b, nb, TILE_ROWS)],
                          two_scales ? q->xh[half_lane_of(j, b, nb, half, TILE_ROWS)] : q->xs[lane_of(j, b, nb, TILE_ROWS)]);
 }
 

@@ -24,8 +24,8 @@ typedef struct {
     int64_t m, k, n, tiles;
     int8_t *xq, *xr, *wq, *wr;      /* x quantized (m, k) twice, and interleaved (wide) */
     float *xd, *xs, *xh;            /* per-block scalars, tile-major */
-    float *xd1;                     /* x in one pass and the GEMM's panels: xd * RESIDUAL_STEPS (exact), so
-                                     * the panels skip the sums' shift (the same products: panel_epilogue.h) */
+    float *xd1;                     /* set where use_gemm and one_pass: xd * RESIDUAL_STEPS (exact), so the
+                                     * panels skip the sums' shift (the same bits: quant_prepare, matmul.c) */
 } quant_matmul;
 
 /* quant_prepare's flags (model/batch_invariant.py's): every row through the row kernel,
