@@ -6,7 +6,8 @@ quartile of process CPU time per call at 1 thread (a shared machine's other prog
 inflate it; at ``--threads 2`` and more, of wall time) of a weight from L2 ("hot": 512 x
 1536, the kernel's own rate) or streamed from memory ("memory": copies cycled past the
 caches, a decode step's case). ``--cases model``: the 1.5B file's shapes (1536 x 1536,
-8960 x 1536, 1536 x 8960) in Q4_K and Q6_K, streamed. The level is the build's best unless
+8960 x 1536, 1536 x 8960) in Q4_K and Q6_K, streamed; ``--cases legacy``: the packaged 0.5B
+and SmolLM2 files' Q8_0 LM heads, Q5_0 and Q4_1 MLP shapes, streamed. The level is the build's best unless
 ``INFERPATH_ISA`` forces one (the children inherit it). With ``--against
 SRC`` (another checkout's src/) each round runs this tree and that one in turn, in
 subprocesses, and the medians over rounds are compared: A/B on the same machine, interleaved.
@@ -29,7 +30,11 @@ from pathlib import Path
 CASES = {"default": [("Q4_K", 512, 1536, "hot"), ("Q6_K", 512, 1536, "hot"), ("Q4_K", 8960, 1536, "memory"),
                      ("Q6_K", 1536, 8960, "memory")],
          "model": [(qname, n, k, "memory") for qname in ("Q4_K", "Q6_K")
-                   for n, k in ((1536, 1536), (8960, 1536), (1536, 8960))]}
+                   for n, k in ((1536, 1536), (8960, 1536), (1536, 8960))],
+         # the 32-value formats of the packaged files, streamed: the 0.5B's Q8_0 LM head and
+         # Q5_0 MLP, SmolLM2's Q8_0 LM head and Q4_1 MLP
+         "legacy": [("Q8_0", 151936, 896, "memory"), ("Q5_0", 4864, 896, "memory"), ("Q5_0", 896, 4864, "memory"),
+                    ("Q8_0", 49152, 576, "memory"), ("Q4_1", 1536, 576, "memory")]}
 
 
 def one_process(rows_list: list[int], threads: int = 1, cases: str = "default") -> dict:

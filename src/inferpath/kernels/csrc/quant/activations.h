@@ -25,6 +25,9 @@ typedef struct {
     const float *h;    /* the same sum over each half block: [..][k / 32][2][lanes] */
     int64_t k, lanes;  /* lanes: lanes_for(m) */
     int one_pass;      /* r is all zero (K-quants in one pass): the row kernels may skip it */
+    const int32_t *c;  /* per block, the sum of x in the dots' integer units: sum(q) in one pass, else
+                        * 256 sum(q) + sum(r) (lanes as d; r8_pair.c's Q8_0 meets w + 128 and takes
+                        * 128 c back off, exactly); NULL where no kernel needs it */
 } q8_rows;
 
 /* lanes a tile's per-block scalars have: one for a single row, else TILE_ROWS */
@@ -161,11 +164,11 @@ static inline void quantize_block(const float *xb, float inv, int8_t *q, int8_t 
 }
 #endif
 
-/* x (m, k) -> q, r (m, k) and the tile-major scalars d, s, h; with wq, wr (not NULL:
+/* x (m, k) -> q, r (m, k) and the tile-major scalars d, s, h, c (q8_rows'); with wq, wr (not NULL:
  * padded to whole tiles, zeroed by the caller) also the interleaved copies. one_pass: r
  * zero (x in one pass: matmul.c's quant_prepare). */
 static inline void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, int8_t *r, float *d, float *s,
-                                 float *h, int8_t *wq, int8_t *wr, int one_pass, int num_threads) {
+                                 float *h, int32_t *c, int8_t *wq, int8_t *wr, int one_pass, int num_threads) {
     int64_t nb = k / 32, lanes = lanes_for(m);
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (m * k >= 65536)
     for (int64_t i = 0; i < m * nb; i++) {
@@ -190,6 +193,8 @@ static inline void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q
         s[lane_of(j, b, nb, lanes)] = lo + hi;
         h[half_lane_of(j, b, nb, 0, lanes)] = lo;
         h[half_lane_of(j, b, nb, 1, lanes)] = hi;
+        const int32_t sq = sums[0] + sums[1], sr = residual_sums[0] + residual_sums[1];
+        c[lane_of(j, b, nb, lanes)] = one_pass ? sq : sq * 256 + sr;  /* |c| < 2^21 */
     }
 }
 

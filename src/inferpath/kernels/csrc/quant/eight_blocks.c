@@ -208,6 +208,7 @@ static void NAME##_eight_rows(const uint8_t *row, const q8_rows *x, int64_t rows
     for (int64_t j = 0; j < rows; j += 4) {                                                     \
         q8_rows part = *x;  /* rows j.. of the tile: their lanes of the scalars */              \
         part.q += j * x->k, part.r += j * x->k, part.d += j, part.s += j, part.h += j;          \
+        if (part.c) part.c += j;                                                                \
         switch (rows - j) {                                                                     \
             case 1: TILE(row, &part, 1, out + j); break;                                        \
             case 2: TILE(row, &part, 2, out + j); break;                                        \

@@ -219,15 +219,17 @@ int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *
     q->xq = (int8_t *)malloc((size_t)((q->use_wide ? 4 : 2) * padded * k)), q->xr = q->xq + m * k;
     int64_t lanes = padded * nb;  /* per-block scalars, tile-major */
     const int unshifted = q->use_gemm && q->one_pass;
-    q->xd = (float *)calloc((size_t)((unshifted ? 5 : 4) * lanes), sizeof(float)), q->xs = q->xd + lanes, q->xh = q->xs + lanes;
-    q->xd1 = unshifted && q->xd ? q->xh + 2 * lanes : 0;
+    /* xd, xs, xh (two lanes a block), xc (int32, a float's size), then xd1 where it is kept */
+    q->xd = (float *)calloc((size_t)((unshifted ? 6 : 5) * lanes), sizeof(float)), q->xs = q->xd + lanes, q->xh = q->xs + lanes;
+    q->xc = q->xd ? (int32_t *)(q->xh + 2 * lanes) : 0;
+    q->xd1 = unshifted && q->xd ? q->xh + 3 * lanes : 0;
     if (!q->xq || !q->xd) { quant_release(q); return -2; }
     q->wq = q->use_wide ? q->xq + 2 * padded * k : 0, q->wr = q->use_wide ? q->wq + padded * k : 0;  /* interleaved */
     if (q->use_wide && padded > m) {  /* the last tile's missing rows: zero lanes */
         memset(q->wq + (padded - TILE_ROWS) * k, 0, (size_t)(TILE_ROWS * k));
         memset(q->wr + (padded - TILE_ROWS) * k, 0, (size_t)(TILE_ROWS * k));
     }
-    quantize_rows(x, m, k, q->xq, q->xr, q->xd, q->xs, q->xh, q->wq, q->wr, q->one_pass, num_threads);
+    quantize_rows(x, m, k, q->xq, q->xr, q->xd, q->xs, q->xh, q->xc, q->wq, q->wr, q->one_pass, num_threads);
     /* The GEMM's panels meet one-pass x with their sums unshifted: s << RESIDUAL_SHIFT is s * 256
      * exactly (|s| < 2^21), and so are xd * 256 and scale * (xd * 256) = (scale * xd) * 256
      * (normal floats), so each fma's product, and so its result, are the shifted form's bits. */
@@ -238,7 +240,7 @@ int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *
 
 void quant_release(quant_matmul *q) {
     free(q->xq); free(q->xd);
-    q->xq = 0, q->xd = 0, q->xd1 = 0;
+    q->xq = 0, q->xd = 0, q->xd1 = 0, q->xc = 0;
 }
 
 /* Output columns [c0, c1) of y (m, n), all of weight i (not repacked): for each tile of x,
@@ -249,7 +251,7 @@ static void row_columns(const quant_matmul *q, int i, float *y, int64_t c0, int6
     for (int64_t t = 0; t < q->tiles; t++) {
         int64_t j0 = t * TILE_ROWS, rows = m - j0 < TILE_ROWS ? m - j0 : TILE_ROWS;
         const float *d = q->xd + j0 * nb, *sx = q->xs + j0 * nb, *h = q->xh + 2 * j0 * nb;
-        q8_rows xj = {q->xq + j0 * k, q->xr + j0 * k, d, sx, h, k, lanes_for(m), q->one_pass};
+        q8_rows xj = {q->xq + j0 * k, q->xr + j0 * k, d, sx, h, k, lanes_for(m), q->one_pass, q->xc + j0 * nb};
         wide_rows xw = {q->wq + j0 * k, q->wr + j0 * k, d, sx, h, k, q->one_pass};
         for (int64_t r = c0; r < c1; r++) {
             int64_t local = r - q->starts[i];
@@ -273,7 +275,7 @@ static void r8_columns(const quant_matmul *q, int i, float *y, int64_t c0, int64
     for (int64_t t = 0; t < q->tiles; t++) {
         int64_t j0 = t * TILE_ROWS, rows = m - j0 < TILE_ROWS ? m - j0 : TILE_ROWS;
         q8_rows xj = {q->xq + j0 * k, q->xr + j0 * k, q->xd + j0 * nb, q->xs + j0 * nb, q->xh + 2 * j0 * nb, k,
-                      lanes_for(m), q->one_pass};
+                      lanes_for(m), q->one_pass, q->xc + j0 * nb};
         for (int64_t g = (c0 - start) / R8_ROWS, width; start + g * R8_ROWS < c1; g += width / R8_ROWS) {
             float out[TILE_ROWS * 2 * R8_ROWS];  /* two groups at once where the next is wanted and r8_pair.c runs */
             const uint8_t *group = q->ws[i] + g * group_bytes;

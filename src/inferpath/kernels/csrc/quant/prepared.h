@@ -26,6 +26,7 @@ typedef struct {
     float *xd, *xs, *xh;            /* per-block scalars, tile-major */
     float *xd1;                     /* set where use_gemm and one_pass: xd * RESIDUAL_STEPS (exact), so the
                                      * panels skip the sums' shift (the same bits: quant_prepare, matmul.c) */
+    int32_t *xc;                    /* x's integer sums per block, tile-major (q8_rows' c) */
 } quant_matmul;
 
 /* quant_prepare's flags (model/batch_invariant.py's): every row through the row kernel,

@@ -142,10 +142,14 @@ static inline __attribute__((always_inline)) void pair_tile(const int qtype, con
 }
 
 /* The same for Q8_0_R8, Q5_0_R8 and Q4_1_R8 (r8_legacy.c's chain per lane): per 32-value block, the
- * eight quads of both groups unpacked once for all rows of x. Q8_0's signed weights meet
- * x as |w| against x negated where w < 0 (a masked subtract: AVX-512 has no vpsignb; where
- * w = 0 the product is 0 either way, and -(-128) wraps as vpsignb's does), so the integer
- * dots are r8_legacy.c's exactly. */
+ * eight quads of both groups unpacked once for all rows of x. Q8_0's signed weights meet x
+ * as the unsigned w + 128 (one xor a quad, once for all rows), each quad one vpdpbusd with
+ * x's four bytes broadcast by the instruction itself as the other formats', and the block's
+ * 128 * sum(x) (q8_rows' c, in the dots' units) comes off the int32 sum: the integer dot
+ * is r8_legacy.c's exactly (|w + 128| * |x| <= 255 * 127: no int32 bound is near), where
+ * |w| against a negated x cost a broadcast and a masked subtract more per quad and row (a
+ * 5-row verification of the 0.5B's 151936 x 896 LM head, 1 thread, streamed:
+ * benchmarks/r8rows_kernel.py --cases legacy). */
 static inline __attribute__((always_inline)) void pair_legacy_tile(const int qtype, const uint8_t *a,
                                                                     const int64_t step, const q8_rows *x, const int R,
                                                                     const int one_pass, float *out) {
@@ -153,20 +157,15 @@ static inline __attribute__((always_inline)) void pair_legacy_tile(const int qty
     const int is_q8 = qtype == Q8_0_R8, is_q41 = qtype == Q4_1_R8, chains = R <= 2 ? 2 : 1;
     const int64_t bytes = r8_legacy_block_bytes(qtype), at = r8_legacy_nibbles_at(qtype);
     const __m512 unit = _mm512_set1_ps(one_pass ? RESIDUAL_STEPS : 1.0f), offset = _mm512_set1_ps(-16.0f);
-    const __m512i low = _mm512_set1_epi8(0xf), fifth = _mm512_set1_epi8(0x10), zero = _mm512_setzero_si512();
+    const __m512i low = _mm512_set1_epi8(0xf), fifth = _mm512_set1_epi8(0x10), flip = _mm512_set1_epi8((char)0x80);
     __m512 acc[TILE_ROWS];
     for (int j = 0; j < R; j++) acc[j] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o = a + b * bytes, *p = o + step;
         r8_prefetch_pair(a, step, b * bytes, bytes);  /* r8.h */
         __m512i w[8];
-        __mmask64 neg[8];
         if (is_q8) {
-            for (int g = 0; g < 8; g++) {
-                const __m512i sgn = load_pair(o + 16 + 32 * g, p + 16 + 32 * g);
-                w[g] = _mm512_abs_epi8(sgn);
-                neg[g] = _mm512_movepi8_mask(sgn);
-            }
+            for (int g = 0; g < 8; g++) w[g] = _mm512_xor_si512(load_pair(o + 16 + 32 * g, p + 16 + 32 * g), flip);
         } else {
             const __m512i hb = load_pair(o + 16, p + 16);
             for (int g = 0; g < 8; g++) {
@@ -180,27 +179,8 @@ static inline __attribute__((always_inline)) void pair_legacy_tile(const int qty
         const __m512 dsc = _mm512_mul_ps(d, unit), dmn = is_q41 ? halves16(o + 16, p + 16) : _mm512_mul_ps(d, offset);
         for (int j = 0; j < R; j++) {
             const int8_t *xq = x->q + j * k + 32 * b, *xr = x->r + j * k + 32 * b;
-            __m512i isum;
-            if (is_q8) {
-                __m512i sum[2][2] = {{zero, zero}, {zero, zero}};
-                for (int pass = 0; pass < (one_pass ? 1 : 2); pass++) {
-                    const int8_t *xs = pass ? xr : xq;
-                    for (int g = 0; g < 8; g++) {
-                        int32_t four;
-                        memcpy(&four, xs + 4 * g, 4);
-                        const __m512i xb = _mm512_set1_epi32(four);
-                        sum[pass][g % chains] = _mm512_dpbusd_epi32(sum[pass][g % chains], w[g],
-                                                                    _mm512_mask_sub_epi8(xb, neg[g], zero, xb));
-                    }
-                }
-                isum = chains == 2 ? _mm512_add_epi32(sum[0][0], sum[0][1]) : sum[0][0];
-                if (!one_pass) {
-                    const __m512i r = chains == 2 ? _mm512_add_epi32(sum[1][0], sum[1][1]) : sum[1][0];
-                    isum = _mm512_add_epi32(_mm512_slli_epi32(isum, RESIDUAL_SHIFT), r);
-                }
-            } else {
-                isum = block_dot512(w, xq, xr, 0, 8, chains, one_pass);
-            }
+            __m512i isum = block_dot512(w, xq, xr, 0, 8, chains, one_pass);
+            if (is_q8) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(x->c[b * lanes + j] * 128));
             const __m512 dx = _mm512_set1_ps(x->d[b * lanes + j]);
             acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dsc, dx), acc[j]);
             if (!is_q8) acc[j] = _mm512_fmadd_ps(dmn, _mm512_set1_ps(x->s[b * lanes + j]), acc[j]);
