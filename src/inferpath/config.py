@@ -1,10 +1,12 @@
-"""ModelConfig and EngineConfig: validated once, frozen.
+"""ModelConfig: validated once, frozen; the architectures the engine runs.
 
 ModelConfig is the one description of a model's shapes that every part of inferpath
 reads: the model builds its layers from it, the KV cache sizes its tensors from it, and
 the cost model (explain/) turns it into bytes and FLOPs. It comes from a Hugging Face
 ``config.json``, from GGUF metadata (weights/gguf.py builds the dict), or from a named
-preset of a well-known model.
+preset of a well-known model. Its fields are checked by config_checks.py (and
+config_kinds.py, for layers of several kinds). EngineConfig (engine_config.py) and
+ConfigError (errors.py) are re-exported from here.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from inferpath.config_checks import check_model_config
+from inferpath.config_kinds import engine_unsupported_fields, linear_state_values
+from inferpath.engine_config import EngineConfig  # noqa: F401 (re-exported)
+from inferpath.errors import ConfigError
 from inferpath.families import FAMILIES
 from inferpath.hf_config import UnsupportedFieldError, model_config_kwargs
-from inferpath.speculative_config import SpeculativeConfig, SpeculativeConfigError
 
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 # MoE architectures whose experts sit under ``mlp`` with Llama names (model/moe.py RoutedMoE)
@@ -28,10 +33,6 @@ PRICED_ARCHITECTURES: tuple[str, ...] = ()
 # model/deepseek_moe.py; model/gated_deltanet.py, model/qwen3_next.py)
 # Qwen3.5 (text-only ForCausalLM checkpoints): Qwen3-Next's layers, its linear projections stored apart
 KIND_ARCHITECTURES = ("deepseek_v3", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
-
-
-class ConfigError(ValueError):
-    """A model or engine configuration value is missing or out of range."""
 
 
 @dataclass(frozen=True)
@@ -166,51 +167,7 @@ class ModelConfig:
                 f"architecture {self.architecture!r} is not supported; "
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
-        for field_name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                           "num_heads", "num_kv_heads", "head_dim"):
-            value = getattr(self, field_name)
-            if not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{field_name} must be a positive integer, got {value!r}")
-        if self.num_heads % self.num_kv_heads:
-            raise ConfigError(
-                f"num_heads ({self.num_heads}) must be a multiple of "
-                f"num_kv_heads ({self.num_kv_heads})"
-            )
-        if self.hidden_act not in ("silu", "gelu", "gelu_pytorch_tanh"):
-            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; "
-                              "supported: silu, gelu, gelu_pytorch_tanh")
-        if self.num_experts and self.hidden_act != "silu":
-            raise ConfigError(f"hidden_act {self.hidden_act!r} with experts is not supported (SiLU only)")
-        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
-            raise ConfigError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
-        if self.rotary_dim and (self.rotary_dim % 2 or self.rotary_dim > self.head_dim):
-            raise ConfigError(f"rotary_dim ({self.rotary_dim}) must be even and at most head_dim ({self.head_dim})")
-        if self.moe_router not in ("softmax", "sigmoid_grouped", "topk_softmax", "sigmoid_prescaled"):
-            raise ConfigError(f"moe_router {self.moe_router!r} is not supported; "
-                              "supported: softmax, sigmoid_grouped, topk_softmax, sigmoid_prescaled")
-        if "chunked_attention" in (self.layer_types or ()) and self.attention_chunk_size <= 0:
-            raise ConfigError("layer_types has chunked_attention layers but attention_chunk_size is "
-                              f"{self.attention_chunk_size!r}; set a positive chunk size")
-        if self.attn_temperature_floor < 0:
-            raise ConfigError(f"attn_temperature_floor must be >= 0 (0: off), got {self.attn_temperature_floor!r}")
-        if self.num_experts and (self.num_experts % self.num_expert_groups
-                                 or not 0 < self.num_topk_groups <= self.num_expert_groups):
-            raise ConfigError(f"{self.num_experts} experts in {self.num_expert_groups} groups, the best "
-                              f"{self.num_topk_groups} chosen: groups must divide the experts and be chosen 1..all")
-        if self.qk_norm not in ("", "projection", "head", "l2_rope"):
-            raise ConfigError(f"qk_norm {self.qk_norm!r} is not supported; supported: '', projection, head, l2_rope")
-        if self.sandwich_norms and self.post_norms:
-            raise ConfigError("sandwich_norms and post_norms exclude each other (Gemma's norms or OLMo 2's)")
-        if any(not 0 <= i < self.num_layers for i in self.no_rope_layers):
-            raise ConfigError(f"no_rope_layers {list(self.no_rope_layers)} must be layer indices below {self.num_layers}")
-        if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
-            raise ConfigError(
-                f"num_experts_per_tok ({self.num_experts_per_tok}) must be in "
-                f"1..num_experts ({self.num_experts})"
-            )
-        from inferpath.config_kinds import check_kinds  # MLA, DeepSeek MoE, linear attention
-
-        check_kinds(self)
+        check_model_config(self)  # every field in range (config_checks.py, config_kinds.py)
 
     @property
     def attention_scale(self) -> float:
@@ -293,8 +250,6 @@ class ModelConfig:
         """The fixed state a sequence owns in each linear-attention layer, whatever its length:
         the short convolution's last kernel-1 inputs (q, k and v channels) and the delta
         rule's matrix (value heads x key dim x value dim); 0 without linear layers."""
-        from inferpath.config_kinds import linear_state_values
-
         return self.num_linear_layers * linear_state_values(self) * dtype_bytes
 
     def to_dict(self) -> dict[str, Any]:
@@ -339,8 +294,6 @@ class ModelConfig:
 
 def require_engine_support(config: ModelConfig) -> None:
     """ConfigError unless the engine implements ``config.architecture`` (explain may price more)."""
-    from inferpath.config_kinds import engine_unsupported_fields
-
     if config.architecture in PRICED_ARCHITECTURES:
         raise ConfigError(f"architecture {config.architecture!r} is priced by explain but not implemented "
                           f"by the engine; the engine runs: {', '.join(SUPPORTED_ARCHITECTURES + KIND_ARCHITECTURES)}")
@@ -354,73 +307,3 @@ def _freeze(value: dict[str, Any] | None) -> tuple[tuple[str, Any], ...] | None:
     if not value:
         return None
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in value.items()))
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """How the engine runs a model: dtype, cache geometry, batching limits.
-
-    The number of KV blocks is *measured* (from a memory budget) and lives in the runner,
-    not here; ``num_kv_blocks`` set here is an explicit override (tests use it to force
-    preemption).
-    """
-
-    # "auto": a quantized GGUF runs quantized (float32 activations), float weights in bf16
-    # where the CPU has native bf16, else float32 (engine/weight_plan.py); a dtype: every weight in it
-    dtype: str = "auto"
-    block_size: int = 16
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    num_kv_blocks: int | None = None
-    kv_cache_memory_bytes: int = 512 * 1024**2  # CPU-sized: ~11k tokens of SmolLM2 in fp32
-    enable_prefix_caching: bool = True
-    max_waiting_requests: int = 1024
-    seed: int = 0
-    tensor_parallel_size: int = 1  # local ranks the model is sharded over (parallel/)
-    cpu_kernels: bool = True  # CPULinear dispatch (kernels/): native bf16 GEMV, packed oneDNN
-    threads: int | None = None  # compute threads (kernels and PyTorch); None: physical cores (threads.py)
-    quantization: str | None = None  # q8_0 | q4_0 | q4_k: quantize float weights on load (weights/quantize.py)
-    # a request's tokens and logprobs bitwise the same whatever shares its steps
-    # (model/batch_invariant.py); costs speed on prompts and large bf16 batches
-    batch_invariant: bool = False
-    # the same, for the requests that set a seed only: their rows run as a batch-invariant
-    # sub-batch of each step, the others' keep the fast kernels (engine/row_passes.py)
-    deterministic_seeded: bool = False
-    # speculative decoding (speculative_config.py): a SpeculativeConfig, or its dict / JSON
-    # spelling ({"method": "ngram", "num_speculative_tokens": 4}); None: off
-    speculative_config: SpeculativeConfig | None = None
-
-    def __post_init__(self) -> None:
-        if self.speculative_config is not None:
-            try:
-                spec = SpeculativeConfig.from_value(self.speculative_config)
-            except SpeculativeConfigError as exc:
-                raise ConfigError(str(exc)) from None
-            object.__setattr__(self, "speculative_config", spec)
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_waiting_requests",
-                     "tensor_parallel_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads <= 0):
-            raise ConfigError(f"threads must be a positive integer or None (the physical cores), got {self.threads!r}")
-        if self.quantization is not None and self.quantization.lower() not in ("q8_0", "q4_0", "q4_k"):
-            raise ConfigError(f"quantization must be q8_0, q4_0 or q4_k (or None), got {self.quantization!r}")
-        if self.quantization is not None and self.dtype not in ("auto", "float32"):
-            raise ConfigError(f"quantization={self.quantization!r} runs float32 activations; "
-                              f"dtype={self.dtype!r} cannot go with it (use auto)")
-        if self.batch_invariant and self.tensor_parallel_size > 1:
-            raise ConfigError("batch_invariant is not supported with tensor_parallel_size > 1")
-        if self.deterministic_seeded and self.tensor_parallel_size > 1:
-            raise ConfigError("deterministic_seeded (--deterministic-seeded) is not supported with "
-                              f"tensor_parallel_size={self.tensor_parallel_size}; use 1")
-        if self.deterministic_seeded and self.speculative_config is not None:
-            # verification samples a batch of drafts' distributions, and a draft model's own
-            # steps are batched: neither is made row-invariant (engine/row_passes.py)
-            raise ConfigError("deterministic_seeded (--deterministic-seeded) is not supported with "
-                              "speculative decoding (speculative_config); turn one of them off")
-        if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
-            raise ConfigError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")

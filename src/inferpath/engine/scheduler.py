@@ -20,15 +20,12 @@ request is preempted by recompute: its blocks are freed and it goes back to the 
 the waiting queue, keeping its output tokens. On resume the prompt *and* its output so far
 are prefilled again (mostly prefix-cache hits), so its output is unchanged.
 
-Speculative decoding (engine/spec/) is a chunk too: a decoding request holding k drafted
-tokens (``request.spec_token_ids``, proposed after the previous step) is scheduled as a
-chunk of 1 + k tokens, its last real token and the drafts, with slots for all of them.
-``update`` takes the verified run (sampling/rejection.py): the accepted drafts and one
-token of the target's own, appended one by one with every stop checked after each (so
-EOS, a stop token or ``max_tokens`` inside a drafted run ends the request there); the
-K/V of the rejected drafts is dropped by giving their slots back (``trim``), and only
-blocks full of accepted tokens get prefix-cache hashes. Drafts that do not fit the
-token budget or the free blocks are cut (never a reason to preempt).
+Speculative decoding is a chunk too: a decoding request's k drafted tokens are scheduled
+with its last real token as a chunk of 1 + k, and ``update`` appends the verified run with
+every stop checked after each token (engine/scheduler_spec.py).
+
+The hand-offs (``SchedulerOutput`` of ``ScheduledChunk``s, ``SampleUpdate``,
+``SchedulerStats``) are engine/scheduler_output.py's, re-exported here.
 
 Invariants:
 - a request is in exactly one of ``waiting`` / ``running``, or finished and in neither;
@@ -41,87 +38,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from inferpath.cache.blocks import BlockManager
 from inferpath.engine.errors import RequestError
 from inferpath.engine.outputs import RunnerOutput
 from inferpath.engine.request import Request, RequestStatus
+from inferpath.engine.scheduler_output import SampleUpdate, ScheduledChunk, SchedulerOutput, SchedulerStats
+from inferpath.engine.scheduler_spec import accept_run, take_drafts
 from inferpath.sampling.stop import check_stop
-
-
-@dataclass(frozen=True)
-class ScheduledChunk:
-    """Compute the tokens at positions [start, end) of ``request``.
-
-    ``start`` is the request's ``num_computed_tokens`` when scheduled. ``samples`` is
-    True when the chunk reaches the request's last token: its logits are sampled.
-    ``draft_token_ids`` (speculative decoding) are the last ``len(draft_token_ids)`` of
-    the ``num_new_tokens``: drafted tokens past the request's last one, to verify.
-    """
-
-    request: Request
-    start: int
-    num_new_tokens: int
-    samples: bool
-    draft_token_ids: tuple[int, ...] = ()
-
-    @classmethod
-    def of(cls, request: Request, num_new_tokens: int,
-           draft_token_ids: tuple[int, ...] = ()) -> ScheduledChunk:
-        start = request.num_computed_tokens
-        samples = start + num_new_tokens - len(draft_token_ids) == request.num_tokens
-        return cls(request, start, num_new_tokens, samples, draft_token_ids)
-
-    @property
-    def end(self) -> int:
-        return self.start + self.num_new_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    """One step's work, in batch order (decodes first). Read by the runner."""
-
-    chunks: list[ScheduledChunk] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-    # requests finished by the scheduler itself (aborted, or out of cache when alone)
-    finished: list[Request] = field(default_factory=list)
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(c.num_new_tokens for c in self.chunks)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.chunks
-
-
-@dataclass
-class SampleUpdate:
-    """What one step did to one request: the token it got (or None: it finished without
-    one, e.g. aborted or failed) and that token's logprobs. Read by the output processor."""
-
-    request: Request
-    token_id: int | None = None
-    logprobs: object = None
-    # False for all but the last of several tokens one step gave a request (a verified
-    # speculative run): the output processor flushes a finished request's text only at its last
-    is_last: bool = True
-
-
-@dataclass
-class SchedulerStats:
-    num_preemptions: int = 0
-    prefix_cache_queries: int = 0  # prompt tokens looked up at first admission
-    prefix_cache_hits: int = 0  # of which found in the cache
-    num_prompt_tokens_computed: int = 0  # prompt tokens actually run through the model
-    num_generation_tokens: int = 0
-    # speculative decoding: verified chunks, their drafted tokens, the accepted ones, and
-    # accepted counts by draft position (vLLM's spec_decode metrics)
-    num_spec_drafts: int = 0
-    num_spec_draft_tokens: int = 0
-    num_spec_accepted_tokens: int = 0
-    spec_accepted_per_pos: list[int] = field(default_factory=list)
 
 
 class Scheduler:
@@ -198,7 +122,7 @@ class Scheduler:
                 out.finished.append(request)
                 continue
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            drafts = self._drafts_that_fit(request, budget)
+            drafts = take_drafts(request, budget, self.max_model_len, self.block_manager)
             num_new += len(drafts)
             num_slots = request.num_computed_tokens + num_new
             while not self.block_manager.can_append_slots(request.seq_id, num_slots):
@@ -218,19 +142,6 @@ class Scheduler:
             budget = self._admit_waiting(scheduled, budget, out.finished)
         out.chunks = list(scheduled.values())
         return out
-
-    def _drafts_that_fit(self, request: Request, budget: int) -> tuple[int, ...]:
-        """The request's drafted tokens to verify this step (taken: they are proposed anew
-        after each step), cut to the token budget, the context limit and the free blocks."""
-        drafts, request.spec_token_ids = request.spec_token_ids, []
-        if not drafts or request.num_tokens - request.num_computed_tokens != 1:
-            request.spec_draft_probs = None
-            return ()
-        num_drafts = min(len(drafts), budget - 1, self.max_model_len - request.num_tokens)
-        bm = self.block_manager
-        while num_drafts > 0 and not bm.can_append_slots(request.seq_id, request.num_tokens + num_drafts):
-            num_drafts -= 1
-        return tuple(drafts[:max(num_drafts, 0)])
 
     def _admit_waiting(self, scheduled: dict[object, ScheduledChunk], budget: int,
                        scheduled_finished: list[Request]) -> int:
@@ -278,7 +189,7 @@ class Scheduler:
                 self.stats.num_prompt_tokens_computed += num_prompt_new
             run = runner_output.runs.get(i) if chunk.draft_token_ids and chunk.samples else None
             if run is not None:
-                self._accept_run(chunk, run, updates)
+                updates += accept_run(chunk, run, self.block_manager, self.stats, self._check_stop)
                 i += 1
                 continue
             request.num_computed_tokens = chunk.end - len(chunk.draft_token_ids)
@@ -302,38 +213,6 @@ class Scheduler:
             raise ValueError(f"got {len(runner_output.token_ids)} sampled tokens for "
                              f"{i} sampling chunks")
         return updates
-
-    def _accept_run(self, chunk: ScheduledChunk, run, updates: list[SampleUpdate]) -> None:
-        """Take a verified speculative run (engine/outputs.py TokenRun): hash the blocks
-        full of accepted tokens, append the tokens one by one until one stops the request,
-        and give back the slots of the rejected drafts."""
-        request = chunk.request
-        num_drafted, num_accepted = len(chunk.draft_token_ids), run.num_accepted
-        stats = self.stats
-        stats.num_spec_drafts += 1
-        stats.num_spec_draft_tokens += num_drafted
-        stats.num_spec_accepted_tokens += num_accepted
-        per_pos = stats.spec_accepted_per_pos
-        per_pos.extend([0] * (num_drafted - len(per_pos)))
-        for pos in range(num_accepted):
-            per_pos[pos] += 1
-        if request.spec_acceptance is not None:
-            request.spec_acceptance.observe(num_drafted, num_accepted)
-        # K/V is valid through the last real token and the accepted drafts
-        num_computed = chunk.start + 1 + num_accepted
-        self.block_manager.cache_full_blocks(
-            request.seq_id, request.all_token_ids + run.token_ids[:num_accepted], num_computed)
-        for j, token_id in enumerate(run.token_ids):
-            request.append_output(token_id)
-            stats.num_generation_tokens += 1
-            self._check_stop(request, token_id)
-            is_last = request.status.is_finished or j == len(run.token_ids) - 1
-            updates.append(SampleUpdate(request, token_id, run.logprobs[j], is_last))
-            if request.status.is_finished:
-                break
-        request.num_computed_tokens = min(num_computed, request.num_tokens - 1)
-        if not request.status.is_finished:
-            self.block_manager.trim(request.seq_id, request.num_tokens)
 
     def finish_requests(self, stopped: Iterable[tuple[Request, str]]) -> None:
         """End requests at a stop string (found by the output processor in their text)."""
