@@ -28,6 +28,8 @@ from inferpath.kernels import (
     kernel_status,
 )
 from inferpath.kernels import build as kernel_build
+from inferpath.kernels import isa as kernel_isa
+from inferpath.kernels import libraries as kernel_libraries
 from inferpath.kernels import ops as kernel_ops
 from inferpath.model.layers import RMSNorm, SiluAndMul
 
@@ -178,10 +180,10 @@ def test_other_dtypes_and_layouts_use_torch():
 
 def test_disabled_by_environment(monkeypatch):
     monkeypatch.setenv("INFERPATH_KERNELS", "0")
-    monkeypatch.setattr(kernel_build, "_loaded", {})
+    monkeypatch.setattr(kernel_isa, "_loaded", {})
     assert not gemv_available(torch.float32)
     assert "INFERPATH_KERNELS=0" in kernel_status()
-    monkeypatch.setattr(kernel_build, "_loaded", {})  # undo the cached verdict
+    monkeypatch.setattr(kernel_isa, "_loaded", {})  # undo the cached verdict
     monkeypatch.delenv("INFERPATH_KERNELS")
 
 
@@ -303,8 +305,8 @@ def test_isa_names_a_level_or_is_refused(monkeypatch):
 def test_a_cpu_with_avx2_only_runs_the_avx2_level(monkeypatch):
     """As on AMD Zen 2/3 or an Intel client CPU: no AVX-512 flag, so avx2 is the best level,
     and asking for avx512 gets avx2 (never a level the CPU cannot execute)."""
-    monkeypatch.setattr(kernel_build, "_cpu_flags", lambda: frozenset({"sse2", "avx", "avx2", "fma", "f16c"}))
-    monkeypatch.setattr(kernel_build, "_loaded", {})
+    monkeypatch.setattr(kernel_isa, "_cpu_flags", lambda: frozenset({"sse2", "avx", "avx2", "fma", "f16c"}))
+    monkeypatch.setattr(kernel_isa, "_loaded", {})
     monkeypatch.setenv("INFERPATH_ISA", "avx512")
     assert kernel_build.cpu_level() == "avx2" and kernel_build.active_level() == "avx2"
     assert not kernel_build.can_run("avx512")
@@ -319,8 +321,8 @@ def test_a_failed_level_leaves_the_others_standing(monkeypatch):
     if shutil.which("gcc") is None:
         pytest.skip("no gcc")
     broken = kernel_build.Level("avx2", ("portable", "quant"), ("-mno-such-flag-anywhere",), frozenset())
-    monkeypatch.setitem(kernel_build._LEVEL, "avx2", broken)
-    monkeypatch.setattr(kernel_build, "_loaded", {})
+    monkeypatch.setitem(kernel_isa._LEVEL, "avx2", broken)
+    monkeypatch.setattr(kernel_isa, "_loaded", {})
     monkeypatch.setenv("INFERPATH_ISA", "avx2")
     assert kernel_build.kernel_level(torch.float32) == "generic"
     status = kernel_status()
@@ -333,9 +335,9 @@ def test_the_compiler_call_times_out(monkeypatch):
     if shutil.which("gcc") is None:
         pytest.skip("no gcc")
     slow = kernel_build.Level("generic", ("portable", "quant"), ("-DINFERPATH_TIMEOUT_TEST",), frozenset())
-    monkeypatch.setitem(kernel_build._LEVEL, "generic", slow)
-    monkeypatch.setattr(kernel_build, "COMPILE_TIMEOUT_S", 0.01)
-    monkeypatch.setattr(kernel_build, "_loaded", {})
+    monkeypatch.setitem(kernel_isa._LEVEL, "generic", slow)
+    monkeypatch.setattr(kernel_libraries, "COMPILE_TIMEOUT_S", 0.01)
+    monkeypatch.setattr(kernel_isa, "_loaded", {})
     lib, reason = kernel_build._library("generic")
     assert lib is None and "took more than" in reason
 
