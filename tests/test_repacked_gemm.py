@@ -109,3 +109,28 @@ def test_a_repacked_weight_after_an_odd_one_starts_mid_group(isa):
     out = QuantGroup(build.native_quant_matmul_group(), [w1, repack(w2, drop_source=False)], [None, None])(x)
     assert torch.equal(out[:, :13], laid_out[:, :13])
     assert _close(out, laid_out, x, torch.cat([w1.dequantize(), w2.dequantize()]))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q5_0, Q.Q8_0], ids=lambda t: t.name)
+def test_every_gemm_tile_height_gives_the_same_bits(qtype, isa):
+    """gemm.c takes 3 rows of x a tile on AMD cores and 6 elsewhere (its speed per core);
+    every height 1..6 gives the same bits, as laid out and repacked, for row counts that
+    leave short tiles (37, 70). Where no GEMM is built the setter says so (None)."""
+    weight = random_weight(qtype, 64, 512, seed=int(qtype))
+    packed = repack(weight, drop_source=False)
+    if build.set_gemm_tile_rows(0, isa) is None:
+        assert not _gemm_runs(isa)
+        return
+    try:
+        for rows in (37, 70):
+            x = _x(rows, 512, rows)
+            build.set_gemm_tile_rows(1, isa)
+            expected = _matmul(x, weight)
+            for height in range(2, 7):
+                build.set_gemm_tile_rows(height, isa)
+                assert torch.equal(_matmul(x, weight), expected), (rows, height)
+                assert torch.equal(_matmul(x, packed), expected), (rows, height)
+        with pytest.raises(ValueError, match="0..6"):
+            build.set_gemm_tile_rows(7, isa)
+    finally:
+        build.set_gemm_tile_rows(0, isa)

@@ -211,6 +211,17 @@ def set_k_quant_x_passes(passes: int, level: str | None = None, prompt: int | No
         raise ValueError(f"K-quant x passes must be 1 or 2, got {bad!r}")
 
 
+def set_gemm_tile_rows(rows: int, level: str | None = None) -> int | None:
+    """Make the GEMM panels at ``level`` (csrc/quant/gemm.c, avx512) take ``rows`` rows of x a
+    tile from the next call on (1..6; 0: the core's default, 3 on AMD, else 6): the count
+    before, or None where the level has no GEMM. Speed only: the results are the same bits."""
+    fn = _native("inferpath_set_gemm_tile_rows", "quantized", level)
+    before = None if fn is None else int(fn(rows))
+    if before is not None and before < 0 and rows != 0 and not 1 <= rows <= 6:
+        raise ValueError(f"GEMM tile rows must be 0..6, got {rows!r}")
+    return before if before is None or before > 0 else None
+
+
 def native_quant_matmul_group(level: str | None = None):
     """The fused dequantize-dot matmul of several weights against one x, or None."""
     return _native("inferpath_quant_matmul_group", "quantized", level)

@@ -42,12 +42,32 @@
 #include "panel_epilogue.h"
 
 #define PANEL GEMM_PANEL               /* output columns a panel: two 512-bit vectors */
-/* rows of x a tile. Fewer rows per weight load is faster on Zen 4: at 512 rows x 1536,
- * Q4_K, 1 thread, 3 rows gave 1.13-1.15x the 6 rows' GOP/s (2: 1.07x, 4: 1.10x; 7 and 8 spill
- * registers), Q6_K 1.03-1.05x; benchmarks/prefill_gemm.py, docs/kquant_kernels.md. The
- * epilogue's float multiplies share the VNNI pipes, so the tile is bound by them either
- * way; with 6 rows' 24 accumulators live the compiler's schedule overlapped them worse. */
-#define MR 3
+/* rows of x a tile: MR at most, tile_rows_now a call (inferpath_set_gemm_tile_rows). The
+ * best count is the core's. Fewer rows per weight load is faster on AMD Zen 4: at 512 rows x
+ * 1536, Q4_K, 1 thread, 3 rows gave 1.13-1.15x the 6 rows' GOP/s (2: 1.07x, 4: 1.10x; 7 and
+ * 8 spill registers), Q6_K 1.03-1.05x (benchmarks/prefill_gemm.py, docs/kquant_kernels.md):
+ * the epilogue's float multiplies share the VNNI pipes, and with 6 rows' 24 accumulators
+ * live the compiler's schedule overlapped them worse. On an Intel Xeon with AMX (Sapphire
+ * Rapids class) 6 rows gave 1.12-1.35x the 3 rows' (Q4_K 8960 x 1536 1.12x, 1536 x 8960
+ * 1.17x; Q6_K 1.35x, 1.24x; 4 rows 1.11-1.34x; benchmarks/gemm_source_ab.py). So AMD
+ * cores take 3 and the others 6. A row's result does not depend on the count (each row's
+ * chain is its own), so the choice changes speed, never bits. */
+#define MR 6
+static int tile_rows_now;  /* 0: not chosen yet */
+
+static int default_tile_rows(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") ? 3 : 6;
+}
+
+/* The rows of x a GEMM tile takes from the next call on (1..MR; 0 for the core's default):
+ * the previous count, or -1 out of range. */
+int inferpath_set_gemm_tile_rows(int rows) {
+    if (rows < 0 || rows > MR) return -1;
+    const int before = tile_rows_now ? tile_rows_now : default_tile_rows();
+    __atomic_store_n(&tile_rows_now, rows ? rows : default_tile_rows(), __ATOMIC_RELAXED);
+    return before;
+}
 #define PREFETCH_BLOCKS 8             /* a column's block this far ahead is fetched while packing */
 #define QUAD_BYTES (PANEL * 4)        /* one group of four values for the panel's columns */
 #define BLOCK_BYTES (8 * QUAD_BYTES + 4 * PANEL * 4)  /* quads, then scale[2][PANEL], min[2][PANEL] */
@@ -296,7 +316,7 @@ static void tile_rows(const uint8_t *panel, const quant_matmul *q, int64_t j0, i
 #define TILE_CASE(R) case R: if (two_scales) tile(panel, q, j0, R, 1, y, n, cols, bias); \
                              else tile(panel, q, j0, R, 0, y, n, cols, bias); break;
     switch (rows) {
-        TILE_CASE(1) TILE_CASE(2)
+        TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5)
         default: if (two_scales) tile(panel, q, j0, MR, 1, y, n, cols, bias); else tile(panel, q, j0, MR, 0, y, n, cols, bias); break;
     }
 #undef TILE_CASE
@@ -318,6 +338,8 @@ int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
     const int64_t nb = q->k / 32, m = q->m, n = q->n;
     uint8_t *panel = panel_buffer(nb * BLOCK_BYTES);
     if (!panel) return -2;
+    int mr = __atomic_load_n(&tile_rows_now, __ATOMIC_RELAXED);
+    if (!mr) __atomic_store_n(&tile_rows_now, mr = default_tile_rows(), __ATOMIC_RELAXED);  /* threads agree */
     int i = 0;
     for (int64_t c = c0; c < c1;) {
         while (c >= q->starts[i + 1]) i++;
@@ -341,7 +363,7 @@ int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
         }
         const float *bias = q->biases[i] ? q->biases[i] + local : 0;
         if (!amx_int8_panel(panel, q, q->qtypes[i], two_scales, y + c, n, cols, bias)) {  /* else VNNI tiles */
-            const int64_t tiles = (m + MR - 1) / MR, base = m / tiles, longer = m % tiles;  /* balanced: 32 rows 3 x 10 and 2 */
+            const int64_t tiles = (m + mr - 1) / mr, base = m / tiles, longer = m % tiles;  /* balanced: 32 rows 3 x 10 and 2 */
             for (int64_t t = 0, j0 = 0; t < tiles; t++) {
                 const int rows = (int)(base + (t < longer));
                 tile_rows(panel, q, j0, rows, two_scales, y + c, n, cols, bias);
@@ -370,6 +392,7 @@ int inferpath_amx_int8_pack_panel(int qtype, const uint8_t *w, int64_t row_bytes
 
 #else
 int gemm_ready(void) { return 0; }
+int inferpath_set_gemm_tile_rows(int rows) { (void)rows; return -1; }  /* no GEMM at this level */
 int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) { (void)q, (void)y, (void)c0, (void)c1; return -1; }
 int inferpath_amx_int8_pack_panel(int qtype, const uint8_t *w, int64_t row_bytes, int cols, int64_t k,
                                   uint8_t *panel) {
