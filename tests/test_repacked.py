@@ -7,7 +7,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from inferpath.kernels import build, ops
+from inferpath.kernels import build, ops, quant_ops
 from inferpath.kernels.groups import QuantGroup
 from inferpath.kernels.quantized import QuantLinear
 from inferpath.kernels.repacked import REPACK_DEFAULT_LEVELS, REPACK_FORMATS, RepackedTensor, kernel_type, repack, repackable
@@ -105,9 +105,9 @@ def test_a_group_mixing_repacked_and_laid_out_weights(isa):
 
 def test_the_module_runs_repacked_weights_at_every_row_count(isa, monkeypatch):
     """QuantLinear over a RepackedTensor: fused rows (every row count where weights are
-    repacked, ops.R8_MATMUL_MAX_ROWS), row-invariant dispatch, and past the fused rows the
+    repacked, quant_ops.R8_MATMUL_MAX_ROWS), row-invariant dispatch, and past the fused rows the
     dequantized tiles (tile edges at multiples of 8; the generic level)."""
-    monkeypatch.setattr(ops, "DEQUANT_TILE_VALUES", 21 * 256)
+    monkeypatch.setattr(quant_ops, "DEQUANT_TILE_VALUES", 21 * 256)
     weight = random_weight(Q.Q4_K, 48, 256, seed=4)
     module = QuantLinear(repack(weight, drop_source=False))
     reference = QuantLinear(weight)

@@ -11,6 +11,7 @@ Conventions (documented so the numbers can be checked by hand):
 - Weights (all parameters, norms included, at the weight dtype) are read once per pass,
   however many tokens use them. Weight-only int8/int4
   dequantize to bf16 in the matmul (bf16 peak). Quantization scales are not counted.
+  The dtypes and their sizes are a ``Precision`` (explain/precision.py).
 - Activations and the KV cache are bf16 (fp32 when the weights are fp32); attention scores
   and probabilities, logits and the RMSNorm statistics are fp32.
 - Attention is the unfused reference path (scores -> softmax -> weighted sum, each through
@@ -35,15 +36,13 @@ Invariant: a PassCost's totals are the sums of its stages (tests check it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from inferpath.config import ModelConfig
 from inferpath.explain.hardware import HardwareSpec
 from inferpath.explain.params import layer_params
+from inferpath.explain.precision import DTYPE_BYTES, WIDENED_FORMATS, Precision  # noqa: F401 - re-exported
 
-DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0, "int4": 0.5}
-_DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
-                  "q8": "int8", "q4": "int4"}
 FP32 = 4  # bytes: scores, probabilities, logits
 TOKEN_ID = 8  # bytes: int64 token ids
 
@@ -62,100 +61,6 @@ LAYER_MATMUL_STAGES = ("q_proj", "k_proj", "v_proj", "o_proj", "router", "gate_p
                        "q_a_proj", "q_b_proj", "kv_a_proj", "q_absorb", "kv_b_proj", "v_up",
                        "gdn_in_proj", "gdn_out_proj", "dense_gate_proj", "dense_up_proj",
                        "dense_down_proj", "shared_gate_proj", "shared_up_proj", "shared_down_proj")
-
-
-# Float weight formats that run widened to float32 activations (bf16 weights on a CPU
-# without bf16 arithmetic, kernels/bf16_weights.py): they compute at the activations' peak.
-WIDENED_FORMATS = ("bfloat16",)
-
-
-@dataclass(frozen=True)
-class Precision:
-    """Weight dtype, and the activation/KV dtype and compute peak that follow from it.
-
-    ``bytes_per_weight`` overrides the dtype's size for weights kept in a file's block
-    formats (``of_gguf``): e.g. a Q4_1 + Q8_0 GGUF runs with float32 activations
-    (``weights="fp32"``) but reads 0.72 bytes per weight.
-    """
-
-    weights: str
-    bytes_per_weight: float | None = None
-    label: str = ""
-    # each matmul stage's matrices as they run (explain/stage_formats.py): priced at the rate
-    # of their own kernel (explain/kernel_cost.py); () prices every stage at the mean bytes
-    formats: tuple = field(default=(), compare=False)
-    # the block formats whose layer matrices run repacked by 8 rows (WeightPlan.repacked): their
-    # rates are the repacked kernel's (kernel_cost.rate_format)
-    repacked: tuple = field(default=(), compare=False)
-
-    def __post_init__(self) -> None:
-        if self.weights not in DTYPE_BYTES:
-            raise ValueError(f"weight dtype {self.weights!r} is not one of {', '.join(DTYPE_BYTES)}")
-
-    @classmethod
-    def of_plan(cls, plan) -> "Precision":
-        """The precision of a weight plan (engine/weight_plan.py): its activation dtype, and
-        for matrices kept in GGUF blocks or bf16 beside float32 activations (or quantized at
-        load) their bytes per weight as run, labelled with their formats."""
-        base = cls.parse(str(plan.activation_dtype).removeprefix("torch."))
-        if not plan.quantized and plan.bytes_per_weight == base.weight_bytes:
-            return base
-        return cls(base.weights, plan.bytes_per_weight, " + ".join(plan.runs), repacked=tuple(plan.repacked))
-
-    @classmethod
-    def of_gguf(cls, path) -> "Precision":
-        """What inferpath runs for a GGUF file by default on this CPU: the precision of its
-        weight plan (``of_plan``) under a default ``EngineConfig``. NOTE: a mix of block
-        formats is averaged over the file's matrices, spread evenly over the stages."""
-        from inferpath.config import EngineConfig
-        from inferpath.engine.weight_plan import plan_weights
-
-        from inferpath.explain.gguf_config import gguf_model_config
-        from inferpath.explain.stage_formats import formats_of_plan
-
-        plan = plan_weights(path, EngineConfig())
-        return cls.of_plan(plan).with_formats(formats_of_plan(path, plan, gguf_model_config(path)))
-
-    def with_formats(self, formats) -> "Precision":
-        """This precision with each stage's matrices as they run (stage_formats.py)."""
-        return replace(self, formats=tuple(formats))
-
-    @property
-    def activation_format(self) -> str:
-        """The activations' dtype as the probe's rate keys name it ("float32")."""
-        return "float32" if self.weights == "fp32" else "bfloat16"
-
-    @classmethod
-    def parse(cls, name: str) -> "Precision":
-        key = name.lower()
-        return cls(_DTYPE_ALIASES.get(key, key))
-
-    @property
-    def weight_bytes(self) -> float:
-        return self.bytes_per_weight or DTYPE_BYTES[self.weights]
-
-    @property
-    def description(self) -> str:
-        """e.g. "bf16", or "Q4_1 + Q8_0 (0.718 B/weight, fp32 activations)"."""
-        if self.bytes_per_weight is None:
-            return self.weights
-        return f"{self.label} ({self.bytes_per_weight:.3f} B/weight, {self.weights} activations)"
-
-    @property
-    def activation_bytes(self) -> int:
-        return 4 if self.weights == "fp32" else 2
-
-    @property
-    def kv_bytes(self) -> int:
-        return self.activation_bytes
-
-    @property
-    def compute_dtype(self) -> str:
-        """The peak-FLOP/s key: "quantized" for block formats (the probe measures their
-        kernels; a preset falls back to its bf16 peak), else the weights' dtype."""
-        if self.bytes_per_weight is not None and self.label not in WIDENED_FORMATS:
-            return "quantized"
-        return "fp32" if self.weights == "fp32" else "bf16"
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ def rate_format(run: MatrixRun, stage: str, repacked: tuple = ()) -> str:
     repacks it by 8 rows (a layer matrix of a format in ``repacked``, ``Precision.repacked``,
     whose shape r8.c takes: rows of 8, columns of 256), else its own. NOTE: an untied LM head
     of a repacked format is repacked too, but is keyed here as laid out (its module rate)."""
-    from inferpath.explain.probe_kernels import R8
+    from inferpath.explain.probe_weights import R8
 
     takes = run.rows % 8 == 0 and run.cols % 256 == 0
     return run.format + R8 if run.format in repacked and stage in NATIVE_STAGES and takes else run.format

@@ -22,10 +22,9 @@ each: on this 2-core AMD EPYC a Q4_1 GEMV streams ~4 GB/s where the float32 one 
   FLOP/s.
 
 Keys are ``"FORMAT/ACTIVATIONS"``: ``"Q4_K/float32"``, ``"F32/float32"``, ``"BF16/float32"``
-(widened in the kernel), ``"BF16/bfloat16"``. Block weights are random bytes with their
-fp16 scale fields set to a small normal value (a kernel's time does not depend on the
-values, but NaN or subnormal scales could). Each figure is the best of ``REPEATS`` runs;
-the whole measurement takes a few seconds.
+(widened in the kernel), ``"BF16/bfloat16"``; ``"Q4_K_R8"`` is Q4_K repacked by 8 rows. The
+weights are random, in the engine's own module for each format (explain/probe_weights.py).
+Each figure is the best of ``REPEATS`` runs; the whole measurement takes a few seconds.
 
 Invariant: every rate recorded is positive; a format whose kernel does not run here
 (no native kernels) is left out, and the cost model falls back to bandwidth and peak.
@@ -35,6 +34,12 @@ from __future__ import annotations
 
 import time
 
+from inferpath.explain.probe_weights import (R8, file_bytes_per_value, file_format,  # noqa: F401 - re-exported
+                                             linear_weight_bytes, random_blocks, random_linear)
+
+# the names these had here before probe_weights.py (tests import them from this module)
+_linear, _bytes_per_value, _weight_bytes = random_linear, file_bytes_per_value, linear_weight_bytes
+
 GEMV_BYTES = 48 * 2**20  # at most: gemv_bytes()
 GEMM_ROWS = 64
 IN_FEATURES = 2048  # a multiple of every block (256 values for the K formats)
@@ -43,12 +48,7 @@ MAX_COPIES = 1024  # of a small matrix, to stream GEMV_BYTES of them
 RESIDENT = "resident"  # the suffix of a shape key measured in the cache
 NATIVE = "native"  # after the shape: measured through the native decode step's matmul (kernel_cost.py)
 STREAM_LLC_MULTIPLE = 3  # a streamed GEMV probe passes at least this many last-level caches of copies
-R8 = "_R8"  # after a format: its matrices run repacked by 8 rows ("Q4_K_R8": kernel_cost.rate_format)
 BLOCK_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
-# byte offsets of each block's fp16 scale fields
-_SCALE_OFFSETS = {"Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,), "Q4_1": (0, 2), "Q5_1": (0, 2),
-                  "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
-_SMALL_F16 = 0x2000  # 2 ** -7
 
 
 def rate_key(fmt: str, activations: str) -> str:
@@ -71,7 +71,7 @@ def measure_kernel_rates() -> dict[str, dict[str, float]]:
         for key in keys:
             fmt, act = key.split("/")
             gemv[key] = measure_gemv(fmt, act, 1536, IN_FEATURES)
-            small = _linear(fmt, 1024, IN_FEATURES)
+            small = random_linear(fmt, 1024, IN_FEATURES)
             rows = torch.randn(GEMM_ROWS, IN_FEATURES).to(getattr(torch, act))  # (GEMM_ROWS, in)
             gemm[key] = 2 * GEMM_ROWS * IN_FEATURES * 1024 / _best(lambda: small(rows))
     return {"gemv": gemv, "gemm": gemm}
@@ -107,14 +107,14 @@ def measure_gemv(fmt: str, activations: str, rows: int, cols: int, resident: boo
 
     rows, copies = _copies(fmt, rows, cols, resident)
     with torch.inference_mode():
-        linears = [_linear(fmt, rows, cols) for _ in range(copies)]
+        linears = [random_linear(fmt, rows, cols) for _ in range(copies)]
         one = torch.randn(1, cols).to(getattr(torch, activations))  # (1, in)
 
         def run():
             for linear in linears:
                 linear(one)
 
-        return sum(_weight_bytes(linear) for linear in linears) / _best(run)
+        return sum(linear_weight_bytes(linear) for linear in linears) / _best(run)
 
 
 def measure_native_gemv(fmt: str, activations: str, rows: int, cols: int, resident: bool = False) -> float | None:
@@ -132,8 +132,9 @@ def measure_native_gemv(fmt: str, activations: str, rows: int, cols: int, reside
         return None
     rows, copies = _copies(fmt, rows, cols, resident)
     with torch.inference_mode():
-        linears = [_linear(fmt, rows, cols) for _ in range(copies)]
-        return sum(_weight_bytes(linear) for linear in linears) / _best(native_matmul_call(fn, fmt, activations, linears))
+        linears = [random_linear(fmt, rows, cols) for _ in range(copies)]
+        run = native_matmul_call(fn, fmt, activations, linears)
+        return sum(linear_weight_bytes(linear) for linear in linears) / _best(run)
 
 
 def native_matmul_fn(fmt: str, activations: str):
@@ -152,7 +153,7 @@ def native_matmul_fn(fmt: str, activations: str):
 
 def native_matmul_call(fn, fmt: str, activations: str, linears: list):
     """``run(count=len(linears))``: ``fn`` over the first ``count`` of ``linears`` (one shape,
-    from ``_linear``) against one fresh row of x; raises where the C rejects the call. The
+    from ``random_linear``) against one fresh row of x; raises where the C rejects the call. The
     closure keeps the weights, row and output alive."""
     import ctypes
 
@@ -182,54 +183,13 @@ def native_matmul_call(fn, fmt: str, activations: str, linears: list):
     return run
 
 
-def measure_native_gemv(fmt: str, activations: str, rows: int, cols: int, resident: bool = False) -> float | None:
-    """Bytes/s of the same GEMVs as ``measure_gemv`` (the same copies, streamed or
-    ``resident``) as the native decode step runs them: one C call looping over the copies
-    through the step's own matmul and pool (csrc/drivers/decode.c
-    ``inferpath_decode_matmuls``), so none of a module call's Python, allocation and
-    dispatch is in the time, and the step's threading rule is (the module path's
-    ``inferpath_quant_matmul`` keeps a matrix under 2^20 multiply-adds on one thread; the
-    step splits every matmul over its pool). None where that call is not built here."""
-    import ctypes
-
-    import torch
-
-    from inferpath.kernels import build
-    from inferpath.kernels.groups import GGUF_FLOAT_TYPES
-    from inferpath.kernels.repacked import kernel_type
-
-    dtype = getattr(torch, activations)
-    floats = fmt in ("F32", "BF16", "F16")
-    fn = build.native_decode_matmuls(dtype if floats else "quantized")
-    if fn is None or dtype not in GGUF_FLOAT_TYPES or (floats and fmt == "F16"):
-        return None
-    rows, copies = _copies(fmt, rows, cols, resident)
-    with torch.inference_mode():
-        linears = [_linear(fmt, rows, cols) for _ in range(copies)]
-        weights = [linear.weight if floats else linear.qweight.data for linear in linears]
-        pointers = (ctypes.c_void_p * copies)(*(w.data_ptr() for w in weights))
-        qtype = GGUF_FLOAT_TYPES[weights[0].dtype] if floats else kernel_type(linears[0].qweight)
-        row_bytes = weights[0].shape[1] * weights[0].element_size()
-        one = torch.randn(1, cols).to(dtype)  # (1, in)
-        out = torch.empty(1, rows, dtype=dtype)  # (1, rows)
-        threads = torch.get_num_threads()
-
-        def run():
-            status = fn(copies, qtype, pointers, row_bytes, rows, one.data_ptr(), out.data_ptr(), 1, cols, threads,
-                        0, GGUF_FLOAT_TYPES[dtype])
-            if status:
-                raise RuntimeError(f"inferpath_decode_matmuls rejected {fmt} {rows}x{cols} (status {status})")
-
-        return sum(_weight_bytes(linear) for linear in linears) / _best(run)
-
-
 def _copies(fmt: str, rows: int, cols: int, resident: bool) -> tuple[int, int]:
     """(rows, copies) of a (rows, cols) ``fmt`` matrix that a GEMV probe calls once a round
     (``measure_gemv``'s doc)."""
-    per_matrix = rows * cols * _bytes_per_value(fmt)
+    per_matrix = rows * cols * file_bytes_per_value(fmt)
     total = max(per_matrix, llc_bytes() / 4) if resident else streamed_bytes()
     if per_matrix > total:
-        return max(1, int(total / (cols * _bytes_per_value(fmt)))), 1
+        return max(1, int(total / (cols * file_bytes_per_value(fmt)))), 1
     if resident:
         return rows, max(1, int(total // per_matrix))
     return rows, min(MAX_COPIES, -(-total // int(per_matrix)))
@@ -291,70 +251,6 @@ def llc_bytes() -> int:
         if level > best_level and value:
             best_level, size = level, value
     return size
-
-
-def file_format(fmt: str) -> tuple[str, bool]:
-    """(the file's format, whether it runs repacked by 8 rows) of a rate key's format:
-    file_format("Q4_K_R8") == ("Q4_K", True)."""
-    return (fmt.removesuffix(R8), True) if fmt.endswith(R8) else (fmt, False)
-
-
-def _bytes_per_value(fmt: str) -> float:
-    """At the file format's size: a repacked matrix's bytes are counted as the cost model
-    counts them (kernel_cost.py), so bytes over its rate is its time."""
-    from inferpath.explain.stage_formats import bytes_per_value
-
-    return bytes_per_value(file_format(fmt)[0])
-
-
-def _linear(fmt: str, rows: int, cols: int):
-    """The engine's module for a (rows, cols) weight of ``fmt``: a ``..._R8`` format
-    repacked by 8 rows (kernels/repacked.py), as the loader repacks it."""
-    import torch
-
-    if fmt in ("F32", "BF16", "F16"):
-        return _float_linear(rows, cols, {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}[fmt])
-    from inferpath.kernels.quantized import QuantLinear
-    from inferpath.kernels.repacked import repack
-
-    base, repacked = file_format(fmt)
-    blocks = random_blocks(base, rows, cols)
-    return QuantLinear(repack(blocks, drop_source=False) if repacked else blocks)
-
-
-def random_blocks(fmt: str, rows: int, cols: int):
-    """A QuantizedTensor (rows, cols) of ``fmt`` holding random blocks with sane scales."""
-    import torch
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    from inferpath.weights.quantized import QuantizedTensor
-
-    qtype = GGMLQuantizationType[fmt]
-    block, size = GGML_QUANT_SIZES[qtype]
-    data = torch.randint(0, 256, (rows * cols // block, size), dtype=torch.uint8)  # (blocks, block bytes)
-    scale = torch.tensor([_SMALL_F16], dtype=torch.int16).view(torch.uint8)  # 2 bytes, little-endian
-    for offset in _SCALE_OFFSETS[fmt]:
-        data[:, offset:offset + 2] = scale
-    return QuantizedTensor.from_gguf(data.numpy(), qtype, (rows, cols))
-
-
-def _float_linear(rows: int, cols: int, dtype):
-    import torch
-
-    from inferpath.kernels.modules import CPULinear
-
-    linear = CPULinear(cols, rows, bias=False, device="meta")
-    linear.weight = torch.nn.Parameter(torch.randn(rows, cols).to(dtype), requires_grad=False)
-    return linear.prepare()
-
-
-def _weight_bytes(linear) -> float:
-    """The weight's bytes at its file format's size (``_bytes_per_value``)."""
-    qweight = getattr(linear, "qweight", None)
-    if qweight is None:
-        return linear.weight.nbytes
-    rows, cols = qweight.shape
-    return rows * cols * _bytes_per_value(qweight.type_name)
 
 
 def _best(fn) -> float:

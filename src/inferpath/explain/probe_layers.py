@@ -20,7 +20,7 @@ slower than predicted. So the native shapes (``".../native"``) are measured here
   moment.
 
 A repacked format (``"Q4_K_R8"``: kernels/repacked.py) is measured repacked, its bytes
-counted at the file format's size as the cost model counts them (probe_kernels.py).
+counted at the file format's size as the cost model counts them (probe_weights.py).
 Cost: allocating and filling the sequence (~0.3 GB of random blocks at a 105 MB cache:
 about a second) and ``ROUNDS + 1`` passes over it (tens of milliseconds each).
 
@@ -57,9 +57,9 @@ class Shape:
 
     @property
     def bytes(self) -> float:
-        from inferpath.explain.probe_kernels import _bytes_per_value
+        from inferpath.explain.probe_weights import file_bytes_per_value
 
-        return self.rows * self.cols * _bytes_per_value(self.format)
+        return self.rows * self.cols * file_bytes_per_value(self.format)
 
 
 def plan_layers(keys: list[str], min_bytes: float) -> tuple[list[Shape], int]:
@@ -105,12 +105,14 @@ def measure_layer_sequence(keys: list[str], min_bytes: float | None = None, roun
 def _call(shape: Shape):
     """A call ``run(count=1)`` of the native matmul over one fresh matrix of ``shape``, None
     where that call is not built here (probe_kernels.native_matmul_call)."""
-    from inferpath.explain.probe_kernels import _linear, native_matmul_call, native_matmul_fn
+    from inferpath.explain.probe_kernels import native_matmul_call, native_matmul_fn
+    from inferpath.explain.probe_weights import random_linear
 
     fn = native_matmul_fn(shape.format, shape.activations)
     if fn is None:
         return None
-    return native_matmul_call(fn, shape.format, shape.activations, [_linear(shape.format, shape.rows, shape.cols)])
+    linear = random_linear(shape.format, shape.rows, shape.cols)
+    return native_matmul_call(fn, shape.format, shape.activations, [linear])
 
 
 def _empty_call(call) -> float:

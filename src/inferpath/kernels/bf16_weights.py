@@ -69,7 +69,7 @@ def bf16_weight_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 def widened_linear(x: torch.Tensor, weights: list[torch.Tensor], biases: list) -> torch.Tensor:
     """x (m, k) float32 against bf16 weights (rows_i, k) side by side, + float32 biases (or
-    None each) -> (m, sum of rows) float32: a tile of at most ``ops.DEQUANT_TILE_VALUES`` widened
+    None each) -> (m, sum of rows) float32: a tile of at most ``quant_ops.DEQUANT_TILE_VALUES`` widened
     to float32 at a time and multiplied by PyTorch's GEMM, as ``ops.dequantized_linear`` does
     for quantized weights."""
     widened = [(w, None) for w in weights]

@@ -11,7 +11,7 @@ step reads the file's bytes (Q4_1 SmolLM2: ~97 MB instead of 538 MB of float32).
   residual) inside the kernel, integer dot products against the weight blocks
   (csrc/quant: matmul.c's row kernel, wide.c's 8-row tiles on AVX2, gemm.c's packed
   panels for 4+ rows with AVX-512 VNNI) for up to
-  ``ops.QUANT_MATMUL_MAX_ROWS[level]`` rows; more rows dequantize a weight tile at a time
+  ``quant_ops.QUANT_MATMUL_MAX_ROWS[level]`` rows; more rows dequantize a weight tile at a time
   and reuse it for every row through PyTorch's GEMM.
 - ``QuantEmbedding``: the rows of the looked-up tokens, dequantized.
 
