@@ -10,7 +10,7 @@ shape each variant's GOP/s (2 m n k per call, medians), its ratio to the first v
 and whether its output equals the first's to the bit; ``--out`` writes JSON.
 
     python benchmarks/gemm_source_ab.py --variants /tmp/a/csrc,/tmp/b/csrc \\
-        [--shapes 4096x1536,1536x8960] [--formats Q4_K,Q6_K] [--rounds 7]
+        [--shapes 4096x1536,1536x8960] [--formats Q4_K,Q6_K] [--rounds 7] [--rows 512] [--repacked]
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def main() -> None:
     parser.add_argument("--formats", default="Q4_K,Q6_K")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--rows", type=int, default=512, help="rows of x (a prompt's tokens, a batch's rows)")
+    parser.add_argument("--repacked", action="store_true", help="the weights repacked by 8 rows (kernels/repacked.py)")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     variants = [Path(v) for v in args.variants.split(",")]
@@ -71,13 +72,17 @@ def main() -> None:
         qtype = GGMLQuantizationType[qname]
         for shape in args.shapes.split(","):
             n, k = map(int, shape.split("x"))
-            w, x = random_blocks(qtype, n, k), torch.randn(args.rows, k)
+            w, x, code = random_blocks(qtype, n, k), torch.randn(args.rows, k), int(qtype)
+            if args.repacked:
+                from prefill_gemm import repack
+
+                w, code = repack(w, qtype, k)
             outs = [torch.empty(args.rows, n) for _ in fns]
             times: list[list[float]] = [[] for _ in fns]
             for r in range(args.rounds + 1):  # round 0 warms up
                 for v, fn in enumerate(fns):
                     start = time.process_time()
-                    status = fn(int(qtype), w.data_ptr(), w.shape[1], x.data_ptr(), None, outs[v].data_ptr(),
+                    status = fn(code, w.data_ptr(), w.shape[1], x.data_ptr(), None, outs[v].data_ptr(),
                                 args.rows, n, k, 1, 0)
                     elapsed = time.process_time() - start
                     if status != 0:

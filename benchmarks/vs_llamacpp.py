@@ -87,9 +87,12 @@ def write_prompt_ids(path: str) -> None:
 
 
 def peak_rss_mb() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak resident MB of this process's memory (VmHWM). Not getrusage's ru_maxrss: Linux
+    carries that over exec from the forking process, so a worker reported the driver's peak
+    whenever it was higher (every engine and file read 1644 MB after the 1.5B file's prompt
+    was tokenized in the driver; the "unexplained" 1651 MB of 2026-12-06)."""
+    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
 
 
 def rss_mb() -> float:
