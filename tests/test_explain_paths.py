@@ -189,9 +189,10 @@ def test_the_native_probes_matmul_is_the_module_paths_result():
 
 def test_the_attention_probe_runs_the_paged_kernel_hot_and_cold(monkeypatch):
     """explain/attention_cost.py: the engine's paged decode kernel at a key's shape, a fixed
-    part and a per-token part, each positive, hot and cold (every call over blocks not read
-    before); no native kernel, no figure. Which of hot and cold costs more is a measurement
-    of the machine, not asserted: on a shared 2-core VM cold came out 0.6% under hot once."""
+    part (never negative) and a per-token part (positive), hot and cold (every call over blocks
+    not read before); no native kernel, no figure. Which of hot and cold costs more is a
+    measurement of the machine, not asserted: on a shared 2-core VM cold came out 0.6% under
+    hot once, and a fit's fixed part came out 0 under load once."""
     from inferpath.explain import attention_cost
     from inferpath.kernels import build
 
@@ -202,7 +203,7 @@ def test_the_attention_probe_runs_the_paged_kernel_hot_and_cold(monkeypatch):
         pytest.skip(f"no native kernel here: {build.kernel_status()}")
     (fixed, per_token), (_, cold_per_token) = (attention_cost.measure_attention(k)
                                                for k in attention_cost.probed_keys(key))
-    assert fixed > 0 and per_token > 0 and fixed < 1e-3 and per_token < 1e-5
+    assert 0 <= fixed < 1e-3 and 0 < per_token < 1e-5
     assert 0 < cold_per_token < 1e-5
 
 

@@ -196,9 +196,15 @@ class BytePairEncoder:
             piece_ids = self._merge_ids(data)
         if piece_ids is None:
             vocab = self.vocab
-            # NOTE: a byte missing from the vocabulary (SmolLM2 has no 0xF5..0xFF) is dropped, as
-            # Hugging Face tokenizers (no unk token) and llama.cpp drop it.
-            piece_ids = [vocab[s] for s in self.merge(bytes_to_piece(data)) if s in vocab]
+            word = bytes_to_piece(data)
+            # NOTE: a byte missing from the vocabulary (SmolLM2 has no 0x00..0x08, 0xF5..0xFF...)
+            # is dropped before the merges, as Hugging Face tokenizers' BPE drops a character with
+            # no id (and no unk token) while it builds the word: its neighbours then meet, and may
+            # merge ('"\x06{' is one token, '"{', there). Under ignore_merges a whole word that is
+            # a token stays one (merge() checks it first).
+            if not (self.ignore_merges and word in vocab):
+                word = "".join(char for char in word if char in vocab)
+            piece_ids = [vocab[s] for s in self.merge(word) if s in vocab]
         if len(self.cache) >= self.max_cache_size:
             self.cache.clear()
         self.cache[piece] = piece_ids
