@@ -60,11 +60,18 @@ static int default_tile_rows(void) {
     return __builtin_cpu_is("amd") ? 3 : 6;
 }
 
+/* the rows a tile takes now, chosen on first use (threads racing there store the same count) */
+static int tile_height(void) {
+    int rows = __atomic_load_n(&tile_rows_now, __ATOMIC_RELAXED);
+    if (!rows) __atomic_store_n(&tile_rows_now, rows = default_tile_rows(), __ATOMIC_RELAXED);
+    return rows;
+}
+
 /* The rows of x a GEMM tile takes from the next call on (1..MR; 0 for the core's default):
  * the previous count, or -1 out of range. */
 int inferpath_set_gemm_tile_rows(int rows) {
     if (rows < 0 || rows > MR) return -1;
-    const int before = tile_rows_now ? tile_rows_now : default_tile_rows();
+    const int before = tile_height();
     __atomic_store_n(&tile_rows_now, rows ? rows : default_tile_rows(), __ATOMIC_RELAXED);
     return before;
 }
@@ -338,8 +345,7 @@ int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
     const int64_t nb = q->k / 32, m = q->m, n = q->n;
     uint8_t *panel = panel_buffer(nb * BLOCK_BYTES);
     if (!panel) return -2;
-    int mr = __atomic_load_n(&tile_rows_now, __ATOMIC_RELAXED);
-    if (!mr) __atomic_store_n(&tile_rows_now, mr = default_tile_rows(), __ATOMIC_RELAXED);  /* threads agree */
+    const int mr = tile_height();
     int i = 0;
     for (int64_t c = c0; c < c1;) {
         while (c >= q->starts[i + 1]) i++;
