@@ -134,3 +134,21 @@ def test_every_gemm_tile_height_gives_the_same_bits(qtype, isa):
             build.set_gemm_tile_rows(7, isa)
     finally:
         build.set_gemm_tile_rows(0, isa)
+
+
+@pytest.mark.parametrize("qtype", R8_TYPES, ids=[t.name for t in R8_TYPES])
+def test_the_row_tiles_give_the_gemms_bits(qtype, isa):
+    """r8.c's tiles (under R8_GEMM_MIN_ROWS rows: a prompt's tail after a prefix-cache hit, a
+    verification) run each row's float chain in gemm.c's order (Q6_K: per half block, its
+    scale term, then its min term), so a row's result is the bits the GEMM gives it in a
+    prompt of 17 rows or more. (Below avx512 there is no GEMM, and the K-quants meet x in two
+    int8 passes there: r8.c's tiles serve every row count alike.)"""
+    if not _gemm_runs(isa):
+        pytest.skip(f"no GEMM panels at the {isa} level: r8.c's tiles serve every row count")
+    n, k = 88, 5 * 256
+    weight = random_weight(qtype, n, k, seed=int(qtype) + 7)
+    packed = repack(weight, drop_source=False)
+    x = _x(R8_GEMM_MIN_ROWS, k, 11)
+    gemm = _matmul(x, packed)
+    for rows in (1, 5, 8, R8_GEMM_MIN_ROWS - 1):
+        assert torch.equal(_matmul(x[:rows], packed), gemm[:rows]), f"{rows} rows"
