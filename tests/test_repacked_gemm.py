@@ -65,8 +65,9 @@ def test_repacked_prompts_equal_the_files_layout(qtype, shape, rows, isa):
 
 @pytest.mark.parametrize("rows", [R8_GEMM_MIN_ROWS - 1, R8_GEMM_MIN_ROWS])
 def test_the_kernel_switches_at_r8_gemm_min_rows(rows, isa):
-    """Below R8_GEMM_MIN_ROWS rows r8.c's tiles serve (a float chain of their own: close to
-    the GEMM, not equal), from it the GEMM (equal to the file's layout)."""
+    """Below R8_GEMM_MIN_ROWS rows r8.c's tiles serve (the GEMM's float chain for the
+    K-quants: test_the_row_tiles_give_the_gemms_bits), from it the GEMM (equal to the file's
+    layout)."""
     weight = random_weight(Q.Q4_K, 64, 1024, seed=rows)
     packed = repack(weight, drop_source=False)
     x = _x(rows, 1024, 3)
@@ -138,11 +139,12 @@ def test_every_gemm_tile_height_gives_the_same_bits(qtype, isa):
 
 @pytest.mark.parametrize("qtype", R8_TYPES, ids=[t.name for t in R8_TYPES])
 def test_the_row_tiles_give_the_gemms_bits(qtype, isa):
-    """r8.c's tiles (under R8_GEMM_MIN_ROWS rows: a prompt's tail after a prefix-cache hit, a
-    verification) run each row's float chain in gemm.c's order (Q6_K: per half block, its
-    scale term, then its min term), so a row's result is the bits the GEMM gives it in a
-    prompt of 17 rows or more. (Below avx512 there is no GEMM, and the K-quants meet x in two
-    int8 passes there: r8.c's tiles serve every row count alike.)"""
+    """gemm.c's panels run each row's float chain in r8.c's order (quant/panel_epilogue.h;
+    Q6_K: both half blocks' scale terms, then both min terms), so a row that r8.c's tiles
+    compute (under R8_GEMM_MIN_ROWS rows: a prompt's tail after a prefix-cache hit, a
+    verification) gets the bits the GEMM gives it in a prompt of 17 rows or more, and a
+    prefix hit's logits are the cold prompt's. (Below avx512 there is no GEMM, and the
+    K-quants meet x in two int8 passes there: r8.c's tiles serve every row count alike.)"""
     if not _gemm_runs(isa):
         pytest.skip(f"no GEMM panels at the {isa} level: r8.c's tiles serve every row count")
     n, k = 88, 5 * 256

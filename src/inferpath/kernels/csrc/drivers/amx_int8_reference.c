@@ -12,7 +12,8 @@
  * Per block (per half for Q6_K) and row j of x, with s = (x.q . w << RESIDUAL_SHIFT) +
  * x.r . w (the r pass zero where x is one pass), exactly gemm.c's tile():
  *     acc = fma(float(s), scale * dx, acc);  acc = fma(sx, min, acc);   y = acc + bias (0 if none)
- * with fmaf, whose single rounding is vfmadd's, at every level.
+ * (Q6_K: both halves' scale terms, then both halves' min terms: quant/panel_epilogue.h's
+ * order) with fmaf, whose single rounding is vfmadd's, at every level.
  */
 #include <math.h>
 #include <string.h>
@@ -105,14 +106,18 @@ static void reference_panel(const uint8_t *panel, const quant_matmul *q, int two
                 for (int i = 0; i < rows; i++) {
                     const int64_t j = j0 + i;
                     const float dx = q->xd[lane_of(j, b, nb, TILE_ROWS)];
-                    const float sx = two_scales ? q->xh[half_lane_of(j, b, nb, half, TILE_ROWS)]
-                                                : q->xs[lane_of(j, b, nb, TILE_ROWS)];
                     for (int c = 0; c < P; c++) {
                         const uint32_t s = ((uint32_t)cq[c / 16][i * 16 + c % 16] << RESIDUAL_SHIFT)
                                            + (uint32_t)cr[c / 16][i * 16 + c % 16];
                         const float scaled = scale[half * P + c] * dx;
                         acc[i][c] = fmaf((float)(int32_t)s, scaled, acc[i][c]);
-                        acc[i][c] = fmaf(sx, min[half * P + c], acc[i][c]);
+                    }
+                    /* the min terms after the block's last scale term (Q6_K: both halves', half
+                     * 0's first): quant/panel_epilogue.h's order, r8.c's */
+                    for (int h = 0; half == halves - 1 && h < halves; h++) {
+                        const float sx = two_scales ? q->xh[half_lane_of(j, b, nb, h, TILE_ROWS)]
+                                                    : q->xs[lane_of(j, b, nb, TILE_ROWS)];
+                        for (int c = 0; c < P; c++) acc[i][c] = fmaf(sx, min[h * P + c], acc[i][c]);
                     }
                 }
             }

@@ -14,8 +14,11 @@
  * int32 as (w.q << RESIDUAL_SHIFT) + w.r (activations.h; the r pass skipped where it is
  * zero: the K-quants' one pass), converted once, scaled by the
  * weight's and x's scales, and the format's min and offset joining as min * sum(x). A
- * format with two scales a block (Q6_K) folds each 16-value half apart. So a row's result
- * is the row kernel's up to float32 summation order.
+ * format with two scales a block (Q6_K) folds each 16-value half apart: both halves' scale
+ * terms, then both min terms, r8.c's order (panel_epilogue.h). So a row's result is the
+ * file layout's row kernel's up to float32 summation order, and the repacked row tiles'
+ * (r8.c, r8_pair.c) to the bit: a prompt's tail under R8_GEMM_MIN_ROWS rows after a
+ * prefix-cache hit computes the cold prompt's bits.
  *
  * Q4_K, Q5_K and Q6_K repacked by 8 rows (r8.h) pack into the same panel (r8_pack: 4 groups of 8
  * columns, no transpose: a group holds each quad's 8 rows side by side already), with the
@@ -310,9 +313,8 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *panel, con
                 one_pass(s, pb, xr + 32 * b, k, g0, quads, R);
             }
             const __m512 sc0 = _mm512_load_ps(scale + half * PANEL), sc1 = _mm512_load_ps(scale + half * PANEL + 16);
-            const __m512 mn0 = _mm512_load_ps(min + half * PANEL), mn1 = _mm512_load_ps(min + half * PANEL + 16);
             for (int i = 0; i < R; i++)
-                panel_accumulate(acc[i], s[i][0], s[i][1], sc0, sc1, mn0, mn1, q, xd, j0 + i, b, nb, half, two_scales);
+                panel_accumulate(acc[i], s[i][0], s[i][1], sc0, sc1, min, q, xd, j0 + i, b, nb, half, two_scales);
         }
     }
     panel_store(acc, R, y + j0 * n, n, cols, bias);

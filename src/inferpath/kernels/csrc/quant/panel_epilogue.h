@@ -8,26 +8,50 @@
 #include "activations.h"
 #include "prepared.h"
 
-/* acc += s * scale * dx + sx * min: x's scale dx and sum sx for this row and block (half) given */
-static inline __attribute__((always_inline)) void panel_accumulate_row(__m512 acc[2], __m512i s0, __m512i s1,
-                                                                        __m512 sc0, __m512 sc1, __m512 mn0, __m512 mn1,
-                                                                        float x_d, float x_s) {
-    const __m512 dx = _mm512_set1_ps(x_d), sx = _mm512_set1_ps(x_s);
+/* acc += s * scale * dx (x's scale dx for this row and block, or half block) */
+static inline __attribute__((always_inline)) void panel_scale_row(__m512 acc[2], __m512i s0, __m512i s1, __m512 sc0,
+                                                                  __m512 sc1, float x_d) {
+    const __m512 dx = _mm512_set1_ps(x_d);
     acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(sc0, dx), acc[0]);
     acc[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(sc1, dx), acc[1]);
+}
+
+/* acc += sx * min (x's sum sx for this row and block, or half block) */
+static inline __attribute__((always_inline)) void panel_min_row(__m512 acc[2], __m512 mn0, __m512 mn1, float x_s) {
+    const __m512 sx = _mm512_set1_ps(x_s);
     acc[0] = _mm512_fmadd_ps(sx, mn0, acc[0]);
     acc[1] = _mm512_fmadd_ps(sx, mn1, acc[1]);
 }
 
-/* acc (x row j's two halves) += s * scale * x's d + x's sum * min, for block b (half: Q6_K's
- * half block, two_scales); sc, mn: the block's (half's) scales and mins, 16 columns each; xd:
- * x's d per block (q->xd, or q->xd1 for sums left unshifted: prepared.h). */
+/* acc += s * scale * dx + sx * min: a block's two terms, in that order */
+static inline __attribute__((always_inline)) void panel_accumulate_row(__m512 acc[2], __m512i s0, __m512i s1,
+                                                                       __m512 sc0, __m512 sc1, __m512 mn0, __m512 mn1,
+                                                                       float x_d, float x_s) {
+    panel_scale_row(acc, s0, s1, sc0, sc1, x_d);
+    panel_min_row(acc, mn0, mn1, x_s);
+}
+
+/* The order of a row's float terms per block is r8.c's (its row tiles serve a prompt's tail
+ * under R8_GEMM_MIN_ROWS rows, after a prefix-cache hit, and must give the cold prompt's
+ * bits): the scale term then the min term; for Q6_K (two_scales, a term per 16-value half)
+ * both halves' scale terms, then both halves' min terms. */
+
+/* acc += s * scale * dx for block b's half ``half`` (0 where one scale a block); where it
+ * is the block's last, then its min terms (Q6_K: both halves', half 0's first). sc: the
+ * half's scales (16 columns each); min: the block's mins (GEMM_PANEL floats a half: the
+ * panel's layout); xd: x's d per block (q->xd, or q->xd1 for sums left unshifted). */
 static inline __attribute__((always_inline)) void panel_accumulate(__m512 acc[2], __m512i s0, __m512i s1,
-                                                                    __m512 sc0, __m512 sc1, __m512 mn0, __m512 mn1,
+                                                                    __m512 sc0, __m512 sc1, const float *min,
                                                                     const quant_matmul *q, const float *xd, int64_t j,
                                                                     int64_t b, int64_t nb, int half, int two_scales) {
-    panel_accumulate_row(acc, s0, s1, sc0, sc1, mn0, mn1, xd[lane_of(j, b, nb, TILE_ROWS)],
-                         two_scales ? q->xh[half_lane_of(j, b, nb, half, TILE_ROWS)] : q->xs[lane_of(j, b, nb, TILE_ROWS)]);
+    panel_scale_row(acc, s0, s1, sc0, sc1, xd[lane_of(j, b, nb, TILE_ROWS)]);
+    if (!two_scales) {
+        panel_min_row(acc, _mm512_load_ps(min), _mm512_load_ps(min + 16), q->xs[lane_of(j, b, nb, TILE_ROWS)]);
+    } else if (half == 1) {
+        for (int h = 0; h < 2; h++)
+            panel_min_row(acc, _mm512_load_ps(min + h * GEMM_PANEL), _mm512_load_ps(min + h * GEMM_PANEL + 16),
+                          q->xh[half_lane_of(j, b, nb, h, TILE_ROWS)]);
+    }
 }
 
 /* rows of acc + bias (cols floats, or NULL) into y's rows (n apart): columns [0, cols) */

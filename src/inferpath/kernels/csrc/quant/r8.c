@@ -9,10 +9,7 @@
  *     acc_j = fma(dmn_s, sx_b, acc_j)                       dmn_s = -dmin * min_s
  *
  * (Q6_K: per 16-value half, dsc the half's scale, dmn = -32 * d * scale: its offset, and
- * sx the half's sum; half 0's two terms, then half 1's, as gemm.c's panels order them, so
- * a repacked Q6_K weight gives a row the GEMM's bits, as Q4_K and Q5_K do: a prompt tail
- * under R8_GEMM_MIN_ROWS rows, after a prefix-cache hit, computes what the cold prompt
- * did.) unit: RESIDUAL_STEPS where x is in one int8 pass (activations.h),
+ * sx the half's sum.) unit: RESIDUAL_STEPS where x is in one int8 pass (activations.h),
  * else 1 and isum = (w.q << RESIDUAL_SHIFT) + w.r. The chain of a row j never depends on
  * the other rows of the call, and the portable form runs the same float operations in the
  * same order (fmaf), so every level gives the same bits. Per group of eight weight rows and
@@ -250,8 +247,8 @@ static inline __attribute__((always_inline)) void r8_tile(const int qtype, const
                     const __m256 h0 = _mm256_set1_ps(x->h[(2 * b) * lanes + row]);
                     const __m256 h1 = _mm256_set1_ps(x->h[(2 * b + 1) * lanes + row]);
                     acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_mul_ps(dsc0, dx), acc[j]);
-                    acc[j] = _mm256_fmadd_ps(dmn0, h0, acc[j]);
                     acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_mul_ps(dsc1, dx), acc[j]);
+                    acc[j] = _mm256_fmadd_ps(dmn0, h0, acc[j]);
                     acc[j] = _mm256_fmadd_ps(dmn1, h1, acc[j]);
                 }
             }
@@ -350,8 +347,8 @@ void __attribute__((optimize("fp-contract=off"))) r8_rows(int qtype, const uint8
                         const float sc1 = d * (float)(int8_t)o[16 + 8 * (2 * s + 1) + r];
                         const float h0 = x->h[(2 * b) * lanes + j], h1 = x->h[(2 * b + 1) * lanes + j];
                         acc = fmaf((float)dot_of(w, r, xq, xr, 0, 4, x->one_pass), (sc0 * unit) * dx, acc);
-                        acc = fmaf(sc0 * -32.0f, h0, acc);
                         acc = fmaf((float)dot_of(w, r, xq, xr, 4, 4, x->one_pass), (sc1 * unit) * dx, acc);
+                        acc = fmaf(sc0 * -32.0f, h0, acc);
                         acc = fmaf(sc1 * -32.0f, h1, acc);
                     }
                 }

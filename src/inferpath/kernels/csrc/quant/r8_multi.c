@@ -100,16 +100,23 @@ static inline __attribute__((always_inline)) void multi_tile(const uint8_t *grou
             const __m256 dmn0 = _mm256_mul_ps(sc0, _mm256_set1_ps(-32.0f)), dmn1 = _mm256_mul_ps(sc1, _mm256_set1_ps(-32.0f));
             __m256i isum[TILE_ROWS];
 #pragma GCC unroll 2
-            for (int hf = 0; hf < 2; hf++) {  /* r8.c's order: per half, its scale term, then its min term */
+            for (int hf = 0; hf < 2; hf++) {  /* r8.c's order: the half 0 term, then half 1's */
                 half_sums(o, s, hf, x, b, R, one_pass, isum);
 #pragma GCC unroll 8
                 for (int j = 0; j < R; j++) {
                     const __m256 dx = _mm256_set1_ps(x->d[b * lanes + j]);
-                    const __m256 h = _mm256_set1_ps(x->h[(2 * b + hf) * lanes + j]);
-                    __m256 a = _mm256_loadu_ps(acc + 8 * j);
-                    a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_mul_ps(hf ? dsc1 : dsc0, dx), a);
-                    _mm256_storeu_ps(acc + 8 * j, _mm256_fmadd_ps(hf ? dmn1 : dmn0, h, a));
+                    const __m256 a = _mm256_loadu_ps(acc + 8 * j);
+                    _mm256_storeu_ps(acc + 8 * j,
+                                     _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_mul_ps(hf ? dsc1 : dsc0, dx), a));
                 }
+            }
+#pragma GCC unroll 8
+            for (int j = 0; j < R; j++) {
+                const __m256 h0 = _mm256_set1_ps(x->h[(2 * b) * lanes + j]);
+                const __m256 h1 = _mm256_set1_ps(x->h[(2 * b + 1) * lanes + j]);
+                __m256 a = _mm256_loadu_ps(acc + 8 * j);
+                a = _mm256_fmadd_ps(dmn0, h0, a);
+                _mm256_storeu_ps(acc + 8 * j, _mm256_fmadd_ps(dmn1, h1, a));
             }
         }
     }

@@ -131,8 +131,8 @@ static inline __attribute__((always_inline)) void pair_tile(const int qtype, con
                     const __m512 h0 = _mm512_set1_ps(x->h[(2 * b) * lanes + j]);
                     const __m512 h1 = _mm512_set1_ps(x->h[(2 * b + 1) * lanes + j]);
                     acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(dsc0, dx), acc[j]);
-                    acc[j] = _mm512_fmadd_ps(dmn0, h0, acc[j]);
                     acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(dsc1, dx), acc[j]);
+                    acc[j] = _mm512_fmadd_ps(dmn0, h0, acc[j]);
                     acc[j] = _mm512_fmadd_ps(dmn1, h1, acc[j]);
                 }
             }
