@@ -88,3 +88,40 @@ def test_the_1_5b_model_is_resident_within_1_1x_its_file(path, repack):
     simd = build.kernel_level("quantized") in ("avx2", "avx512")
     assert set(got["repacked"]) == ({"Q4_K", "Q6_K"} if repack == "1" and simd else set()), got
     assert got["added_mb"] <= 1.1 * file_mb, (got, file_mb)
+
+
+@pytest.mark.parametrize("tail", [2, 12], ids=["tail-2", "tail-12"])
+def test_a_prefix_cache_hit_gives_the_cold_prompts_bits(path, tail):
+    """The same greedy request twice with prefix caching: the second computes only the
+    prompt's tail past its cached blocks, under R8_GEMM_MIN_ROWS rows (r8.c's tiles where
+    the cold prompt took gemm.c's panels), and its tokens and logprobs are the first's to
+    the bit: the GEMM runs r8.c's float order for every K-quant (Q6_K's halves included;
+    before, a repeat of the same request could break a near tie differently)."""
+    from inferpath.config import EngineConfig
+    from inferpath.engine.llm_engine import LLMEngine
+    from inferpath.sampling.params import SamplingParams
+    from inferpath.tokenizer import load_tokenizer
+
+    engine = LLMEngine.from_model(path, EngineConfig(threads=2, enable_prefix_caching=True,
+                                                     kv_cache_memory_bytes=64 * 2**20))
+    block = engine.runner.kv_cache.k_caches[0].shape[1]
+    text = "Write a Python function that parses a CSV file with a header row into a list of dictionaries. " * 4
+    prompt = load_tokenizer(path).encode(text)[:2 * block + tail]
+    assert len(prompt) == 2 * block + tail >= 17  # the cold prompt takes the GEMM (R8_GEMM_MIN_ROWS rows)
+
+    def run(request_id: str):
+        engine.add_request(request_id, prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True,
+                                                              logprobs=1))
+        done = []
+        while engine.has_unfinished_requests():
+            done += [o for o in engine.step() if o.finished]
+        (out,) = done
+        return out.outputs[0].token_ids, out.outputs[0].logprobs
+
+    cold = run("cold")
+    before = engine.stats()
+    warm = run("warm")
+    after = engine.stats()
+    assert after.prefix_cache_hits - before.prefix_cache_hits == 2 * block  # only the tail computed
+    assert after.num_prompt_tokens_computed - before.num_prompt_tokens_computed == tail
+    assert warm == cold
