@@ -3,7 +3,9 @@
 A speculative verification computes the sequence's last token and its k drafts in one
 step: k + 1 rows over the same weight bytes. For each model, one sequence with a context of
 ``--context`` tokens (prefilled once), then, alternately, ``--repeats`` times each: steps
-of 1, 2, 3, 5 and 8 tokens at the context's end (the same slots rewritten each time), timed
+of 1, 2, 3, 5 and 8 tokens at the context's end (the same slots rewritten each time), laid
+out as the engine's runner lays out a verification (``--layout rows``: one-token rows of the
+sequence, each row's attention a decode's; ``--layout chunk``: one prompt chunk), timed
 from the model's forward to the LM head's logits for every row (a verification needs them
 all), once through the native decode call and once through the module path
 (``use_native_decode = False``). The figure: median milliseconds a step, and each step's
@@ -18,7 +20,7 @@ Prints a table, writes benchmarks/results/verify_step.json. No assertions on tim
 machine may be shared, so read the ratios of one run.
 
     python benchmarks/verify_step.py [--models smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct,PATH.gguf]
-        [--threads 1] [--context 64] [--repeats 15] [--rows 1,2,3,5,8] [--module-only]
+        [--threads 1] [--context 64] [--repeats 15] [--rows 1,2,3,5,8] [--module-only] [--layout rows|chunk]
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import torch
 
 from inferpath.config import EngineConfig
 from inferpath.engine import LLMEngine
-from inferpath.model.metadata import one_sequence_metadata
+from inferpath.model.metadata import one_sequence_metadata, verification_metadata
 from inferpath.models import resolve_model
 
 RESULTS = Path(__file__).parent / "results"
@@ -43,7 +45,7 @@ DEFAULT_MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", str(Q4
 
 
 def measure(model_name: str, threads: int, context: int, rows: list[int], repeats: int,
-            module_only: bool = False) -> dict:
+            module_only: bool = False, layout: str = "rows") -> dict:
     path = model_name if model_name.endswith(".gguf") else resolve_model(model_name)
     engine = LLMEngine.from_model(path, EngineConfig(threads=threads))
     torch.set_num_threads(threads)
@@ -72,7 +74,8 @@ def measure(model_name: str, threads: int, context: int, rows: list[int], repeat
     def step(m: int, native: bool) -> float:
         stack.use_native_decode = native
         ids = torch.randint(0, vocab, (m,), generator=generator)
-        meta = one_sequence_metadata(context, m, num_blocks, block_size)
+        layout_of = verification_metadata if layout == "rows" else one_sequence_metadata
+        meta = layout_of(context, m, num_blocks, block_size)
         took_native.clear()
         start = time.perf_counter()
         with torch.inference_mode():
@@ -103,7 +106,7 @@ def measure(model_name: str, threads: int, context: int, rows: list[int], repeat
                       "module_ms": round(module_ms, 2),
                       "native_vs_one_token": None if native_ms is None else round(native_ms / (1e3 * one), 3),
                       "module_vs_one_token": round(module_ms / (1e3 * one), 3)})
-    return {"model": Path(model_name).name, "threads": threads, "context": context, "repeats": repeats,
+    return {"model": Path(model_name).name, "threads": threads, "context": context, "repeats": repeats, "layout": layout,
             "activations": str(model.dtype).removeprefix("torch."),
             "steps": table}
 
@@ -117,6 +120,9 @@ def main() -> None:
     parser.add_argument("--rows", default="1,2,3,5,8")
     parser.add_argument("--out", default="verify_step", help="results/OUT.json, or a path ending in .json")
     parser.add_argument("--module-only", action="store_true", help="time the module path alone")
+    parser.add_argument("--layout", choices=("rows", "chunk"), default="rows",
+                        help="rows: one-token rows of the sequence, as the runner lays out a verification "
+                             "(each row's attention a decode's); chunk: one prompt chunk of m tokens")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     if rows[0] != 1:
@@ -126,7 +132,7 @@ def main() -> None:
         if name.endswith(".gguf") and not Path(name).exists():
             print(f"skipped {name}: no such file")
             continue
-        result = measure(name, args.threads, args.context, rows, args.repeats, args.module_only)
+        result = measure(name, args.threads, args.context, rows, args.repeats, args.module_only, args.layout)
         results.append(result)
         print(f"\n{result['model']}  ({args.threads} thread(s), context {args.context}, median of {args.repeats})")
         print(f"{'rows':>4} {'native ms':>10} {'x 1-token':>10} {'module ms':>10} {'x 1-token':>10}")

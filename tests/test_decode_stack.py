@@ -120,6 +120,44 @@ def test_verification_rows_are_the_bits_of_plain_decodes_on_repacked_weights(pro
     assert drafted == generate("qwen2.5-coder-0.5b-instruct", True, prompts=[prompt])
 
 
+def test_verification_metadata_rows_are_the_bits_of_one_token_steps(monkeypatch):
+    """``verification_metadata`` (what benchmarks/verify_step.py times) lays k + 1 tokens out
+    as the runner lays out a verification: one-token rows, each attending through its own
+    position. On repacked weights each row's logits are then those of a one-token step at
+    that position, to the bit, and the step stays in the native call."""
+    from inferpath.model.metadata import one_sequence_metadata, verification_metadata
+
+    monkeypatch.setenv("INFERPATH_REPACK", "1")
+    if build.native_decode_layers() is None or build.kernel_level("quantized") not in ("avx2", "avx512"):
+        pytest.skip(f"repacked kernels run at avx2 and avx512: {build.kernel_status()}")
+    engine = LLMEngine.from_model(resolve_model("smollm2-135m-instruct"),
+                                  EngineConfig(threads=1, kv_cache_memory_bytes=64 * 2**20))
+    model, kv_cache = engine.runner.model, engine.runner.kv_cache
+    block_size = kv_cache.k_caches[0].shape[1]
+    context, rows = 21, 5
+    blocks = -(-(context + rows) // block_size)
+    ids = torch.randint(0, model.config.vocab_size, (context + rows,), generator=torch.Generator().manual_seed(3))
+    calls: list[bool] = []
+    original = model.model._decode_natively
+
+    def watching(*args):
+        hidden = original(*args)
+        calls.append(hidden is not None)
+        return hidden
+
+    with torch.inference_mode():
+        model(ids[:context], torch.arange(context), kv_cache, one_sequence_metadata(0, context, blocks, block_size))
+        model.model._decode_natively = watching
+        positions = torch.arange(context, context + rows)
+        together = model.compute_logits(model(ids[context:], positions, kv_cache,
+                                              verification_metadata(context, rows, blocks, block_size)))
+        assert calls == [True]
+        alone = [model.compute_logits(model(ids[context + j:context + j + 1], positions[j:j + 1], kv_cache,
+                                            one_sequence_metadata(context + j, 1, blocks, block_size)))
+                 for j in range(rows)]
+    assert torch.equal(together, torch.cat(alone))
+
+
 def test_a_traced_verification_step_stays_native_and_times_its_stages():
     """The trace (engine/trace.py) of a speculative request: its verification steps ran the
     native call, which filled the clock's stage buffer (``StepRecord.native_decode``)."""

@@ -57,3 +57,19 @@ def one_sequence_metadata(start: int, num_tokens: int, num_blocks: int, block_si
         block_tables=torch.arange(num_blocks, dtype=torch.int64).unsqueeze(0),  # (1, num_blocks)
         query_lens=[num_tokens], seq_lens_list=[start + num_tokens], block_size=block_size,
     )
+
+
+def verification_metadata(start: int, num_tokens: int, num_blocks: int, block_size: int = 16) -> AttentionMetadata:
+    """One sequence's ``num_tokens`` new tokens laid out as the runner lays out a speculative
+    verification: one-token rows, row j a query of 1 over the context through its own
+    position (``start + j + 1`` keys), all rows sharing the sequence's block table, so each
+    row's attention is a decode's. Slots as ``one_sequence_metadata``'s."""
+    slots = torch.arange(start, start + num_tokens, dtype=torch.int64)  # (num_tokens,)
+    seq_lens = list(range(start + 1, start + num_tokens + 1))
+    return AttentionMetadata(
+        slot_mapping=slots,
+        query_start_loc=torch.arange(num_tokens + 1, dtype=torch.int64),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+        block_tables=torch.arange(num_blocks, dtype=torch.int64).unsqueeze(0).expand(num_tokens, -1).contiguous(),
+        query_lens=[1] * num_tokens, seq_lens_list=seq_lens, block_size=block_size,
+    )
