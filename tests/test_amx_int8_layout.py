@@ -82,7 +82,8 @@ def test_tile_dpbsud_is_the_sdm_sum():
 def test_the_panel_is_b_tiles_of_the_weights_values(qtype):
     """Read as B tiles (a row per group of four k values, 16 columns x 4 bytes, rows 128
     bytes apart), a packed panel's bytes times its scales plus its mins are the weight's
-    dequantized values (Q8_0's bytes offset by 128: min holds -128 * scale)."""
+    dequantized values (Q8_0's bytes offset by 128, which the kernels take off the int32
+    sums as 128 times x's block sum: its min is 0, and the value scale * (q - 128))."""
     avx512_lib()
     n, k = 23, 512  # a partial panel
     w = random_weight(qtype, n, k, seed=3)
@@ -96,7 +97,8 @@ def test_the_panel_is_b_tiles_of_the_weights_values(qtype):
     half = (np.arange(k) % 32) // 16
     scale = floats[:, :2].transpose(2, 0, 1)[:, np.arange(k) // 32, half]  # (column, k)
     mins = floats[:, 2:].transpose(2, 0, 1)[:, np.arange(k) // 32, half]
-    values = (q * scale + mins)[:n]
+    offset = 128.0 if qtype == Q.Q8_0 else 0.0  # prepared.h's SIGNED8_OFFSET
+    values = ((q - offset) * scale + mins)[:n]
     expected = w.dequantize().double().numpy()
     assert np.allclose(values, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
     assert not q[n:].any()  # the missing columns are zeros

@@ -137,14 +137,16 @@ def test_every_gemm_tile_height_gives_the_same_bits(qtype, isa):
         build.set_gemm_tile_rows(0, isa)
 
 
-@pytest.mark.parametrize("qtype", R8_TYPES, ids=[t.name for t in R8_TYPES])
+@pytest.mark.parametrize("qtype", R8_TYPES + [Q.Q8_0, Q.Q5_0, Q.Q4_1], ids=lambda t: t.name)
 def test_the_row_tiles_give_the_gemms_bits(qtype, isa):
     """gemm.c's panels run each row's float chain in r8.c's order (quant/panel_epilogue.h;
     Q6_K: both half blocks' scale terms, then both min terms), so a row that r8.c's tiles
     compute (under R8_GEMM_MIN_ROWS rows: a prompt's tail after a prefix-cache hit, a
     verification) gets the bits the GEMM gives it in a prompt of 17 rows or more, and a
-    prefix hit's logits are the cold prompt's. (Below avx512 there is no GEMM, and the
-    K-quants meet x in two int8 passes there: r8.c's tiles serve every row count alike.)"""
+    prefix hit's logits are the cold prompt's. Q8_0, Q5_0 and Q4_1 repacked (r8_legacy.c,
+    r8_pair.c) likewise: Q8_0's 128 offset comes off the GEMM's int32 sums, as off the
+    pairs'. (Below avx512 there is no GEMM, and the K-quants meet x in two int8 passes
+    there: r8.c's tiles serve every row count alike.)"""
     if not _gemm_runs(isa):
         pytest.skip(f"no GEMM panels at the {isa} level: r8.c's tiles serve every row count")
     n, k = 88, 5 * 256
@@ -154,3 +156,36 @@ def test_the_row_tiles_give_the_gemms_bits(qtype, isa):
     gemm = _matmul(x, packed)
     for rows in (1, 5, 8, R8_GEMM_MIN_ROWS - 1):
         assert torch.equal(_matmul(x[:rows], packed), gemm[:rows]), f"{rows} rows"
+
+
+def test_a_prefix_cache_hit_gives_the_cold_prompts_bits():
+    """The packaged Qwen2.5-Coder-0.5B (Q5_0, Q8_0, Q4_K, Q6_K), greedy, the same request
+    twice with prefix caching: the second computes a 2-row tail past its cached blocks (r8's
+    tiles where the cold prompt's 34 rows took the GEMM), and its tokens and logprobs are
+    the first's to the bit (tests/test_quantized_1_5b.py: the 1.5B K-quant file, 12 rows)."""
+    from inferpath.config import EngineConfig
+    from inferpath.engine.llm_engine import LLMEngine
+    from inferpath.models import resolve_model
+    from inferpath.sampling.params import SamplingParams
+
+    if build.native_quant_matmul() is None:
+        pytest.skip(f"no native kernel here: {build.kernel_status()}")
+    engine = LLMEngine.from_model(resolve_model("qwen2.5-coder-0.5b-instruct"),
+                                  EngineConfig(threads=2, enable_prefix_caching=True, kv_cache_memory_bytes=32 * 2**20))
+    prompt = ("Write a Python function that parses a CSV file with a header row and returns a list of "
+              "dictionaries, one per row, converting numeric fields to numbers. Explain each step.")
+
+    def run(request_id: str):
+        engine.add_request(request_id, prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True,
+                                                              logprobs=1))
+        done = []
+        while engine.has_unfinished_requests():
+            done += [o for o in engine.step() if o.finished]
+        (out,) = done
+        return out.outputs[0].token_ids, out.outputs[0].logprobs
+
+    cold = run("cold")
+    before = engine.stats()
+    warm = run("warm")
+    assert 0 < engine.stats().num_prompt_tokens_computed - before.num_prompt_tokens_computed < R8_GEMM_MIN_ROWS
+    assert warm == cold

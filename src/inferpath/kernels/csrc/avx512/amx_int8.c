@@ -128,9 +128,9 @@ static void one_pass_panel(const uint8_t *panel, const quant_matmul *q, int two_
 }
 #undef ONE_PASS_STEP
 
-void amx_int8_tiles_panel(const uint8_t *panel, const quant_matmul *q, int two_scales, float *y, int64_t n,
-                          int cols, const float *bias) {
-    if (q->one_pass) {
+void amx_int8_tiles_panel(const uint8_t *panel, const quant_matmul *q, int two_scales, int signed8, float *y,
+                          int64_t n, int cols, const float *bias) {
+    if (q->one_pass) {  /* the K-quants only: never signed8 */
         one_pass_panel(panel, q, two_scales, y, n, cols, bias);
         return;
     }
@@ -175,6 +175,10 @@ void amx_int8_tiles_panel(const uint8_t *panel, const quant_matmul *q, int two_s
                     if (!q->one_pass) {
                         s0 = _mm512_add_epi32(s0, _mm512_load_si512(cr[0][i]));
                         s1 = _mm512_add_epi32(s1, _mm512_load_si512(cr[1][i]));
+                    }
+                    if (signed8) {  /* gemm.c's tile: Q8_0's 128 x sum off the int32 sums */
+                        const __m512i off = _mm512_set1_epi32(SIGNED8_OFFSET * q->xc[lane_of(j0 + i, b, nb, TILE_ROWS)]);
+                        s0 = _mm512_sub_epi32(s0, off), s1 = _mm512_sub_epi32(s1, off);
                     }
                     panel_accumulate(acc[i], s0, s1, sc0, sc1, min, q, q->xd, j0 + i, b, nb, half, two_scales);
                 }

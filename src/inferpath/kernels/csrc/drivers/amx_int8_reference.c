@@ -81,8 +81,8 @@ int inferpath_amx_int8_tile_dpbsud(int32_t *c, const int8_t *a, int64_t a_stride
     return 0;
 }
 
-static void reference_panel(const uint8_t *panel, const quant_matmul *q, int two_scales, float *y, int64_t n,
-                            int cols, const float *bias) {
+static void reference_panel(const uint8_t *panel, const quant_matmul *q, int two_scales, int signed8, float *y,
+                            int64_t n, int cols, const float *bias) {
     enum { R = AMX_INT8_TILE_ROWS, P = AMX_INT8_PANEL };
     const int64_t k = q->k, nb = k / 32, m = q->m;
     const int halves = two_scales ? 2 : 1, quads = 8 / halves;
@@ -108,7 +108,8 @@ static void reference_panel(const uint8_t *panel, const quant_matmul *q, int two
                     const float dx = q->xd[lane_of(j, b, nb, TILE_ROWS)];
                     for (int c = 0; c < P; c++) {
                         const uint32_t s = ((uint32_t)cq[c / 16][i * 16 + c % 16] << RESIDUAL_SHIFT)
-                                           + (uint32_t)cr[c / 16][i * 16 + c % 16];
+                                           + (uint32_t)cr[c / 16][i * 16 + c % 16]
+                                           - (signed8 ? (uint32_t)(SIGNED8_OFFSET * q->xc[lane_of(j, b, nb, TILE_ROWS)]) : 0u);
                         const float scaled = scale[half * P + c] * dx;
                         acc[i][c] = fmaf((float)(int32_t)s, scaled, acc[i][c]);
                     }
@@ -131,10 +132,10 @@ int amx_int8_panel(const uint8_t *panel, const quant_matmul *q, int qtype, int t
                    int cols, const float *bias) {
     if (!inferpath_amx_int8_takes(qtype, q->m)) return 0;
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
-    if (engine == AMX_INT8_TILES) amx_int8_tiles_panel(panel, q, two_scales, y, n, cols, bias);
+    if (engine == AMX_INT8_TILES) amx_int8_tiles_panel(panel, q, two_scales, signed8_format(qtype), y, n, cols, bias);
     else
 #endif
-        reference_panel(panel, q, two_scales, y, n, cols, bias);
+        reference_panel(panel, q, two_scales, signed8_format(qtype), y, n, cols, bias);
     __atomic_fetch_add(&panels_served, 1, __ATOMIC_RELAXED);
     return 1;
 }

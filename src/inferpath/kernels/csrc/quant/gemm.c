@@ -128,7 +128,7 @@ static inline void transpose16(const transpose_indices *t, const __m512i in[8], 
  * blocks unpacked, then transposed (transpose16). */
 #define DEFINE_PACK(NAME, TYPE, BLOCK, BYTES, OFFSET, IS_SIGNED, TWO_SCALES)                        \
 static void NAME##_pack(const uint8_t *w, int64_t row_bytes, int cols, int64_t nb, uint8_t *panel) {  \
-    const float offset = IS_SIGNED ? 128.0f : (float)(OFFSET);                                      \
+    const float offset = IS_SIGNED ? 0.0f : (float)(OFFSET);  /* Q8_0: 128 c off the int32 sums */     \
     const transpose_indices t = make_indices();                                                     \
     for (int c = 0; c < cols; c++)  /* the rows' first blocks: the loop below fetches ahead of them */  \
         for (int64_t at = 0; at < PREFETCH_BLOCKS * BYTES && at < row_bytes; at += 64)                \
@@ -227,7 +227,7 @@ static void r8_legacy_pack(int qtype, const uint8_t *w, int64_t group_bytes, int
     const int groups = (cols + R8_ROWS - 1) / R8_ROWS, is_q8 = qtype == Q8_0_R8, is_q41 = qtype == Q4_1_R8;
     const int64_t block_bytes = r8_legacy_block_bytes(qtype), at = r8_legacy_nibbles_at(qtype);
     const __m256i low = _mm256_set1_epi8(0xf), fifth = _mm256_set1_epi8(0x10), flip = _mm256_set1_epi8((char)0x80);
-    const __m256 offset = _mm256_set1_ps(is_q8 ? 128.0f : is_q41 ? 0.0f : 16.0f);
+    const __m256 offset = _mm256_set1_ps(is_q8 || is_q41 ? 0.0f : 16.0f);  /* Q8_0: 128 c off the int32 sums */
     if (cols < PANEL) memset(panel, 0, (size_t)(nb * BLOCK_BYTES));
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *pb = panel + b * BLOCK_BYTES;
@@ -289,8 +289,8 @@ static inline __attribute__((always_inline)) void one_pass(__m512i s[][2], const
 /* R rows (a constant at each call site) from row j0 against a packed panel: y's rows j0..,
  * n apart, from y's first column of the panel (cols of them), + bias (cols) or NULL. */
 static inline __attribute__((always_inline)) void tile(const uint8_t *panel, const quant_matmul *q, int64_t j0,
-                                                       const int R, const int two_scales, float *y, int64_t n,
-                                                       int cols, const float *bias) {
+                                                       const int R, const int two_scales, const int signed8,
+                                                       float *y, int64_t n, int cols, const float *bias) {
     const int64_t k = q->k, nb = k / 32;
     const int8_t *xq = q->xq + j0 * k, *xr = q->xr + j0 * k;
     const float *xd = q->one_pass ? q->xd1 : q->xd;
@@ -312,6 +312,11 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *panel, con
                 }
                 one_pass(s, pb, xr + 32 * b, k, g0, quads, R);
             }
+            if (signed8)  /* Q8_0 met x as w + 128: 128 times x's block sum off, exactly (r8_pair.c's) */
+                for (int i = 0; i < R; i++) {
+                    const __m512i off = _mm512_set1_epi32(SIGNED8_OFFSET * q->xc[lane_of(j0 + i, b, nb, TILE_ROWS)]);
+                    s[i][0] = _mm512_sub_epi32(s[i][0], off), s[i][1] = _mm512_sub_epi32(s[i][1], off);
+                }
             const __m512 sc0 = _mm512_load_ps(scale + half * PANEL), sc1 = _mm512_load_ps(scale + half * PANEL + 16);
             for (int i = 0; i < R; i++)
                 panel_accumulate(acc[i], s[i][0], s[i][1], sc0, sc1, min, q, xd, j0 + i, b, nb, half, two_scales);
@@ -320,15 +325,20 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *panel, con
     panel_store(acc, R, y + j0 * n, n, cols, bias);
 }
 
-static void tile_rows(const uint8_t *panel, const quant_matmul *q, int64_t j0, int rows, int two_scales, float *y,
-                      int64_t n, int cols, const float *bias) {
-#define TILE_CASE(R) case R: if (two_scales) tile(panel, q, j0, R, 1, y, n, cols, bias); \
-                             else tile(panel, q, j0, R, 0, y, n, cols, bias); break;
+static void tile_rows(const uint8_t *panel, const quant_matmul *q, int64_t j0, int rows, int two_scales,
+                      int signed8, float *y, int64_t n, int cols, const float *bias) {
+#define TILE_OF(R) do { if (two_scales) tile(panel, q, j0, R, 1, 0, y, n, cols, bias);           \
+                        else if (signed8) tile(panel, q, j0, R, 0, 1, y, n, cols, bias);         \
+                        else tile(panel, q, j0, R, 0, 0, y, n, cols, bias); } while (0)
     switch (rows) {
-        TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5)
-        default: if (two_scales) tile(panel, q, j0, MR, 1, y, n, cols, bias); else tile(panel, q, j0, MR, 0, y, n, cols, bias); break;
+        case 1: TILE_OF(1); break;
+        case 2: TILE_OF(2); break;
+        case 3: TILE_OF(3); break;
+        case 4: TILE_OF(4); break;
+        case 5: TILE_OF(5); break;
+        default: TILE_OF(MR); break;
     }
-#undef TILE_CASE
+#undef TILE_OF
 }
 
 /* A per-thread panel buffer, grown as needed (kept for the thread's life). */
@@ -374,7 +384,7 @@ int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
             const int64_t tiles = (m + mr - 1) / mr, base = m / tiles, longer = m % tiles;  /* balanced: 32 rows 3 x 10 and 2 */
             for (int64_t t = 0, j0 = 0; t < tiles; t++) {
                 const int rows = (int)(base + (t < longer));
-                tile_rows(panel, q, j0, rows, two_scales, y + c, n, cols, bias);
+                tile_rows(panel, q, j0, rows, two_scales, signed8_format(q->qtypes[i]), y + c, n, cols, bias);
                 j0 += rows;
             }
         }

@@ -72,4 +72,12 @@ HIDDEN int gemm_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1)
 #define R8_GEMM_MIN_ROWS (2 * TILE_ROWS + 1)
 #define GEMM_PANEL 32
 
+/* Q8_0's signed weights meet x as the unsigned w + 128 in the GEMM's panels (as in
+ * r8_pair.c's pairs), and SIGNED8_OFFSET times x's block sum in the dots' units (q8_rows'
+ * c, quant_matmul's xc) comes off the int32 sums exactly, where it came off as a float min
+ * term: a row's float chain is then r8.c's, so a prompt tail that r8's tiles compute after a
+ * prefix-cache hit gets the cold prompt's bits (as laid out in the file, or repacked). */
+#define SIGNED8_OFFSET 128
+static inline int signed8_format(int qtype) { return qtype == Q8_0 || qtype == R8_BASE + Q8_0; }
+
 #endif
