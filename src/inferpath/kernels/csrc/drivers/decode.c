@@ -190,7 +190,7 @@ static int matmul(const weight_group *w, const void *x, void *y, int64_t m, int6
                                (const float *const *)w->biases, (const float *)x, m, k, threads, rows_alone);
     if (status) return status;
     /* GEMM panels are GEMM_PANEL columns: a chunk of one panel wastes none and balances best */
-    job.quant = &q, job.n = q.n, job.columns = q.use_gemm ? GEMM_PANEL : chunk_columns(q.n, threads);
+    job.quant = &q, job.n = q.n, job.columns = q.gemm_panels ? GEMM_PANEL : chunk_columns(q.n, threads);
     pool_run(threads, columns_task, &job, (job.n + job.columns - 1) / job.columns);
     quant_release(&q);
     return 0;

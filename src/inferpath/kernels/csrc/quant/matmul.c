@@ -213,6 +213,9 @@ int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *
     q->n = q->starts[count], q->tiles = (m + TILE_ROWS - 1) / TILE_ROWS;
     q->use_gemm = m >= GEMM_MIN_ROWS && !rows_alone && gemm_ready() && !mxfp4_in(qtypes, count);
     q->use_wide = m >= WIDE_MIN_ROWS && !rows_alone && !q->use_gemm;
+    q->gemm_panels = 0;
+    for (int i = 0; i < count; i++)
+        q->gemm_panels = q->gemm_panels || (q->use_gemm && (!r8_grouped(qtypes[i]) || m >= R8_GEMM_MIN_ROWS));
     for (int i = 0; i < count; i++)  /* repacked weights (r8.c) take their own kernel: not counted */
         q->use_wide = q->use_wide && (r8_grouped(qtypes[i]) || (q->wides[i] = wide_kernel(qtypes[i])) != 0);
     int64_t padded = q->tiles * TILE_ROWS;
@@ -353,7 +356,7 @@ int inferpath_quant_matmul_group(int count, const int *qtypes, const uint8_t *co
     const int64_t n = q.n;
     const int threads = m * n * k >= PARALLEL_MIN_MACS ? num_threads : 1;
     /* GEMM panels: a chunk of one panel; else about 8 chunks a thread, of 16 columns or more */
-    int64_t columns = q.use_gemm ? GEMM_PANEL : (n / (8 * (int64_t)threads) + 15) / 16 * 16;
+    int64_t columns = q.gemm_panels ? GEMM_PANEL : (n / (8 * (int64_t)threads) + 15) / 16 * 16;
     columns_job job = {&q, y, n, columns < 16 ? 16 : columns};
     pool_run(threads, columns_task, &job, (n + job.columns - 1) / job.columns);
     quant_release(&q);

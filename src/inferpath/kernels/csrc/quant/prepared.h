@@ -14,6 +14,9 @@ typedef void (*rows_fn)(const uint8_t *, const q8_rows *, int64_t, float *);
 
 typedef struct {
     int count, use_wide, use_gemm, one_pass;  /* one_pass: x in one int8 pass (activations.h) */
+    int gemm_panels;  /* use_gemm and some weight takes the panels (repacked ones from R8_GEMM_MIN_ROWS
+                       * rows): the callers' column chunks are then whole panels, else the row
+                       * kernels' longer runs */
     int qtypes[MAX_GROUP];
     const uint8_t *const *ws;
     const int64_t *row_bytes;
