@@ -159,6 +159,19 @@ def test_zero_head_count_and_deep_arrays_are_refused(tmp_path, tiny_gguf):
         check_gguf(path)
 
 
+def test_a_layer_tensor_name_without_its_kind_is_refused(tmp_path, tiny_gguf):
+    """A ``blk.`` tensor name whose dots were overwritten ('blk.0' + bytes + 'weight': hypothesis
+    found it, patching a u64 inside the name) is refused with ModelFileError naming the file
+    and tensor, where it raised IndexError reading the name's third part."""
+    name = b"blk.0.attn_v.weight"
+    at = tiny_gguf.index(name) + len("blk.0")
+    path = tmp_path / "renamed.gguf"
+    path.write_bytes(patched(tiny_gguf, at, (2**40).to_bytes(8, "little")))
+    with pytest.raises(ModelFileError, match="no Hugging Face counterpart"):
+        load_checkpoint(path)
+    loads_or_refuses(load_checkpoint, path)
+
+
 @SETTINGS
 @given(st.data())
 def test_fuzzed_gguf_loads_or_raises_model_file_error(tmp_path, tiny_gguf, data):

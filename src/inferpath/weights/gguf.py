@@ -222,7 +222,8 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = False, keep_quant
                 f"does not dequantize; supported: {', '.join(q.name for q in SUPPORTED_TENSOR_TYPES)}"
             )
         shape = t.shape  # numpy order: (rows, cols)
-        kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
+        parts = t.name.split(".")
+        kind = parts[2] if parts[0] == "blk" and len(parts) > 2 else ""  # a malformed name: its own error below
         if permuted and kind in heads_of and shape[0] % (2 * heads_of[kind]):
             raise WeightsError(f"{path}: tensor {t.name!r} has {shape[0]} rows, not a whole number of "
                                f"row pairs for its {heads_of[kind]} heads; the file is inconsistent")
