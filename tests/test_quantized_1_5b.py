@@ -99,8 +99,8 @@ def test_a_prefix_cache_hit_gives_the_cold_prompts_bits(path, tail):
     before, a repeat of the same request could break a near tie differently)."""
     from inferpath.config import EngineConfig
     from inferpath.engine.llm_engine import LLMEngine
-    from inferpath.sampling.params import SamplingParams
     from inferpath.tokenizer import load_tokenizer
+    from test_repacked_gemm import greedy_twice_with_prefix_caching, skip_unless_tails_meet_x_as_prompts
 
     engine = LLMEngine.from_model(path, EngineConfig(threads=2, enable_prefix_caching=True,
                                                      kv_cache_memory_bytes=64 * 2**20))
@@ -108,20 +108,9 @@ def test_a_prefix_cache_hit_gives_the_cold_prompts_bits(path, tail):
     text = "Write a Python function that parses a CSV file with a header row into a list of dictionaries. " * 4
     prompt = load_tokenizer(path).encode(text)[:2 * block + tail]
     assert len(prompt) == 2 * block + tail >= 17  # the cold prompt takes the GEMM (R8_GEMM_MIN_ROWS rows)
-
-    def run(request_id: str):
-        engine.add_request(request_id, prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True,
-                                                              logprobs=1))
-        done = []
-        while engine.has_unfinished_requests():
-            done += [o for o in engine.step() if o.finished]
-        (out,) = done
-        return out.outputs[0].token_ids, out.outputs[0].logprobs
-
-    cold = run("cold")
-    before = engine.stats()
-    warm = run("warm")
-    after = engine.stats()
-    assert after.prefix_cache_hits - before.prefix_cache_hits == 2 * block  # only the tail computed
-    assert after.num_prompt_tokens_computed - before.num_prompt_tokens_computed == tail
+    skip_unless_tails_meet_x_as_prompts(len(prompt), tail)
+    hits = engine.stats().prefix_cache_hits
+    cold, warm, computed = greedy_twice_with_prefix_caching(engine, prompt)
+    assert engine.stats().prefix_cache_hits - hits == 2 * block  # only the tail computed
+    assert computed == tail
     assert warm == cold

@@ -51,22 +51,19 @@ static inline __attribute__((always_inline)) void step_epilogue(__m512 acc[][2],
     const int half = (int)(t % halves);
     const float *scale = (const float *)(panel + b * AMX_INT8_BLOCK_BYTES + 8 * AMX_INT8_QUAD_BYTES), *min = scale + 2 * P;
     const __m512 sc0 = _mm512_load_ps(scale + half * P), sc1 = _mm512_load_ps(scale + half * P + 16);
-    const __m512 mn0 = _mm512_load_ps(min), mn1 = _mm512_load_ps(min + 16);  /* half 0's (or the block's) */
-    const __m512 mh0 = _mm512_load_ps(min + P), mh1 = _mm512_load_ps(min + P + 16);  /* Q6_K's half 1 */
     /* x's scales and sums for this block (half) lie TILE_ROWS rows side by side
      * (activations.h's lane_of): rows j0 + i0.. from one pointer each. The terms' order is
-     * panel_epilogue.h's: Q6_K's min terms after its second half's scale term. */
+     * panel_epilogue.h's: the min terms after the block's last scale term. */
     for (int i0 = 0; i0 < rows; i0 += TILE_ROWS) {
         const int64_t j = j0 + i0;
         const float *xd = q->xd1 + lane_of(j, b, nb, TILE_ROWS);  /* the sums unshifted (prepared.h) */
-        const float *xs = two_scales ? q->xh + half_lane_of(j, b, nb, 0, TILE_ROWS) : q->xs + lane_of(j, b, nb, TILE_ROWS);
-        const float *xh1 = two_scales ? q->xh + half_lane_of(j, b, nb, 1, TILE_ROWS) : xs;
+        const float *xs0 = two_scales ? q->xh + half_lane_of(j, b, nb, 0, TILE_ROWS) : q->xs + lane_of(j, b, nb, TILE_ROWS);
+        const float *xs1 = two_scales ? q->xh + half_lane_of(j, b, nb, 1, TILE_ROWS) : xs0;
         const int end = rows - i0 < TILE_ROWS ? rows - i0 : TILE_ROWS;
         for (int i = 0; i < end; i++) {
             const __m512i s0 = _mm512_load_si512(c[0][i0 + i]), s1 = _mm512_load_si512(c[1][i0 + i]);
             panel_scale_row(acc[i0 + i], s0, s1, sc0, sc1, xd[i]);
-            if (half == halves - 1) panel_min_row(acc[i0 + i], mn0, mn1, xs[i]);
-            if (two_scales && half == 1) panel_min_row(acc[i0 + i], mh0, mh1, xh1[i]);
+            if (half == halves - 1) panel_block_mins(acc[i0 + i], min, two_scales, xs0[i], xs1[i]);
         }
     }
 }
@@ -170,17 +167,14 @@ void amx_int8_tiles_panel(const uint8_t *panel, const quant_matmul *q, int two_s
                 }
                 const __m512 sc0 = _mm512_load_ps(scale + half * P), sc1 = _mm512_load_ps(scale + half * P + 16);
                 for (int i = 0; i < rows; i++) {
-                    __m512i s0 = _mm512_slli_epi32(_mm512_load_si512(cq[0][i]), RESIDUAL_SHIFT);
-                    __m512i s1 = _mm512_slli_epi32(_mm512_load_si512(cq[1][i]), RESIDUAL_SHIFT);
+                    __m512i s[2] = {_mm512_slli_epi32(_mm512_load_si512(cq[0][i]), RESIDUAL_SHIFT),
+                                    _mm512_slli_epi32(_mm512_load_si512(cq[1][i]), RESIDUAL_SHIFT)};
                     if (!q->one_pass) {
-                        s0 = _mm512_add_epi32(s0, _mm512_load_si512(cr[0][i]));
-                        s1 = _mm512_add_epi32(s1, _mm512_load_si512(cr[1][i]));
+                        s[0] = _mm512_add_epi32(s[0], _mm512_load_si512(cr[0][i]));
+                        s[1] = _mm512_add_epi32(s[1], _mm512_load_si512(cr[1][i]));
                     }
-                    if (signed8) {  /* gemm.c's tile: Q8_0's 128 x sum off the int32 sums */
-                        const __m512i off = _mm512_set1_epi32(SIGNED8_OFFSET * q->xc[lane_of(j0 + i, b, nb, TILE_ROWS)]);
-                        s0 = _mm512_sub_epi32(s0, off), s1 = _mm512_sub_epi32(s1, off);
-                    }
-                    panel_accumulate(acc[i], s0, s1, sc0, sc1, min, q, q->xd, j0 + i, b, nb, half, two_scales);
+                    if (signed8) panel_signed8_sums(s, q, j0 + i, b, nb);  /* gemm.c's tile */
+                    panel_accumulate(acc[i], s[0], s[1], sc0, sc1, min, q, q->xd, j0 + i, b, nb, half, two_scales);
                 }
             }
         }

@@ -8,7 +8,8 @@
  *
  * (u8: the formats' unsigned q; Q8_0's signed q xor 0x80), g the block's 8 groups of four
  * values, then scale[2][32] and min[2][32] in float32 (min with the format's offset
- * folded in, but for Q8_0's 128, which comes off the int32 sums: prepared.h's SIGNED8_OFFSET). That is AMX's B-tile layout for int8: a B tile row is one group of four k
+ * folded in, but for Q8_0's 128, which comes off the int32 sums: prepared.h's
+ * SIGNED8_OFFSET). That is AMX's B-tile layout for int8: a B tile row is one group of four k
  * values of 16 columns (64 bytes, a 32-bit element a column), rows AMX_INT8_QUAD_BYTES
  * apart; 16 columns h at +64 h. The block's scale floats sit after its 8 groups, so one
  * B tile holds one block (8 rows, K = 32) or, for a format with a scale per 16 values

@@ -312,11 +312,8 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *panel, con
                 }
                 one_pass(s, pb, xr + 32 * b, k, g0, quads, R);
             }
-            if (signed8)  /* Q8_0 met x as w + 128: 128 times x's block sum off, exactly (r8_pair.c's) */
-                for (int i = 0; i < R; i++) {
-                    const __m512i off = _mm512_set1_epi32(SIGNED8_OFFSET * q->xc[lane_of(j0 + i, b, nb, TILE_ROWS)]);
-                    s[i][0] = _mm512_sub_epi32(s[i][0], off), s[i][1] = _mm512_sub_epi32(s[i][1], off);
-                }
+            if (signed8)
+                for (int i = 0; i < R; i++) panel_signed8_sums(s[i], q, j0 + i, b, nb);
             const __m512 sc0 = _mm512_load_ps(scale + half * PANEL), sc1 = _mm512_load_ps(scale + half * PANEL + 16);
             for (int i = 0; i < R; i++)
                 panel_accumulate(acc[i], s[i][0], s[i][1], sc0, sc1, min, q, xd, j0 + i, b, nb, half, two_scales);

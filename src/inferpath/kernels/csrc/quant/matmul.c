@@ -191,6 +191,12 @@ static int format_of(int qtype, int64_t *block, int64_t *bytes, rows_fn *fn) {
  * on one core) stay on one thread, the MLP and the LM head split. */
 #define PARALLEL_MIN_MACS (1 << 20)
 
+/* whether gemm.c's panels take a weight of ``qtype`` in q's call (repacked ones from
+ * R8_GEMM_MIN_ROWS rows: under it r8.c's pairs are faster) */
+static int gemm_serves(const quant_matmul *q, int qtype) {
+    return q->use_gemm && (!r8_grouped(qtype) || q->m >= R8_GEMM_MIN_ROWS);
+}
+
 int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *const *ws, const int64_t *row_bytes,
                   const int64_t *ns, const float *const *biases, const float *x, int64_t m, int64_t k,
                   int num_threads, int flags) {
@@ -214,8 +220,7 @@ int quant_prepare(quant_matmul *q, int count, const int *qtypes, const uint8_t *
     q->use_gemm = m >= GEMM_MIN_ROWS && !rows_alone && gemm_ready() && !mxfp4_in(qtypes, count);
     q->use_wide = m >= WIDE_MIN_ROWS && !rows_alone && !q->use_gemm;
     q->gemm_panels = 0;
-    for (int i = 0; i < count; i++)
-        q->gemm_panels = q->gemm_panels || (q->use_gemm && (!r8_grouped(qtypes[i]) || m >= R8_GEMM_MIN_ROWS));
+    for (int i = 0; i < count; i++) q->gemm_panels |= gemm_serves(q, qtypes[i]);
     for (int i = 0; i < count; i++)  /* repacked weights (r8.c) take their own kernel: not counted */
         q->use_wide = q->use_wide && (r8_grouped(qtypes[i]) || (q->wides[i] = wide_kernel(qtypes[i])) != 0);
     int64_t padded = q->tiles * TILE_ROWS;
@@ -325,9 +330,9 @@ void quant_columns(const quant_matmul *q, float *y, int64_t c0, int64_t c1) {
     for (int i = 0; i < q->count; i++) {
         const int64_t lo = c0 > q->starts[i] ? c0 : q->starts[i], hi = c1 < q->starts[i + 1] ? c1 : q->starts[i + 1];
         if (lo >= hi) continue;
-        if (r8_grouped(q->qtypes[i])) {
-            if (!(q->use_gemm && q->m >= R8_GEMM_MIN_ROWS && gemm_columns(q, y, lo, hi) == 0)) r8_columns(q, i, y, lo, hi);
-        } else if (!(q->use_gemm && gemm_columns(q, y, lo, hi) == 0)) row_columns(q, i, y, lo, hi);
+        if (gemm_serves(q, q->qtypes[i]) && gemm_columns(q, y, lo, hi) == 0) continue;
+        if (r8_grouped(q->qtypes[i])) r8_columns(q, i, y, lo, hi);
+        else row_columns(q, i, y, lo, hi);
     }
 }
 

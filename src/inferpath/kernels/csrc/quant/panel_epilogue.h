@@ -36,22 +36,36 @@ static inline __attribute__((always_inline)) void panel_accumulate_row(__m512 ac
  * bits): the scale term then the min term; for Q6_K (two_scales, a term per 16-value half)
  * both halves' scale terms, then both halves' min terms. */
 
+/* acc += the block's min terms, after its last scale term: min: its mins (GEMM_PANEL floats a
+ * half: the panel's layout); x_s0: x's sum over the block (Q6_K: over half 0), x_s1 over half 1 */
+static inline __attribute__((always_inline)) void panel_block_mins(__m512 acc[2], const float *min, int two_scales,
+                                                                   float x_s0, float x_s1) {
+    panel_min_row(acc, _mm512_load_ps(min), _mm512_load_ps(min + 16), x_s0);
+    if (two_scales) panel_min_row(acc, _mm512_load_ps(min + GEMM_PANEL), _mm512_load_ps(min + GEMM_PANEL + 16), x_s1);
+}
+
+/* Q8_0's sums (signed weights met as w + 128): 128 times x row j's block sum in the dots'
+ * units (q8_rows' c) off, exactly, as r8_pair.c takes it off */
+static inline __attribute__((always_inline)) void panel_signed8_sums(__m512i s[2], const quant_matmul *q, int64_t j,
+                                                                     int64_t b, int64_t nb) {
+    const __m512i off = _mm512_set1_epi32(SIGNED8_OFFSET * q->xc[lane_of(j, b, nb, TILE_ROWS)]);
+    s[0] = _mm512_sub_epi32(s[0], off), s[1] = _mm512_sub_epi32(s[1], off);
+}
+
 /* acc += s * scale * dx for block b's half ``half`` (0 where one scale a block); where it
- * is the block's last, then its min terms (Q6_K: both halves', half 0's first). sc: the
- * half's scales (16 columns each); min: the block's mins (GEMM_PANEL floats a half: the
- * panel's layout); xd: x's d per block (q->xd, or q->xd1 for sums left unshifted). */
+ * is the block's last, then its min terms (panel_block_mins). sc: the half's scales (16
+ * columns each); min: the block's mins; xd: x's d per block (q->xd, or q->xd1 for sums
+ * left unshifted). */
 static inline __attribute__((always_inline)) void panel_accumulate(__m512 acc[2], __m512i s0, __m512i s1,
                                                                     __m512 sc0, __m512 sc1, const float *min,
                                                                     const quant_matmul *q, const float *xd, int64_t j,
                                                                     int64_t b, int64_t nb, int half, int two_scales) {
     panel_scale_row(acc, s0, s1, sc0, sc1, xd[lane_of(j, b, nb, TILE_ROWS)]);
-    if (!two_scales) {
-        panel_min_row(acc, _mm512_load_ps(min), _mm512_load_ps(min + 16), q->xs[lane_of(j, b, nb, TILE_ROWS)]);
-    } else if (half == 1) {
-        for (int h = 0; h < 2; h++)
-            panel_min_row(acc, _mm512_load_ps(min + h * GEMM_PANEL), _mm512_load_ps(min + h * GEMM_PANEL + 16),
-                          q->xh[half_lane_of(j, b, nb, h, TILE_ROWS)]);
-    }
+    if (half != two_scales) return;  /* Q6_K's half 0: its min term after half 1's scale term */
+    if (two_scales)
+        panel_block_mins(acc, min, 1, q->xh[half_lane_of(j, b, nb, 0, TILE_ROWS)], q->xh[half_lane_of(j, b, nb, 1, TILE_ROWS)]);
+    else
+        panel_block_mins(acc, min, 0, q->xs[lane_of(j, b, nb, TILE_ROWS)], 0.0f);
 }
 
 /* rows of acc + bias (cols floats, or NULL) into y's rows (n apart): columns [0, cols) */
