@@ -71,6 +71,24 @@ def test_native_decode_equals_the_module_path_to_the_bit(isa, monkeypatch):
     assert native == generate("smollm2-135m-instruct", False)
 
 
+def test_a_step_of_many_rows_splits_its_row_kernels_over_the_pool_to_the_same_bits():
+    """Five prompts of 25-32 tokens make a first step of 140+ rows: SmolLM2's RMSNorm (576
+    values a row), RoPE (960) and SwiGLU gate (1536) pass drivers/decode.c's 65536 values
+    and run row by row on the decode pool (never the kernels' OpenMP regions): every
+    token and logprob is the module path's."""
+    if build.native_decode_layers() is None or build.native_prefill_attention(torch.float32) is None:
+        pytest.skip(f"chunks are native where the prefill attention kernel is: {build.kernel_status()}")
+    prompts = [f"Story {i}: once upon a time there was a small robot who liked to count the stars, "
+               f"the clouds and the birds over the old town." for i in range(5)]
+    calls: list[bool] = []
+    native = generate("smollm2-135m-instruct", True, calls, prompts=prompts)
+    assert calls[0] and sum(calls) >= 20
+    engine_rows = LLMEngine.from_model(resolve_model("smollm2-135m-instruct"), EngineConfig(threads=1))
+    lengths = [len(engine_rows.tokenizer.encode(p)) for p in prompts]
+    assert all(n <= 32 for n in lengths) and sum(lengths) * 576 >= 65536, lengths
+    assert native == generate("smollm2-135m-instruct", False, prompts=prompts)
+
+
 PROMPT_LOOKUP = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 REPEATING = ["1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,", "a b c d e f g a b c d e f g a b c",
              "def add(a, b):\n    return a + b\n\ndef add(a, b):\n", "The capital of France is"]
