@@ -161,6 +161,45 @@ def test_native_decode_attention_splits_long_contexts_at_real_head_sizes(head_di
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(not gemv_available(torch.float32), reason=f"no native kernels here: {kernel_status()}")
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("head_dim,kv_heads,group", [(32, 1, 16), (64, 3, 3), (128, 2, 6), (128, 1, 7), (64, 2, 8),
+                                                     (32, 4, 1)])
+@torch.inference_mode()
+def test_fixed_head_size_decode_attention_gives_the_general_kernels_bits(head_dim, kv_heads, group, dtype, isa,
+                                                                         monkeypatch):
+    """Head sizes 32/64/128 take part kernels with the head size a constant and the query
+    heads several at a time (avx2: up to 6, avx512: up to 8); the general part serves any
+    other size. The same heads padded with 16 zeros (a size the general part takes) give the
+    same bits: the fixed parts compute every value in the general part's order. Contexts of
+    1-3 parts of 128 keys, a part's last keys short of a vector's worth."""
+    from inferpath.kernels.ops import run_paged_decode_attention
+
+    if not kernel_build.can_run(isa):
+        pytest.skip(f"this CPU cannot execute the {isa} level (its best is {kernel_build.cpu_level()})")
+    gen = torch.Generator().manual_seed(head_dim * 100 + group)
+    lens, block_size = [300, 129, 1, 45, 17], 16
+    blocks = max(-(-n // block_size) for n in lens)
+    num_blocks = blocks * len(lens) + 2
+    tables = torch.randperm(num_blocks, generator=gen)[: blocks * len(lens)].view(len(lens), blocks).contiguous()
+    k = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    q = (torch.randn(len(lens), kv_heads * group, head_dim, generator=gen) * 2).to(dtype)
+    seq_lens, scale = torch.tensor(lens), head_dim ** -0.5
+    fn = kernel_build.native_paged_attention(dtype, isa)
+    pad = lambda t: torch.nn.functional.pad(t, (0, 16)).contiguous()  # noqa: E731
+    for threads in (1, 2):
+        monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+        fixed = run_paged_decode_attention(fn, q, k, v, tables, seq_lens, scale, 0)
+        general = run_paged_decode_attention(fn, pad(q), pad(k), pad(v), tables, seq_lens, scale, 0)[..., :head_dim]
+        assert torch.equal(fixed, general), f"{threads} threads: max |diff| {(fixed - general).abs().max()}"
+        expected = torch.cat([reference_attention(q[i:i + 1], k[tables[i]].flatten(0, 1)[:n], v[tables[i]].flatten(0, 1)[:n])
+                              for i, n in enumerate(lens)])
+        torch.testing.assert_close(fixed.float(), expected.float(), rtol=2e-2 if dtype == torch.bfloat16 else 1e-5,
+                                   atol=2e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
 @pytest.mark.parametrize("isa", kernel_build.LEVEL_NAMES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("tokens,heads,kv_heads,head_dim", [(77, 9, 3, 64), (40, 4, 4, 80), (33, 16, 1, 32),
