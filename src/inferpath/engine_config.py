@@ -15,6 +15,9 @@ from inferpath.errors import ConfigError
 from inferpath.speculative_config import SpeculativeConfig, SpeculativeConfigError
 
 
+KV_CACHE_DTYPES = ("auto", "bfloat16")  # EngineConfig.kv_cache_dtype's values
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine runs a model: dtype, cache geometry, batching limits.
@@ -27,6 +30,9 @@ class EngineConfig:
     # "auto": a quantized GGUF runs quantized (float32 activations), float weights in bf16
     # where the CPU has native bf16, else float32 (engine/weight_plan.py); a dtype: every weight in it
     dtype: str = "auto"
+    # the KV cache's dtype: "auto", the activations'; "bfloat16" beside float32 activations
+    # halves the cache's bytes (K and V rounded to bf16 once, as they are written)
+    kv_cache_dtype: str = "auto"
     block_size: int = 16
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     max_num_seqs: int = 64
@@ -59,6 +65,13 @@ class EngineConfig:
             object.__setattr__(self, "speculative_config", spec)
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype must be {' or '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
+                              + ("" if not isinstance(self.kv_cache_dtype, str) else
+                                 ": float16 and fp8 caches are not implemented"))
+        if self.kv_cache_dtype != "auto" and self.tensor_parallel_size > 1:
+            raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported with "
+                              f"tensor_parallel_size={self.tensor_parallel_size}; use auto")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_waiting_requests",
                      "tensor_parallel_size"):
             value = getattr(self, name)

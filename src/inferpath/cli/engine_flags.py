@@ -43,6 +43,9 @@ SPELLINGS: dict[str, Spelling] = {
     "dtype": Spelling(("--dtype",), "auto: a quantized GGUF runs quantized (float32 activations), "
                       "float weights bf16 where the CPU has native bf16, else float32; a dtype: "
                       "every weight in it", choices=("auto", "float32", "bfloat16", "float16")),
+    "kv_cache_dtype": Spelling(("--kv-cache-dtype",), "the KV cache's dtype: auto (the activations') or "
+                               "bfloat16 (half a float32 cache's bytes: K and V rounded once as they are "
+                               "written)", choices=("auto", "bfloat16")),
     "quantization": Spelling(("--quantization",), "quantize float weights on load (a Hugging Face "
                              "directory or an F32/F16/BF16 GGUF)", choices=("q8_0", "q4_0", "q4_k")),
     "threads": Spelling(("--threads",), "compute threads, the kernels' and PyTorch's", type=int,

@@ -14,7 +14,7 @@ import gc
 import torch
 
 from inferpath.cache.kv import KVCache
-from inferpath.config import EngineConfig, ModelConfig
+from inferpath.config import ConfigError, EngineConfig, ModelConfig
 from inferpath.sampling.sampler import Sampler
 
 
@@ -26,6 +26,13 @@ def build_kv_cache(model_config: ModelConfig, engine_config: EngineConfig, dtype
     """
     from inferpath.parallel.tp import shard_config
 
+    if engine_config.kv_cache_dtype != "auto":
+        kind = ("multi-head latent attention" if model_config.is_mla else
+                "linear-attention layers" if any(map(model_config.is_linear_attention_layer,
+                                                     range(model_config.num_layers))) else None)
+        if kind:
+            raise ConfigError(f"kv_cache_dtype={engine_config.kv_cache_dtype!r} is not implemented for "
+                              f"{kind} ({model_config.name}); use auto")
     bs = engine_config.block_size
     cache_config = shard_config(model_config, engine_config.tensor_parallel_size)
     num_blocks = engine_config.num_kv_blocks or KVCache.num_blocks_for_budget(

@@ -24,7 +24,8 @@ file's layout at avx512 costs 2.2-5x a one-row step and the repacked groups 1.1-
 Without the kernels, or
 sharded, blocks are dequantized (the reference path). An explicit
 dtype converts every weight to it (blocks dequantized); ``quantization`` quantizes float
-matrices at load. The KV cache holds the activations' dtype.
+matrices at load. The KV cache holds the activations' dtype, or bfloat16 beside float32
+activations where ``EngineConfig.kv_cache_dtype`` asks (``kv_cache_dtype``).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class WeightPlan:
     the matrices run through ("avx512", "avx2", "generic"), or "PyTorch".
     ``bytes_per_weight``: bytes a decode step reads per matrix value, as run.
 
-    Invariants: ``kv_dtype == activation_dtype``; ``keep_quantized`` only for a GGUF whose
+    Invariants: ``kv_dtype == activation_dtype``, or bfloat16 beside float32
+    activations (``EngineConfig.kv_cache_dtype``); ``keep_quantized`` only for a GGUF whose
     blocks run as laid out; ``keep_bf16`` only where bf16 matrices meet float32
     activations; a sharded plan (tensor_parallel_size > 1) keeps neither."""
 
@@ -189,9 +191,23 @@ def plan_weights(path: str | Path, engine_config) -> WeightPlan:
             how = AS_LAID_OUT if set(stored) <= {_name(act)} else CONVERTED
             runs, per_weight = (_name(act),), act.itemsize
     level = (build.kernel_level(family) if kernels and act in _KERNEL_DTYPES else None) or "PyTorch"
-    return WeightPlan(checkpoint, stored, how, runs, act, act, level, family, float(per_weight),
+    kv = kv_cache_dtype(engine_config.kv_cache_dtype, act)
+    return WeightPlan(checkpoint, stored, how, runs, act, kv, level, family, float(per_weight),
                       engine_config.tensor_parallel_size, quantization,
                       _repacked(how, family, level, runs, engine_config.speculative_config is not None))
+
+
+def kv_cache_dtype(name: str, activation_dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's dtype for ``EngineConfig.kv_cache_dtype``: "auto" the activations',
+    "bfloat16" bf16 (the activations' own where they are bf16; beside float32 activations
+    the attention reads it widened). Raises ValueError for a pair no path implements."""
+    if name == "auto" or getattr(torch, name) == activation_dtype:
+        return activation_dtype
+    if (activation_dtype, name) != (torch.float32, "bfloat16"):
+        raise ValueError(f"kv_cache_dtype={name!r} beside {str(activation_dtype).removeprefix('torch.')} "
+                         "activations is not implemented (a bfloat16 cache goes with float32 or bfloat16 "
+                         "activations)")
+    return torch.bfloat16
 
 
 def _repacked(how: str, family: str, level: str, runs: tuple[str, ...], speculative: bool = False) -> tuple[str, ...]:

@@ -3,7 +3,8 @@ peak that follow from them (the cost model's dtype accounting, explain/cost.py).
 
 Weights are read at ``Precision.weight_bytes`` per parameter (a dtype's size, or a GGUF
 file's mean over its block formats); weight-only int8/int4 dequantize to bf16 in the matmul
-(bf16 peak). Activations and the KV cache are bf16, fp32 when the weights are fp32.
+(bf16 peak). Activations and the KV cache are bf16, fp32 when the weights are fp32 (the
+cache bf16 beside them where the plan says: ``kv_value_bytes``).
 ``Precision.formats`` (explain/stage_formats.py) lists each matmul stage's matrices as they
 run, for kernel_cost.py to price at their own kernels' rates.
 """
@@ -39,6 +40,9 @@ class Precision:
     # the block formats whose layer matrices run repacked by 8 rows (WeightPlan.repacked): their
     # rates are the repacked kernel's (kernel_cost.rate_format)
     repacked: tuple = field(default=(), compare=False)
+    # bytes of a cached K or V value where the cache's dtype is not the activations' (a
+    # bfloat16 KV cache beside float32 activations, EngineConfig.kv_cache_dtype); None: theirs
+    kv_value_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.weights not in DTYPE_BYTES:
@@ -50,9 +54,11 @@ class Precision:
         for matrices kept in GGUF blocks or bf16 beside float32 activations (or quantized at
         load) their bytes per weight as run, labelled with their formats."""
         base = cls.parse(str(plan.activation_dtype).removeprefix("torch."))
+        kv = plan.kv_dtype.itemsize if plan.kv_dtype != plan.activation_dtype else None
         if not plan.quantized and plan.bytes_per_weight == base.weight_bytes:
-            return base
-        return cls(base.weights, plan.bytes_per_weight, " + ".join(plan.runs), repacked=tuple(plan.repacked))
+            return replace(base, kv_value_bytes=kv)
+        return cls(base.weights, plan.bytes_per_weight, " + ".join(plan.runs), repacked=tuple(plan.repacked),
+                   kv_value_bytes=kv)
 
     @classmethod
     def of_gguf(cls, path) -> "Precision":
@@ -99,7 +105,7 @@ class Precision:
 
     @property
     def kv_bytes(self) -> int:
-        return self.activation_bytes
+        return self.kv_value_bytes or self.activation_bytes
 
     @property
     def compute_dtype(self) -> str:

@@ -161,15 +161,29 @@ def native_rope(dtype: torch.dtype, level: str | None = None):
     return _dtype_kernel("inferpath_rope_{}", dtype, level)
 
 
-def native_paged_attention(dtype: torch.dtype, level: str | None = None):
-    """The native paged decode attention for ``dtype``, or None."""
+def native_paged_attention(dtype: torch.dtype, level: str | None = None, kv_dtype: torch.dtype | None = None):
+    """The native paged decode attention for ``dtype`` queries over a ``kv_dtype`` cache (the
+    same by default; float32 over bfloat16 too), or None."""
+    if kv_dtype not in (None, dtype):
+        return _mixed_kv_kernel("inferpath_paged_decode_attention_f32_kv_bf16", dtype, kv_dtype, level)
     return _dtype_kernel("inferpath_paged_decode_attention_{}", dtype, level)
 
 
-def native_prefill_attention(dtype: torch.dtype, level: str | None = None):
-    """The native causal prefill attention (a chunk over its own keys) for ``dtype``, or None
-    (the avx512 level only: below it PyTorch's SDPA was faster)."""
+def native_prefill_attention(dtype: torch.dtype, level: str | None = None, kv_dtype: torch.dtype | None = None):
+    """The native causal prefill attention (a chunk over its own keys) for ``dtype`` queries
+    over ``kv_dtype`` keys (as native_paged_attention), or None (the avx512 level only:
+    below it PyTorch's SDPA was faster)."""
+    if kv_dtype not in (None, dtype):
+        return _mixed_kv_kernel("inferpath_prefill_attention_f32_kv_bf16", dtype, kv_dtype, level)
     return _dtype_kernel("inferpath_prefill_attention_{}", dtype, level)
+
+
+def _mixed_kv_kernel(symbol: str, dtype: torch.dtype, kv_dtype: torch.dtype, level: str | None):
+    """float32 queries over a bfloat16 cache (the float32 family's library), or None for any
+    other pair"""
+    if (dtype, kv_dtype) != (torch.float32, torch.bfloat16):
+        return None
+    return _native(symbol, "float32", level)
 
 
 def native_argmax(dtype: torch.dtype, level: str | None = None):

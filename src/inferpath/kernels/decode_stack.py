@@ -77,7 +77,7 @@ class _Shape(ctypes.Structure):  # decode.c decode_shape
     _fields_ = [("hidden", _I64), ("num_heads", _I64), ("num_kv_heads", _I64), ("head_dim", _I64),
                 ("intermediate", _I64), ("block_size", _I64), ("max_blocks", _I64), ("window", _I64),
                 ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("dtype", ctypes.c_int), ("amx", _P),
-                ("amx_groups", ctypes.c_int)]
+                ("amx_groups", ctypes.c_int), ("kv_dtype", ctypes.c_int)]
 
 
 class _Chunk(ctypes.Structure):  # decode.c decode_chunk
@@ -86,7 +86,7 @@ class _Chunk(ctypes.Structure):  # decode.c decode_chunk
 
 class _Rows(ctypes.Structure):  # decode.c step_rows
     _fields_ = [("decode_rows", _P), ("num_decodes", _I64), ("block_tables", _P), ("seq_lens", _P),
-                ("chunks", _P), ("num_chunks", _I64), ("prefill", _P)]
+                ("chunks", _P), ("num_chunks", _I64), ("prefill", _P), ("prefill_cached", _P)]
 
 
 def new_stage_buffer() -> torch.Tensor:
@@ -119,6 +119,9 @@ class _Plan:
         # the module path's prefill attention for chunks (None: chunks take the module path)
         prefill = build.native_prefill_attention(torch.float32 if self.quantized else self.dtype)
         self.prefill_fn = None if prefill is None else ctypes.cast(prefill, _P).value
+        # a bfloat16 cache beside float32 activations: chunks with cached context read it through this
+        cached = build.native_prefill_attention(torch.float32, kv_dtype=torch.bfloat16)
+        self.prefill_cached_fn = None if cached is None else ctypes.cast(cached, _P).value
         modules = [m for layer in layers for m in layer.modules()]  # watched for hooks and wrappers
         self.hook_dicts = [m._forward_hooks for m in modules] + [m._forward_pre_hooks for m in modules]
         self.module_dicts = [m.__dict__ for m in modules]
@@ -267,7 +270,11 @@ class CPUDecoderStack(DecoderStack):
         step = plan[native.window]
         decode, chunks = step.decode, step.prefills
         activations = torch.float32 if native.quantized else native.dtype
-        if (step.softcap or kv_cache.k_caches[0].dtype != activations or not native.serves(input_ids.shape[0])
+        kv_dtype = kv_cache.k_caches[0].dtype  # the activations', or bf16 beside float32 (EngineConfig.kv_cache_dtype)
+        mixed_kv = (activations, kv_dtype) == (torch.float32, torch.bfloat16)
+        if (step.softcap or (kv_dtype != activations and not mixed_kv)
+                or (mixed_kv and native.prefill_cached_fn is None and any(c.block_ids is not None for c in chunks))
+                or not native.serves(input_ids.shape[0])
                 or (chunks and (native.prefill_fn is None
                                 or any(c.windowed or c.query_len > MAX_CHUNK_TOKENS for c in chunks)))
                 or native.watched()):
@@ -294,7 +301,7 @@ class CPUDecoderStack(DecoderStack):
         shape = _Shape(native.hidden, native.num_heads, native.num_kv_heads, native.head_dim, native.intermediate,
                        kv_cache.k_caches[0].shape[1], decode.blocks_per_seq if decode is not None else 0,
                        decode.sliding_window if decode is not None else native.window, native.eps, step.scale,
-                       GGUF_FLOAT_TYPES[activations], *native.amx_groups(num_tokens))
+                       GGUF_FLOAT_TYPES[activations], *native.amx_groups(num_tokens), GGUF_FLOAT_TYPES[kv_dtype])
         times = self.native_stage_seconds
         status = native.decode_fn(
             native.layers, len(native.layers), ctypes.byref(shape), hidden.data_ptr(), num_tokens, cos.data_ptr(),
@@ -329,4 +336,5 @@ class CPUDecoderStack(DecoderStack):
                                   None if table is None else table.data_ptr())
             keep.append(array)
             rows.chunks, rows.num_chunks, rows.prefill = ctypes.cast(array, _P), len(chunks), native.prefill_fn
+            rows.prefill_cached = native.prefill_cached_fn
         return rows, keep

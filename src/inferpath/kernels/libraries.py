@@ -47,6 +47,8 @@ _SIGNATURES = {  # every exported function returns int: 0, or a negative error
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _EXTRA_SIGNATURES = {
     "inferpath_argmax_f32": [_P] * 2 + [_I] * 2 + [_N],
+    # float32 q and out over a bfloat16 cache (EngineConfig.kv_cache_dtype): as the f32 kernel
+    "inferpath_paged_decode_attention_f32_kv_bf16": _SIGNATURES["inferpath_paged_decode_attention_{}"],
     "inferpath_k_quant_x_passes": [_I, _N],
     "inferpath_k_quant_prompt_min_rows": [],
     "inferpath_set_k_quant_x_passes": [_N, _N],
@@ -86,7 +88,7 @@ _AVX512_SIGNATURES = {
     # block size, context, scale, threads (the portable form of this kernel lost to
     # PyTorch's SDPA: the lower levels keep SDPA)
     **{f"inferpath_prefill_attention_{suffix}": [_P] * 4 + [_I] * 7 + [_P, _I, _I, _F, _N]
-       for suffix in ("f32", "bf16")},
+       for suffix in ("f32", "bf16", "f32_kv_bf16")},
 }
 
 

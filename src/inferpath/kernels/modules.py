@@ -120,14 +120,14 @@ class CPUPagedAttention(PagedAttention):
 
     @staticmethod
     def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, scale: float) -> torch.Tensor:
-        fn = build.native_prefill_attention(q.dtype)
+        cached = chunk.block_ids is not None  # keys read from the cache (of its dtype), else from k and v
+        fn = build.native_prefill_attention(q.dtype, kv_dtype=k_cache.dtype if cached else None)
         if (fn is None or chunk.windowed or q.device.type != "cpu" or q.shape[-1] > ops.ATTENTION_MAX_HEAD_DIM
                 or q.shape[1] % k.shape[1] or q.shape[1] // k.shape[1] > ops.ATTENTION_MAX_GROUP
                 or k.dtype != q.dtype or v.dtype != q.dtype
                 or any(t.stride(2) != 1 or t.stride(1) != t.shape[2] for t in (q, k, v))
-                or (chunk.block_ids is not None and (k_cache.dtype != q.dtype or not k_cache.is_contiguous()
-                                                     or not v_cache.is_contiguous()
-                                                     or chunk.block_ids.dtype != torch.int64))):
+                or (cached and (v_cache.dtype != k_cache.dtype or not k_cache.is_contiguous()
+                                or not v_cache.is_contiguous() or chunk.block_ids.dtype != torch.int64))):
             return PagedAttention._prefill(q, k, v, k_cache, v_cache, chunk, scale)
         rows = slice(chunk.token_start, chunk.token_start + chunk.query_len)
         if chunk.block_ids is None:
@@ -136,9 +136,9 @@ class CPUPagedAttention(PagedAttention):
                                      chunk.seq_len - chunk.query_len)
 
     def _decode(self, q, k_cache, v_cache, group: DecodeGroup, scale: float) -> torch.Tensor:
-        fn = build.native_paged_attention(q.dtype)
+        fn = build.native_paged_attention(q.dtype, kv_dtype=k_cache.dtype)  # None for a pair it lacks
         num_kv_heads, head_dim = k_cache.shape[-2:]
-        if (fn is None or q.device.type != "cpu" or k_cache.dtype != q.dtype
+        if (fn is None or q.device.type != "cpu" or v_cache.dtype != k_cache.dtype
                 or not k_cache.is_contiguous() or not v_cache.is_contiguous()
                 or head_dim > ops.ATTENTION_MAX_HEAD_DIM
                 or q.shape[1] // num_kv_heads > ops.ATTENTION_MAX_GROUP):

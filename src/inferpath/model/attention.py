@@ -49,6 +49,8 @@ class PagedAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, plan: AttentionPlan, sinks: torch.Tensor | None = None) -> torch.Tensor:
         # q: (num_tokens, num_heads, head_dim); k, v: (num_tokens, num_kv_heads, head_dim)
+        if k_cache.dtype != q.dtype:  # a bf16 cache beside float32 activations: every read of this step's
+            k, v = as_cached(k, k_cache), as_cached(v, v_cache)  # K/V, from the cache or here, sees its values
         if plan.softcap or sinks is not None or plan.chunk_size:  # neither SDPA nor the native kernels do these
             return softcapped_attention(q, k, v, k_cache, v_cache, plan, sinks)
         decode = plan.decode
@@ -74,7 +76,7 @@ class PagedAttention(nn.Module):
         context = group.blocks_per_seq * k_cache.shape[1]
 
         def gather(cache):  # -> (num_seqs, num_kv_heads, num_keys, head_dim)
-            blocks = cache.index_select(0, group.block_ids)  # (num_seqs * blocks_per_seq, block_size, kvh, hd)
+            blocks = cache.index_select(0, group.block_ids).to(q.dtype)  # (num_seqs * blocks_per_seq, block_size, kvh, hd)
             return blocks.view(num_seqs, context, num_kv_heads, head_dim)[:, group.key_start:group.key_end].transpose(1, 2)
 
         # NOTE: a single query per sequence lets grouped-query attention run as plain
@@ -100,7 +102,7 @@ class PagedAttention(nn.Module):
             start = max(0, length - window) if window else 0
 
             def gather(cache):  # -> (1, num_kv_heads, num_keys, head_dim)
-                keys = cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[start:length]
+                keys = cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[start:length].to(q.dtype)
                 return keys.transpose(0, 1).unsqueeze(0)
 
             grouped_q = q[row].reshape(1, num_kv_heads, -1, head_dim)  # (1, kvh, group, hd)
@@ -115,14 +117,20 @@ class PagedAttention(nn.Module):
             keys, values = k[rows], v[rows]  # (seq_len, num_kv_heads, head_dim)
         else:
             num_kv_heads, head_dim = k_cache.shape[-2:]
-            keys = k_cache.index_select(0, chunk.block_ids).view(-1, num_kv_heads, head_dim)[: chunk.seq_len]
-            values = v_cache.index_select(0, chunk.block_ids).view(-1, num_kv_heads, head_dim)[: chunk.seq_len]
+            keys = k_cache.index_select(0, chunk.block_ids).view(-1, num_kv_heads, head_dim)[: chunk.seq_len].to(q.dtype)
+            values = v_cache.index_select(0, chunk.block_ids).view(-1, num_kv_heads, head_dim)[: chunk.seq_len].to(q.dtype)
         out = F.scaled_dot_product_attention(
             q[rows].transpose(0, 1).unsqueeze(0),  # (1, num_heads, query_len, head_dim)
             keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0),
             attn_mask=chunk.mask, is_causal=chunk.is_causal, scale=scale, enable_gqa=True,
         )
         return out.squeeze(0).transpose(0, 1)  # (query_len, num_heads, head_dim)
+
+
+def as_cached(t: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    """``t`` (this step's K or V, in the activations' dtype) holding the values its cache of
+    another dtype keeps (rounded to it, then widened back): EngineConfig.kv_cache_dtype."""
+    return t.to(cache.dtype).to(t.dtype)
 
 
 def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -133,8 +141,8 @@ def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
     num_kv_heads, head_dim = k_cache.shape[-2:]
     block_size = k_cache.shape[1]
 
-    def gather(cache, block_ids, length):  # -> (length, num_kv_heads, head_dim)
-        return cache.index_select(0, block_ids).view(-1, num_kv_heads, head_dim)[:length]
+    def gather(cache, block_ids, length):  # -> (length, num_kv_heads, head_dim), in q's dtype
+        return cache.index_select(0, block_ids).view(-1, num_kv_heads, head_dim)[:length].to(q.dtype)
 
     out = torch.empty_like(q)
     decode = plan.decode

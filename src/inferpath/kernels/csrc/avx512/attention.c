@@ -62,7 +62,7 @@ AI void qk_block(const char *q, int64_t q_stride, const char *k_base, const int6
 #pragma GCC unroll 8
     for (int h = 0; h < HPC; h++)
 #pragma GCC unroll 16
-        for (int i = 0; i < CH; i++) qv[h * CH + i] = load16(q + h * q_stride, BF, i);
+        for (int i = 0; i < CH; i++) qv[h * CH + i] = load16(q + h * q_stride, BF == PART_BF16, i);
 #pragma GCC unroll 16
     for (int j = 0; j < 16; j++) {
         if (j >= keys) {
@@ -71,12 +71,12 @@ AI void qk_block(const char *q, int64_t q_stride, const char *k_base, const int6
             continue;
         }
         const char *kr = k_base + slots[t + j] * row;
-        __m512 acc[8], kk = load16(kr, BF, 0);
+        __m512 acc[8], kk = load16(kr, BF != PART_F32, 0);
 #pragma GCC unroll 8
         for (int h = 0; h < HPC; h++) acc[h] = _mm512_mul_ps(qv[h * CH], kk);
 #pragma GCC unroll 16
         for (int i = 1; i < CH; i++) {
-            kk = load16(kr, BF, i);
+            kk = load16(kr, BF != PART_F32, i);
 #pragma GCC unroll 8
             for (int h = 0; h < HPC; h++) acc[h] = _mm512_fmadd_ps(qv[h * CH + i], kk, acc[h]);
         }
@@ -111,7 +111,7 @@ AI void pv_block(const char *v_base, const int64_t *slots, int64_t row, int64_t 
         for (int h = 0; h < HPC; h++) p[h] = _mm512_set1_ps(scores[h][t]);
 #pragma GCC unroll 16
         for (int i = 0; i < CH; i++) {
-            __m512 vv = load16(vr, BF, i);
+            __m512 vv = load16(vr, BF != PART_F32, i);
 #pragma GCC unroll 8
             for (int h = 0; h < HPC; h++) acc[h * CH + i] = _mm512_fmadd_ps(p[h], vv, acc[h * CH + i]);
         }
@@ -130,11 +130,12 @@ AI void pv_block(const char *v_base, const int64_t *slots, int64_t row, int64_t 
 static void part_##CH##_##BF(const attention_job *job, int64_t b, int64_t kvh, int64_t t0, int64_t t1, \
                              float *partial) {                                                    \
     const int64_t d = 16 * CH, group = job->group, n = t1 - t0, width = 2 + d;                  \
-    const int64_t elem = BF ? 2 : 4, row = job->kvh_count * d * elem;                            \
+    const int64_t elem = BF != PART_F32 ? 2 : 4, row = job->kvh_count * d * elem;                \
+    const int64_t q_elem = BF == PART_BF16 ? 2 : 4;                                              \
     const int64_t *table = job->block_tables + b * job->max_blocks;                              \
     const char *k_base = (const char *)job->k_cache + kvh * d * elem;                            \
     const char *v_base = (const char *)job->v_cache + kvh * d * elem;                            \
-    const char *q = (const char *)job->q + ((b * job->h_count + kvh * group) * d) * elem;        \
+    const char *q = (const char *)job->q + ((b * job->h_count + kvh * group) * d) * q_elem;      \
     float scores[ATTENTION_MAX_GROUP][ATTENTION_PART];                                           \
     int64_t slots[ATTENTION_PART];                                                               \
     for (int64_t t = 0, pos = t0; t < n; t++, pos++)                                             \
@@ -146,7 +147,7 @@ static void part_##CH##_##BF(const attention_job *job, int64_t b, int64_t kvh, i
         int64_t keys = n - t < 16 ? n - t : 16;                                                  \
         for (int64_t j = 0; j < keys && t + j + 16 < n; j++) prefetch_row(k_base + slots[t + j + 16] * row, d * elem); \
         for (int64_t g = 0; g < group; g += HP) {                                                \
-            const char *qg = q + g * d * elem;                                                   \
+            const char *qg = q + g * d * q_elem;                                                 \
             switch (group - g < HP ? group - g : HP) {                                           \
             FIXED_QK_CASES_##HP(CH, BF)                                                          \
             }                                                                                    \
@@ -167,7 +168,7 @@ static void part_##CH##_##BF(const attention_job *job, int64_t b, int64_t kvh, i
     }                                                                                            \
 }
 
-#define QK_CASE(CH, HPC, BF) case HPC: qk_block(qg, d * elem, k_base, slots, row, t, keys, job->scale, scores + g, \
+#define QK_CASE(CH, HPC, BF) case HPC: qk_block(qg, d * q_elem, k_base, slots, row, t, keys, job->scale, scores + g, \
                                                 maxes + g, CH, HPC, BF); break;
 #define PV_CASE(CH, HPC, BF) case HPC: pv_block(v_base, slots, row, ta, tb, n, sg, pg, width, ta == 0, g == 0, \
                                                 CH, HPC, BF); break;
@@ -180,21 +181,22 @@ static void part_##CH##_##BF(const attention_job *job, int64_t b, int64_t kvh, i
 #define FIXED_PV_CASES_6(CH, BF) FIXED_PV_CASES_3(CH, BF) PV_CASE(CH, 4, BF) PV_CASE(CH, 5, BF) PV_CASE(CH, 6, BF)
 #define FIXED_PV_CASES_8(CH, BF) FIXED_PV_CASES_6(CH, BF) PV_CASE(CH, 7, BF) PV_CASE(CH, 8, BF)
 
-FIXED_PART(2, 8, 0) FIXED_PART(2, 8, 1)
-FIXED_PART(4, 6, 0) FIXED_PART(4, 6, 1)
-FIXED_PART(8, 3, 0) FIXED_PART(8, 3, 1)
-FIXED_PART(16, 1, 0) FIXED_PART(16, 1, 1)
+FIXED_PART(2, 8, 0) FIXED_PART(2, 8, 1) FIXED_PART(2, 8, 2)
+FIXED_PART(4, 6, 0) FIXED_PART(4, 6, 1) FIXED_PART(4, 6, 2)
+FIXED_PART(8, 3, 0) FIXED_PART(8, 3, 1) FIXED_PART(8, 3, 2)
+FIXED_PART(16, 1, 0) FIXED_PART(16, 1, 1) FIXED_PART(16, 1, 2)
 
 /* any head size up to 256: query and key vectors through memory */
 static void part_any(const attention_job *job, int64_t b, int64_t kvh, int64_t t0, int64_t t1, float *partial) {
     const int64_t d = job->d, group = job->group, chunks = (d + 15) / 16, n = t1 - t0;
-    const int64_t elem = job->is_bf16 ? 2 : 4, row = job->kvh_count * d * elem;
+    const int kv_bf16 = job->is_bf16 || job->kv_bf16;
+    const int64_t elem = kv_bf16 ? 2 : 4, q_elem = job->is_bf16 ? 2 : 4, row = job->kvh_count * d * elem;
     const int64_t *table = job->block_tables + b * job->max_blocks;
     const char *k_base = (const char *)job->k_cache + kvh * d * elem, *v_base = (const char *)job->v_cache + kvh * d * elem;
     float scores[ATTENTION_MAX_GROUP][ATTENTION_PART];
     __m512 qv[ATTENTION_MAX_GROUP][ATTENTION_MAX_HEAD_DIM / 16];
     for (int64_t g = 0; g < group; g++)
-        load_head((const char *)job->q + ((b * job->h_count + kvh * group + g) * d) * elem, job->is_bf16, d, qv[g]);
+        load_head((const char *)job->q + ((b * job->h_count + kvh * group + g) * d) * q_elem, job->is_bf16, d, qv[g]);
     /* scores = q . k * scale, 16 keys at a time (their 16 dot products reduced together),
      * and each query head's maximum over the part */
     int64_t slots[ATTENTION_PART];  /* the part's cache rows, in order */
@@ -207,7 +209,7 @@ static void part_any(const attention_job *job, int64_t b, int64_t kvh, int64_t t
         int64_t keys = n - t < 16 ? n - t : 16;
         for (int64_t j = 0; j < keys && t + j + 16 < n; j++) prefetch_row(k_base + slots[t + j + 16] * row, d * elem);
         __m512 kv[16][ATTENTION_MAX_HEAD_DIM / 16];
-        for (int64_t j = 0; j < keys; j++) load_head(k_base + slots[t + j] * row, job->is_bf16, d, kv[j]);
+        for (int64_t j = 0; j < keys; j++) load_head(k_base + slots[t + j] * row, kv_bf16, d, kv[j]);
         for (int64_t g = 0; g < group; g++) {
             __m512 dots[16];
             for (int64_t j = 0; j < 16; j++) {
@@ -231,7 +233,7 @@ static void part_any(const attention_job *job, int64_t b, int64_t kvh, int64_t t
     for (int64_t t = 0; t < n; t++) {
         if (t + PREFETCH_AHEAD < n) prefetch_row(v_base + slots[t + PREFETCH_AHEAD] * row, d * elem);
         __m512 vv[ATTENTION_MAX_HEAD_DIM / 16];
-        load_head(v_base + slots[t] * row, job->is_bf16, d, vv);
+        load_head(v_base + slots[t] * row, kv_bf16, d, vv);
         for (int64_t g = 0; g < group; g++) {
             __m512 p = _mm512_set1_ps(scores[g][t]);
             for (int64_t i = 0; i < chunks; i++) acc[g][i] = _mm512_fmadd_ps(p, vv[i], acc[g][i]);
@@ -243,12 +245,10 @@ static void part_any(const attention_job *job, int64_t b, int64_t kvh, int64_t t
 }
 
 void attention_part(const attention_job *job, int64_t b, int64_t kvh, int64_t t0, int64_t t1, float *partial) {
-    const int bf16 = job->is_bf16 != 0;
-    switch (job->d) {
-    case 32: (bf16 ? part_2_1 : part_2_0)(job, b, kvh, t0, t1, partial); return;
-    case 64: (bf16 ? part_4_1 : part_4_0)(job, b, kvh, t0, t1, partial); return;
-    case 128: (bf16 ? part_8_1 : part_8_0)(job, b, kvh, t0, t1, partial); return;
-    case 256: (bf16 ? part_16_1 : part_16_0)(job, b, kvh, t0, t1, partial); return;
-    default: part_any(job, b, kvh, t0, t1, partial);
-    }
+    typedef void (*part_fn)(const attention_job *, int64_t, int64_t, int64_t, int64_t, float *);
+    static const part_fn fixed[4][3] = {{part_2_0, part_2_1, part_2_2}, {part_4_0, part_4_1, part_4_2},
+                                        {part_8_0, part_8_1, part_8_2}, {part_16_0, part_16_1, part_16_2}};
+    const int size = job->d == 32 ? 0 : job->d == 64 ? 1 : job->d == 128 ? 2 : job->d == 256 ? 3 : -1;
+    if (size >= 0) fixed[size][PART_CASE(job)](job, b, kvh, t0, t1, partial);
+    else part_any(job, b, kvh, t0, t1, partial);
 }

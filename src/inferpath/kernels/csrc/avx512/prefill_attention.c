@@ -205,9 +205,9 @@ static void attend(scratch *s, int r, int64_t t0, int64_t count, int64_t d, int6
 static void run_task(scratch *s, const void *q, const void *k, const void *v, void *out, int64_t h, int64_t kv,
                      int64_t group, int64_t d, int64_t first, int64_t last, int64_t q_stride, int64_t k_stride,
                      int64_t v_stride, const int64_t *table, int64_t block_size, int64_t context, float scale,
-                     int is_bf16) {
-    const int64_t elem = is_bf16 ? 2 : 4, dp = (d + 15) / 16 * 16;
-    const char *k_head = (const char *)k + kv * d * elem, *v_head = (const char *)v + kv * d * elem;
+                     int is_bf16, int kv_bf16) {
+    const int64_t elem = is_bf16 ? 2 : 4, kv_elem = kv_bf16 ? 2 : 4, dp = (d + 15) / 16 * 16;
+    const char *k_head = (const char *)k + kv * d * kv_elem, *v_head = (const char *)v + kv * d * kv_elem;
     const int rows = (int)((last - first) * group);
     for (int r = 0; r < TILE_SLOTS; r++) {
         const int64_t i = first + r / group, g = r % group;
@@ -229,9 +229,9 @@ static void run_task(scratch *s, const void *q, const void *k, const void *v, vo
         const char *k_rows[KEYS], *v_rows[KEYS];
         for (int64_t j = 0; j < count; j++) {
             const int64_t t = t0 + j, slot = table ? table[t / block_size] * block_size + t % block_size : t;
-            k_rows[j] = k_head + slot * k_stride * elem, v_rows[j] = v_head + slot * v_stride * elem;
+            k_rows[j] = k_head + slot * k_stride * kv_elem, v_rows[j] = v_head + slot * v_stride * kv_elem;
         }
-        load_key_block(s, k_rows, v_rows, count, d, dp, is_bf16);
+        load_key_block(s, k_rows, v_rows, count, d, dp, kv_bf16);
         while (start < rows && s->position[start] < t0) start++;
         for (int r = start; r < rows; r += ROWS) attend(s, r, t0, count, d, dp);
     }
@@ -253,7 +253,7 @@ static void run_task(scratch *s, const void *q, const void *k, const void *v, vo
 static int prefill_attention(const void *q, const void *k, const void *v, void *out, int64_t n, int64_t h,
                              int64_t kvh, int64_t d, int64_t q_stride, int64_t k_stride, int64_t v_stride,
                              const int64_t *table, int64_t block_size, int64_t context, float scale, int num_threads,
-                             int is_bf16) {
+                             int is_bf16, int kv_bf16) {
     if (n < 1 || kvh < 1 || h % kvh || d < 1 || d > 16 * MAX_CHUNKS || h / kvh > TILE_ROWS || context < 0
         || (table && block_size < 1) || (!table && context))
         return -1;
@@ -278,7 +278,7 @@ static int prefill_attention(const void *q, const void *k, const void *v, void *
             const int64_t first = block * span, last = (block + 1) * span < n ? (block + 1) * span : n;
             if (memory)
                 run_task(&s, q, k, v, out, h, kv, group, d, first, last, q_stride, k_stride, v_stride, table,
-                         block_size, context, scale, is_bf16);
+                         block_size, context, scale, is_bf16, kv_bf16);
         }
         free(memory);
     }
@@ -290,7 +290,7 @@ int inferpath_prefill_attention_f32(const float *q, const float *k, const float 
                                     const int64_t *table, int64_t block_size, int64_t context, float scale,
                                     int num_threads) {
     return prefill_attention(q, k, v, out, n, h, kvh, d, q_stride, k_stride, v_stride, table, block_size, context,
-                             scale, num_threads, 0);
+                             scale, num_threads, 0, 0);
 }
 
 int inferpath_prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out,
@@ -298,5 +298,15 @@ int inferpath_prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const
                                      int64_t k_stride, int64_t v_stride, const int64_t *table, int64_t block_size,
                                      int64_t context, float scale, int num_threads) {
     return prefill_attention(q, k, v, out, n, h, kvh, d, q_stride, k_stride, v_stride, table, block_size, context,
-                             scale, num_threads, 1);
+                             scale, num_threads, 1, 1);
+}
+
+/* float32 queries and output over bfloat16 keys and values (a bfloat16 KV cache beside
+ * float32 activations, EngineConfig.kv_cache_dtype): keys widened exactly as they load */
+int inferpath_prefill_attention_f32_kv_bf16(const float *q, const uint16_t *k, const uint16_t *v, float *out,
+                                            int64_t n, int64_t h, int64_t kvh, int64_t d, int64_t q_stride,
+                                            int64_t k_stride, int64_t v_stride, const int64_t *table,
+                                            int64_t block_size, int64_t context, float scale, int num_threads) {
+    return prefill_attention(q, k, v, out, n, h, kvh, d, q_stride, k_stride, v_stride, table, block_size, context,
+                             scale, num_threads, 0, 1);
 }

@@ -14,13 +14,18 @@
 #define ATTENTION_MAX_GROUP 16
 #define ATTENTION_MAX_HEAD_DIM 256
 
+/* The parts' dtype cases: q and caches float32, both bf16, or float32 q over bf16 caches */
+enum { PART_F32 = 0, PART_BF16 = 1, PART_F32_KV_BF16 = 2 };
+#define PART_CASE(job) ((job)->is_bf16 ? PART_BF16 : (job)->kv_bf16 ? PART_F32_KV_BF16 : PART_F32)
+
 typedef struct {
-    const void *q, *k_cache, *v_cache;  /* float32 or bf16 (is_bf16) */
+    const void *q, *k_cache, *v_cache;  /* q float32 or bf16 (is_bf16); the caches bf16 where is_bf16 or kv_bf16 */
     void *out;
     const int64_t *block_tables, *seq_lens;
     int64_t b_count, h_count, kvh_count, d, block_size, max_blocks, window, group;
     float scale;
-    int is_bf16;
+    int is_bf16;         /* q and out bf16 (and the caches) */
+    int kv_bf16;         /* the caches bf16 beside float32 q and out (a bfloat16 KV cache) */
     int64_t tasks;       /* sum over sequences of parts x kvh_count */
     int64_t *first;      /* (b_count + 1): sequence b's tasks are [first[b], first[b + 1]) */
     float *partials;     /* per task, per query head of the group: max, sum, acc[d] */

@@ -85,6 +85,10 @@ typedef struct {
      * GROUP_*); the others take the GEMV. NULL / 0: every group the GEMV. */
     amx_gemm_fn amx;
     int amx_groups;
+    /* of the caches: dtype's, or TYPE_BF16 beside float32 activations (a bfloat16 KV cache:
+     * this step's K and V rounded to bf16 once, in their rows too, so that every read of them,
+     * from the cache or the rows, sees the same values) */
+    int kv_dtype;
 } decode_shape;
 
 /* One sequence's chunk of rows [first_row, first_row + rows) of x, at positions context ..
@@ -285,8 +289,11 @@ static int rope(int bf16, const void *qk, int64_t stride, const decode_shape *s,
 /* the step's paged attention (drivers/decode_attention.c), its key parts split over the pool */
 static int attention(int bf16, const void *q, const decode_layer *L, const int64_t *tables, const int64_t *seq_lens,
                      void *out, int64_t m, const decode_shape *s, int threads) {
-    attention_job job = {q, L->k_cache, L->v_cache, out, tables, seq_lens, m, s->num_heads, s->num_kv_heads,
-                         s->head_dim, s->block_size, s->max_blocks, s->window, 0, s->scale, bf16, 0, 0, 0};
+    attention_job job = {.q = q, .k_cache = L->k_cache, .v_cache = L->v_cache, .out = out, .block_tables = tables,
+                         .seq_lens = seq_lens, .b_count = m, .h_count = s->num_heads, .kvh_count = s->num_kv_heads,
+                         .d = s->head_dim, .block_size = s->block_size, .max_blocks = s->max_blocks,
+                         .window = s->window, .scale = s->scale, .is_bf16 = bf16,
+                         .kv_bf16 = !bf16 && s->kv_dtype == TYPE_BF16};
     int status = attention_plan(&job);
     if (status) return status;
     pool_run(attention_work(&job) >= ATTENTION_PARALLEL_MIN_WORK ? threads : 1, attention_task, &job, job.tasks);
@@ -303,10 +310,12 @@ typedef struct {
     const decode_chunk *chunks;              /* (num_chunks,) */
     int64_t num_chunks;
     prefill_attention_fn prefill;            /* NULL: no chunks */
+    prefill_attention_fn prefill_cached;     /* a bfloat16 cache beside float32 activations: the chunks
+                                              * with a table read it through this one (float32 q, bf16 K/V) */
 } step_rows;
 
 /* Whether the rows are consistent: every index inside the m rows of x, a prefill kernel for chunks */
-static int rows_valid(const step_rows *r, int64_t m) {
+static int rows_valid(const step_rows *r, int64_t m, int mixed_kv) {
     if (r->num_decodes < 0 || r->num_chunks < 0 || (r->num_chunks && !r->prefill)) return 0;
     if (!r->decode_rows && r->num_decodes > m) return 0;
     for (int64_t i = 0; r->decode_rows && i < r->num_decodes; i++)
@@ -314,7 +323,7 @@ static int rows_valid(const step_rows *r, int64_t m) {
     for (int64_t i = 0; i < r->num_chunks; i++) {
         const decode_chunk *c = &r->chunks[i];
         if (c->first_row < 0 || c->rows < 1 || c->first_row + c->rows > m || c->context < 0
-            || (c->context && !c->table)) return 0;
+            || (c->context && !c->table) || (c->table && mixed_kv && !r->prefill_cached)) return 0;
     }
     return 1;
 }
@@ -347,7 +356,8 @@ static int step_attention(int bf16, const char *q, const char *k, const char *qk
         const decode_chunk *c = &r->chunks[i];
         const void *keys = c->table ? L->k_cache : (const void *)(k + size * c->first_row * kv_size);
         const void *values = c->table ? L->v_cache : (const void *)(qkv + size * (c->first_row * qkv_size + q_size + kv_size));
-        status = r->prefill(q + size * c->first_row * q_size, keys, values, out + size * c->first_row * q_size, c->rows,
+        const prefill_attention_fn prefill = c->table && !bf16 && s->kv_dtype == TYPE_BF16 ? r->prefill_cached : r->prefill;
+        status = prefill(q + size * c->first_row * q_size, keys, values, out + size * c->first_row * q_size, c->rows,
                             s->num_heads, s->num_kv_heads, s->head_dim, q_size, kv_size, c->table ? kv_size : qkv_size,
                             c->table, s->block_size, c->context, s->scale, threads);
     }
@@ -371,6 +381,15 @@ static int silu_mul(int bf16, const void *gate_up, void *out, int64_t m, int64_t
     row_job job = {bf16, (const char *)gate_up, NULL, NULL, (char *)out, NULL, n, 0.0f, NULL, 0, 0};
     pool_run(threads, silu_mul_task, &job, m);
     return 0;
+}
+
+/* A float32 row of K or V into a bf16 cache: rounded to nearest even (PyTorch's .to(bfloat16)),
+ * and the row itself left holding the rounded values, which the chunks without a table read */
+static void write_rounded(float *row, uint16_t *cache, int64_t count) {
+    for (int64_t i = 0; i < count; i++) {
+        cache[i] = bf16_round(row[i]);
+        row[i] = bf16_value(cache[i]);
+    }
 }
 
 /* x += p over count values: PyTorch's residual add (a bf16 sum is the float32 sum rounded) */
@@ -400,7 +419,9 @@ int inferpath_decode_layers(const decode_layer *layers, int num_layers, const de
                             const void *cos, const void *sin, const int64_t *slots, const step_rows *rows,
                             int num_threads, int rows_alone, double *stage_seconds) {
     if (s->dtype != TYPE_F32 && s->dtype != TYPE_BF16) return -3;
-    if (!rows_valid(rows, m)) return -1;
+    if (s->kv_dtype != s->dtype && !(s->dtype == TYPE_F32 && s->kv_dtype == TYPE_BF16)) return -3;
+    const int mixed_kv = s->kv_dtype != s->dtype;  /* float32 activations, a bf16 cache */
+    if (!rows_valid(rows, m, mixed_kv)) return -1;
     const int bf16 = s->dtype == TYPE_BF16;
     const size_t size = bf16 ? 2 : 4;
     const int64_t q_size = s->num_heads * s->head_dim, kv_size = s->num_kv_heads * s->head_dim;
@@ -428,6 +449,12 @@ int inferpath_decode_layers(const decode_layer *layers, int num_layers, const de
         STAGE_DONE(STAGE_ROPE);
         if (status) break;
         for (int64_t i = 0; i < m; i++) {  /* this step's K/V into the cache */
+            if (mixed_kv) {
+                write_rounded((float *)k + i * kv_size, (uint16_t *)L->k_cache + slots[i] * kv_size, kv_size);
+                write_rounded((float *)qkv + i * qkv_size + q_size + kv_size,
+                              (uint16_t *)L->v_cache + slots[i] * kv_size, kv_size);
+                continue;
+            }
             memcpy((char *)L->k_cache + size * slots[i] * kv_size, k + size * i * kv_size, size * (size_t)kv_size);
             memcpy((char *)L->v_cache + size * slots[i] * kv_size, qkv + size * (i * qkv_size + q_size + kv_size),
                    size * (size_t)kv_size);

@@ -102,9 +102,11 @@ void attention_finish(attention_job *job) {
 static int decode_attention(const void *q, const void *k_cache, const void *v_cache, const int64_t *block_tables,
                             const int64_t *seq_lens, void *out, int64_t b, int64_t h, int64_t kvh, int64_t d,
                             int64_t block_size, int64_t max_blocks, float scale, int64_t window, int num_threads,
-                            int is_bf16) {
-    attention_job job = {q, k_cache, v_cache, out, block_tables, seq_lens, b, h, kvh, d, block_size, max_blocks,
-                         window, 0, scale, is_bf16, 0, 0, 0};
+                            int is_bf16, int kv_bf16) {
+    attention_job job = {.q = q, .k_cache = k_cache, .v_cache = v_cache, .out = out, .block_tables = block_tables,
+                         .seq_lens = seq_lens, .b_count = b, .h_count = h, .kvh_count = kvh, .d = d,
+                         .block_size = block_size, .max_blocks = max_blocks, .window = window, .scale = scale,
+                         .is_bf16 = is_bf16, .kv_bf16 = kv_bf16};
     int status = attention_plan(&job);
     if (status) return status;
 #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) if (attention_work(&job) >= PARALLEL_MIN_WORK)
@@ -118,7 +120,7 @@ int inferpath_paged_decode_attention_f32(const float *q, const float *k_cache, c
                                          int64_t b, int64_t h, int64_t kvh, int64_t d, int64_t block_size,
                                          int64_t max_blocks, float scale, int64_t window, int num_threads) {
     return decode_attention(q, k_cache, v_cache, block_tables, seq_lens, out, b, h, kvh, d, block_size, max_blocks,
-                            scale, window, num_threads, 0);
+                            scale, window, num_threads, 0, 0);
 }
 
 int inferpath_paged_decode_attention_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
@@ -126,5 +128,15 @@ int inferpath_paged_decode_attention_bf16(const uint16_t *q, const uint16_t *k_c
                                           int64_t b, int64_t h, int64_t kvh, int64_t d, int64_t block_size,
                                           int64_t max_blocks, float scale, int64_t window, int num_threads) {
     return decode_attention(q, k_cache, v_cache, block_tables, seq_lens, out, b, h, kvh, d, block_size, max_blocks,
-                            scale, window, num_threads, 1);
+                            scale, window, num_threads, 1, 1);
+}
+
+/* float32 queries and output over a bfloat16 cache (EngineConfig.kv_cache_dtype): each key
+ * and value widened exactly, then the float32 kernel's arithmetic */
+int inferpath_paged_decode_attention_f32_kv_bf16(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                                                 const int64_t *block_tables, const int64_t *seq_lens, float *out,
+                                                 int64_t b, int64_t h, int64_t kvh, int64_t d, int64_t block_size,
+                                                 int64_t max_blocks, float scale, int64_t window, int num_threads) {
+    return decode_attention(q, k_cache, v_cache, block_tables, seq_lens, out, b, h, kvh, d, block_size, max_blocks,
+                            scale, window, num_threads, 0, 1);
 }

@@ -12,7 +12,7 @@ static inline void prefetch_row(const void *p, int64_t bytes) {
     for (int64_t c = 0; c < bytes; c += 64) __builtin_prefetch((const char *)p + c, 0, 3);
 }
 
-#define DEFINE_PART(NAME, T, TO_F32)                                                                \
+#define DEFINE_PART(NAME, TQ, Q_TO_F32, T, TO_F32)                                                                \
 static void NAME(const attention_job *job, int64_t b, int64_t kvh, int64_t t0, int64_t t1, float *partial) { \
     const int64_t d = job->d, group = job->group, n = t1 - t0;                                     \
     const int64_t *table = job->block_tables + b * job->max_blocks;                                 \
@@ -20,8 +20,8 @@ static void NAME(const attention_job *job, int64_t b, int64_t kvh, int64_t t0, i
     float scores[ATTENTION_MAX_GROUP][ATTENTION_PART], qv[ATTENTION_MAX_GROUP][ATTENTION_MAX_HEAD_DIM]; \
     float acc[ATTENTION_MAX_GROUP][ATTENTION_MAX_HEAD_DIM], maxes[ATTENTION_MAX_GROUP], sums[ATTENTION_MAX_GROUP]; \
     for (int64_t g = 0; g < group; g++) {                                                           \
-        const T *qh = (const T *)job->q + (b * job->h_count + kvh * group + g) * d;                 \
-        for (int64_t c = 0; c < d; c++) { qv[g][c] = TO_F32(qh[c]); acc[g][c] = 0.0f; }             \
+        const TQ *qh = (const TQ *)job->q + (b * job->h_count + kvh * group + g) * d;               \
+        for (int64_t c = 0; c < d; c++) { qv[g][c] = Q_TO_F32(qh[c]); acc[g][c] = 0.0f; }           \
         maxes[g] = -INFINITY; sums[g] = 0.0f;                                                       \
     }                                                                                               \
     int64_t slots[ATTENTION_PART];  /* the part's cache rows, in order */                          \
@@ -61,8 +61,9 @@ static void NAME(const attention_job *job, int64_t b, int64_t kvh, int64_t t0, i
     }                                                                                               \
 }
 
-DEFINE_PART(part_f32, float, f32_identity)
-DEFINE_PART(part_bf16, uint16_t, bf16_to_float)
+DEFINE_PART(part_f32, float, f32_identity, float, f32_identity)
+DEFINE_PART(part_bf16, uint16_t, bf16_to_float, uint16_t, bf16_to_float)
+DEFINE_PART(part_f32_kv_bf16, float, f32_identity, uint16_t, bf16_to_float)
 
 #if defined(__AVX2__) && defined(__FMA__)
 /* ---------------------------------------------------------------- AVX2 (the avx2 level)
@@ -125,8 +126,8 @@ static void softmax_rows(float (*scores)[ATTENTION_PART], const float *maxes, in
 
 static void part_avx2(const attention_job *job, int64_t b, int64_t kvh, int64_t t0, int64_t t1, float *partial) {
     const int64_t d = job->d, group = job->group, chunks = d / 8, n = t1 - t0;
-    const int is_bf16 = job->is_bf16;
-    const int64_t elem = is_bf16 ? 2 : 4, row = job->kvh_count * d * elem;
+    const int is_bf16 = job->is_bf16, kv_bf16 = is_bf16 || job->kv_bf16;
+    const int64_t elem = kv_bf16 ? 2 : 4, q_elem = is_bf16 ? 2 : 4, row = job->kvh_count * d * elem;
     const int64_t *table = job->block_tables + b * job->max_blocks;
     const char *k_base = (const char *)job->k_cache + kvh * d * elem, *v_base = (const char *)job->v_cache + kvh * d * elem;
     float scores[ATTENTION_MAX_GROUP][ATTENTION_PART], maxes[ATTENTION_MAX_GROUP];
@@ -135,19 +136,19 @@ static void part_avx2(const attention_job *job, int64_t b, int64_t kvh, int64_t 
         slots[t] = table[pos / job->block_size] * job->block_size + pos % job->block_size;
     for (int64_t t = 0; t < PREFETCH_AHEAD && t < n; t++) prefetch_row(k_base + slots[t] * row, d * elem);
     for (int64_t g = 0; g < group; g++) maxes[g] = -INFINITY;
-    const char *q_base = (const char *)job->q + (b * job->h_count + kvh * group) * d * elem;
+    const char *q_base = (const char *)job->q + (b * job->h_count + kvh * group) * d * q_elem;
     for (int64_t t = 0; t < n; t += 8) {
         int64_t keys = n - t < 8 ? n - t : 8;
         for (int64_t j = 0; j < keys && t + j + 8 < n; j++) prefetch_row(k_base + slots[t + j + 8] * row, d * elem);
         for (int64_t g = 0; g < group; g++) {
-            const char *qh = q_base + g * d * elem;
+            const char *qh = q_base + g * d * q_elem;
             __m256 dots[8];
             for (int64_t j = 0; j < 8; j++) {
                 if (j >= keys) { dots[j] = _mm256_setzero_ps(); continue; }
                 const char *kr = k_base + slots[t + j] * row;
-                __m256 acc = _mm256_mul_ps(load8(qh, is_bf16), load8(kr, is_bf16));
+                __m256 acc = _mm256_mul_ps(load8(qh, is_bf16), load8(kr, kv_bf16));
                 for (int64_t i = 1; i < chunks; i++)
-                    acc = _mm256_fmadd_ps(load8(qh + 8 * i * elem, is_bf16), load8(kr + 8 * i * elem, is_bf16), acc);
+                    acc = _mm256_fmadd_ps(load8(qh + 8 * i * q_elem, is_bf16), load8(kr + 8 * i * elem, kv_bf16), acc);
                 dots[j] = acc;
             }
             float s[8];
@@ -171,7 +172,7 @@ static void part_avx2(const attention_job *job, int64_t b, int64_t kvh, int64_t 
             if (c0 == 0 && t + PREFETCH_AHEAD < n) prefetch_row(v_base + slots[t + PREFETCH_AHEAD] * row, d * elem);
             const char *vr = v_base + slots[t] * row + 8 * c0 * elem;
             __m256 vv[4];
-            for (int64_t i = 0; i < width; i++) vv[i] = load8(vr + 8 * i * elem, is_bf16);
+            for (int64_t i = 0; i < width; i++) vv[i] = load8(vr + 8 * i * elem, kv_bf16);
             for (int64_t g = 0; g < group; g++) {
                 __m256 p = _mm256_set1_ps(scores[g][t]);
                 for (int64_t i = 0; i < width; i++) acc[g][i] = _mm256_fmadd_ps(p, vv[i], acc[g][i]);
@@ -211,18 +212,18 @@ AI void qk_block8(const char *q, int64_t q_stride, const char *k_base, const int
         }
         const int two = j + 1 < keys;
         const char *k0 = k_base + slots[t + j] * row, *k1 = two ? k_base + slots[t + j + 1] * row : k0;
-        __m256 a0[FIXED_HEADS], a1[FIXED_HEADS], x0 = load8_at(k0, BF, 0), x1 = load8_at(k1, BF, 0);
+        __m256 a0[FIXED_HEADS], a1[FIXED_HEADS], x0 = load8_at(k0, BF != PART_F32, 0), x1 = load8_at(k1, BF != PART_F32, 0);
 #pragma GCC unroll 6
         for (int h = 0; h < HPC; h++) {
-            __m256 qq = load8_at(q + h * q_stride, BF, 0);
+            __m256 qq = load8_at(q + h * q_stride, BF == PART_BF16, 0);
             a0[h] = _mm256_mul_ps(qq, x0), a1[h] = _mm256_mul_ps(qq, x1);
         }
 #pragma GCC unroll 4
         for (int i = 1; i < CH; i++) {
-            x0 = load8_at(k0, BF, i), x1 = load8_at(k1, BF, i);
+            x0 = load8_at(k0, BF != PART_F32, i), x1 = load8_at(k1, BF != PART_F32, i);
 #pragma GCC unroll 6
             for (int h = 0; h < HPC; h++) {
-                __m256 qq = load8_at(q + h * q_stride, BF, i);
+                __m256 qq = load8_at(q + h * q_stride, BF == PART_BF16, i);
                 a0[h] = _mm256_fmadd_ps(qq, x0, a0[h]), a1[h] = _mm256_fmadd_ps(qq, x1, a1[h]);
             }
         }
@@ -255,7 +256,7 @@ AI void pv_block8(const char *v_base, const int64_t *slots, int64_t row, int64_t
             if (prefetch && c0 == 0 && t + PREFETCH_AHEAD < n)
                 prefetch_row(v_base + slots[t + PREFETCH_AHEAD] * row, 8 * CH * (BF ? 2 : 4));
             const char *vr = v_base + slots[t] * row;
-            __m256 v0 = load8_at(vr, BF, c0), v1 = load8_at(vr, BF, c0 + 1);
+            __m256 v0 = load8_at(vr, BF != PART_F32, c0), v1 = load8_at(vr, BF != PART_F32, c0 + 1);
 #pragma GCC unroll 6
             for (int h = 0; h < HPC; h++) {
                 __m256 p = _mm256_broadcast_ss(&scores[h][t]);
@@ -268,7 +269,7 @@ AI void pv_block8(const char *v_base, const int64_t *slots, int64_t row, int64_t
     }
 }
 
-#define QK_CASE(CH, HPC, BF) case HPC: qk_block8(qg, d * elem, k_base, slots, row, t, keys, job->scale, scores + g, \
+#define QK_CASE(CH, HPC, BF) case HPC: qk_block8(qg, d * q_elem, k_base, slots, row, t, keys, job->scale, scores + g, \
                                                  maxes + g, CH, HPC, BF); break;
 #define PV_CASE(CH, HPC, BF) case HPC: pv_block8(v_base, slots, row, ta, tb, n, sg, pg, width, ta == 0, g == 0, \
                                                  CH, HPC, BF); break;
@@ -279,11 +280,12 @@ AI void pv_block8(const char *v_base, const int64_t *slots, int64_t row, int64_t
 static void part_##CH##_##BF(const attention_job *job, int64_t b, int64_t kvh, int64_t t0, int64_t t1, \
                              float *partial) {                                                     \
     const int64_t d = 8 * CH, group = job->group, n = t1 - t0, width = 2 + d;                     \
-    const int64_t elem = BF ? 2 : 4, row = job->kvh_count * d * elem;                             \
+    const int64_t elem = BF != PART_F32 ? 2 : 4, row = job->kvh_count * d * elem;               \
+    const int64_t q_elem = BF == PART_BF16 ? 2 : 4;                                               \
     const int64_t *table = job->block_tables + b * job->max_blocks;                               \
     const char *k_base = (const char *)job->k_cache + kvh * d * elem;                             \
     const char *v_base = (const char *)job->v_cache + kvh * d * elem;                             \
-    const char *q = (const char *)job->q + (b * job->h_count + kvh * group) * d * elem;           \
+    const char *q = (const char *)job->q + (b * job->h_count + kvh * group) * d * q_elem;         \
     float scores[ATTENTION_MAX_GROUP][ATTENTION_PART], maxes[ATTENTION_MAX_GROUP];                \
     int64_t slots[ATTENTION_PART];                                                                \
     for (int64_t t = 0, pos = t0; t < n; t++, pos++)                                              \
@@ -294,7 +296,7 @@ static void part_##CH##_##BF(const attention_job *job, int64_t b, int64_t kvh, i
         int64_t keys = n - t < 8 ? n - t : 8;                                                     \
         for (int64_t j = 0; j < keys && t + j + 8 < n; j++) prefetch_row(k_base + slots[t + j + 8] * row, d * elem); \
         for (int64_t g = 0; g < group; g += FIXED_HEADS) {                                        \
-            const char *qg = q + g * d * elem;                                                    \
+            const char *qg = q + g * d * q_elem;                                                  \
             switch (group - g < FIXED_HEADS ? group - g : FIXED_HEADS) { HEAD_CASES(QK_CASE, CH, BF) } \
         }                                                                                         \
     }                                                                                             \
@@ -310,25 +312,26 @@ static void part_##CH##_##BF(const attention_job *job, int64_t b, int64_t kvh, i
     }                                                                                             \
 }
 
-FIXED_PART(4, 0) FIXED_PART(4, 1)
-FIXED_PART(8, 0) FIXED_PART(8, 1)
-FIXED_PART(16, 0) FIXED_PART(16, 1)
-FIXED_PART(32, 0) FIXED_PART(32, 1)
+FIXED_PART(4, 0) FIXED_PART(4, 1) FIXED_PART(4, 2)
+FIXED_PART(8, 0) FIXED_PART(8, 1) FIXED_PART(8, 2)
+FIXED_PART(16, 0) FIXED_PART(16, 1) FIXED_PART(16, 2)
+FIXED_PART(32, 0) FIXED_PART(32, 1) FIXED_PART(32, 2)
 #endif
 
 void attention_part(const attention_job *job, int64_t b, int64_t kvh, int64_t t0, int64_t t1, float *partial) {
 #if defined(__AVX2__) && defined(__FMA__)
-    const int bf16 = job->is_bf16 != 0;
-    switch (job->d) {
-    case 32: (bf16 ? part_4_1 : part_4_0)(job, b, kvh, t0, t1, partial); return;
-    case 64: (bf16 ? part_8_1 : part_8_0)(job, b, kvh, t0, t1, partial); return;
-    case 128: (bf16 ? part_16_1 : part_16_0)(job, b, kvh, t0, t1, partial); return;
-    case 256: (bf16 ? part_32_1 : part_32_0)(job, b, kvh, t0, t1, partial); return;
+    typedef void (*part_fn)(const attention_job *, int64_t, int64_t, int64_t, int64_t, float *);
+    static const part_fn fixed[4][3] = {{part_4_0, part_4_1, part_4_2}, {part_8_0, part_8_1, part_8_2},
+                                        {part_16_0, part_16_1, part_16_2}, {part_32_0, part_32_1, part_32_2}};
+    const int size = job->d == 32 ? 0 : job->d == 64 ? 1 : job->d == 128 ? 2 : job->d == 256 ? 3 : -1;
+    if (size >= 0) {
+        fixed[size][PART_CASE(job)](job, b, kvh, t0, t1, partial);
+        return;
     }
     if (job->d % 8 == 0) {
         part_avx2(job, b, kvh, t0, t1, partial);
         return;
     }
 #endif
-    (job->is_bf16 ? part_bf16 : part_f32)(job, b, kvh, t0, t1, partial);
+    (job->is_bf16 ? part_bf16 : job->kv_bf16 ? part_f32_kv_bf16 : part_f32)(job, b, kvh, t0, t1, partial);
 }
