@@ -4,7 +4,8 @@ Each measurement runs in a fresh process of its own (load time and resident memo
 per process), and the two engines alternate, repeat after repeat, so that whatever else
 the machine is doing slows both alike; medians are reported. Per file and engine:
 load seconds, peak resident MB, batch-1 greedy decode tok/s after a short prompt and
-("deep") after the 512-token prompt (attention over a long context), 512-token prefill tok/s;
+("deep") after the 512-token prompt (attention over a long context; "deepN" after N tokens),
+512-token prefill tok/s;
 for inferpath also batch 8 and 32 aggregate decode tok/s. inferpath runs at its best
 instruction-set level and with INFERPATH_ISA=avx2 forced (llama.cpp is built for this
 CPU once; it cannot be forced per run). The floor: a decode step reads the weights once,
@@ -31,6 +32,10 @@ a folder of its own with ``GGML_NATIVE=OFF`` and put that first on ``PYTHONPATH`
     PYTHONPATH=DIR python benchmarks/vs_llamacpp.py --engines llamacpp,inferpath-avx2 ...
 
 The JSON's ``llamacpp_build`` says which build ran (its path and its own system info).
+
+``--engines ...,inferpath-kvbf16`` runs inferpath with its KV cache in bf16
+(``--kv-cache-dtype bfloat16``), beside llama.cpp's default f16 cache: with
+``--tasks deep,deep2048`` the long-context decode, where the cache's bytes join the weights'.
 """
 
 from __future__ import annotations
@@ -51,6 +56,14 @@ RESULTS = Path(__file__).with_name("results")
 WORKER_ENV = dict(os.environ)
 DECODE_TOKENS = 64
 PREFILL_TOKENS = 512
+
+
+def context_of(task: str) -> int:
+    """The prompt a task decodes after: "deep" PREFILL_TOKENS, "deepN" N tokens (a long
+    context, where the KV cache's bytes join the weights'), else 0."""
+    if task == "deep":
+        return PREFILL_TOKENS
+    return int(task.removeprefix("deep")) if task.startswith("deep") else 0
 BATCH_TOKENS = 32
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
@@ -81,9 +94,9 @@ def ids_file(path: str) -> Path:
     return bench_dir() / f"{Path(path).stem}.prefill-ids.json"
 
 
-def write_prompt_ids(path: str) -> None:
+def write_prompt_ids(path: str, longest: int = PREFILL_TOKENS) -> None:
     ids_file(path).unlink(missing_ok=True)
-    ids_file(path).write_text(json.dumps(prompt_ids(path, PREFILL_TOKENS)))
+    ids_file(path).write_text(json.dumps(prompt_ids(path, max(PREFILL_TOKENS, longest))))
 
 
 def peak_rss_mb() -> float:
@@ -105,30 +118,31 @@ def rss_mb() -> float:
 def worker_llamacpp(path: str, task: str, threads: int) -> dict:
     from llama_cpp import Llama
 
-    ids = prompt_ids(path, PREFILL_TOKENS) if task in ("prefill", "deep") else []  # before the baseline
+    context = context_of(task)
+    ids = prompt_ids(path, PREFILL_TOKENS if task == "prefill" else context)  # before the baseline
     baseline = rss_mb()
     start = time.perf_counter()
-    llm = Llama(model_path=path, n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                verbose=False)
+    llm = Llama(model_path=path, n_ctx=max(1024, context + DECODE_TOKENS + 64), n_batch=512, n_threads=threads,
+                n_threads_batch=threads, verbose=False)
     result = {"load_s": time.perf_counter() - start, "baseline_mb": baseline}
     if task == "prefill":
         start = time.perf_counter()
         llm.eval(ids)
         result["prefill_tok_s"] = PREFILL_TOKENS / (time.perf_counter() - start)
-    else:  # decode after a short prompt, or "deep": after the 512-token prompt
-        llm.eval(ids if task == "deep" else llm.tokenize(PROMPT.encode()))
+    else:  # decode after a short prompt, or "deep"/"deepN": after the 512- or N-token prompt
+        llm.eval(ids if context else llm.tokenize(PROMPT.encode()))
         token = llm.sample(temp=0.0)
         start = time.perf_counter()
         for _ in range(DECODE_TOKENS):
             llm.eval([token])
             token = llm.sample(temp=0.0)
-        result["deep_tok_s" if task == "deep" else "decode_tok_s"] = DECODE_TOKENS / (time.perf_counter() - start)
+        result[f"{task}_tok_s"] = DECODE_TOKENS / (time.perf_counter() - start)
     result["rss_mb"] = peak_rss_mb()
     result["model_mb"] = result["rss_mb"] - baseline  # what the model and its runs added
     return result
 
 
-def worker_inferpath(path: str, task: str, threads: int, dtype: str = "auto") -> dict:
+def worker_inferpath(path: str, task: str, threads: int, dtype: str = "auto", kv_cache_dtype: str = "auto") -> dict:
     import inferpath  # noqa: F401  (before torch: the thread wait policy, threads.py)
     from inferpath.config import EngineConfig
     from inferpath.engine.llm_engine import LLMEngine
@@ -137,12 +151,15 @@ def worker_inferpath(path: str, task: str, threads: int, dtype: str = "auto") ->
 
     # KV cache sized like llama.cpp's n_ctx=1024 context (its resident memory includes it too)
     kv_bytes = (96 if task.startswith("batch") else 32) * 2**20
+    if context_of(task) > PREFILL_TOKENS:  # room for the long prompt in float32 (a 1.5B file's token: 57 KB)
+        kv_bytes = (context_of(task) + 2 * DECODE_TOKENS) * 64 * 1024
     baseline = rss_mb()  # torch and inferpath imported: ~220 MB before any model
     start = time.perf_counter()
     # as many threads as the physical cores: inferpath's default (threads=None), which also
     # measures one-sequence decode at 1 thread (threads.py DecodeThreadTuner)
     engine = LLMEngine.from_model(path, EngineConfig(threads=None if threads == physical_cores() else threads,
-                                                     max_num_seqs=64, kv_cache_memory_bytes=kv_bytes, dtype=dtype))
+                                                     max_num_seqs=64, kv_cache_memory_bytes=kv_bytes, dtype=dtype,
+                                                     kv_cache_dtype=kv_cache_dtype))
     result = {"load_s": time.perf_counter() - start, "baseline_mb": baseline, "format": engine.weight_format.describe(),
               "plan": engine.weight_plan.describe() if engine.weight_plan is not None else None,
               "decode_bytes": engine.weight_format.decode_bytes, "kv_mb": kv_bytes / 2**20}
@@ -162,8 +179,8 @@ def worker_inferpath(path: str, task: str, threads: int, dtype: str = "auto") ->
         start = time.perf_counter()
         run([ids], 1)
         result["prefill_tok_s"] = PREFILL_TOKENS / (time.perf_counter() - start)
-    elif task in ("decode", "deep"):  # "deep": decode after the 512-token prompt
-        (out,) = run([prompt_ids(path, PREFILL_TOKENS) if task == "deep" else PROMPT], DECODE_TOKENS + 1)
+    elif task == "decode" or context_of(task):  # "deep"/"deepN": decode after the 512- or N-token prompt
+        (out,) = run([prompt_ids(path, context_of(task)) if context_of(task) else PROMPT], DECODE_TOKENS + 1)
         result[f"{task}_tok_s"] = DECODE_TOKENS / (out.metrics.finished_time - out.metrics.first_token_time)
     else:  # batchN
         batch = int(task.removeprefix("batch"))
@@ -177,23 +194,25 @@ def worker_inferpath(path: str, task: str, threads: int, dtype: str = "auto") ->
 
 
 # ---------------------------------------------------------------- driver
-# engine key -> (worker, INFERPATH_ISA, dtype)
+# engine key -> (worker, INFERPATH_ISA, dtype, kv_cache_dtype)
 ENGINES = {
-    "llamacpp": ("llamacpp", None, None),
-    "inferpath": ("inferpath", None, "auto"),
-    "inferpath-avx2": ("inferpath", "avx2", "auto"),
-    "inferpath-fp32": ("inferpath", None, "float32"),  # the file dequantized: inferpath before this work
+    "llamacpp": ("llamacpp", None, None, None),  # its KV cache in f16, llama.cpp's default
+    "inferpath": ("inferpath", None, "auto", "auto"),
+    "inferpath-avx2": ("inferpath", "avx2", "auto", "auto"),
+    "inferpath-fp32": ("inferpath", None, "float32", "auto"),  # the file dequantized: inferpath before this work
+    "inferpath-kvbf16": ("inferpath", None, "auto", "bfloat16"),  # the KV cache in bf16 (--kv-cache-dtype)
 }
 
 
 def measure(key: str, path: str, task: str, threads: int, busy: bool) -> dict:
-    worker, isa, dtype = ENGINES[key]
+    worker, isa, dtype, kv_dtype = ENGINES[key]
     env = dict(WORKER_ENV)
     env.pop("INFERPATH_ISA", None)
     if isa:
         env["INFERPATH_ISA"] = isa
     command = [sys.executable, __file__, "--worker", worker, "--model", path, "--task", task,
-               "--threads", str(threads)] + (["--dtype", dtype] if dtype else [])
+               "--threads", str(threads)] + (["--dtype", dtype] if dtype else []) + \
+        (["--kv-cache-dtype", kv_dtype] if kv_dtype else [])
     hog = subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"]) if busy else None
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
@@ -250,17 +269,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--busy", action="store_true", help="a niced busy loop beside every run")
     parser.add_argument("--formats", default="Q4_1,Q8_0,BF16,Qwen", help="of Q4_1, Q8_0, BF16, Qwen, Qwen1.5B")
-    parser.add_argument("--tasks", default="decode,deep,prefill", help="of decode, deep, prefill, batchN (inferpath only: N rows decoding at once)")
+    parser.add_argument("--tasks", default="decode,deep,prefill",
+                        help="of decode, deep (after 512 tokens), deepN (after N tokens), prefill, batchN "
+                             "(inferpath only: N rows decoding at once)")
     parser.add_argument("--engines", default="llamacpp,inferpath,inferpath-avx2",
                         help=f"comma-separated, of {', '.join(ENGINES)}")
     parser.add_argument("--dtype", default="auto", help="(worker) inferpath's dtype")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="(worker) inferpath's KV cache dtype")
     parser.add_argument("--out", default=str(RESULTS / "vs_llamacpp.json"))
     args = parser.parse_args()
     if args.worker:
         if args.worker == "llamacpp":
             print(json.dumps(worker_llamacpp(args.model, args.task, args.threads)))
         else:
-            print(json.dumps(worker_inferpath(args.model, args.task, args.threads, args.dtype)))
+            print(json.dumps(worker_inferpath(args.model, args.task, args.threads, args.dtype, args.kv_cache_dtype)))
         return
 
     from inferpath.models import resolve_model
@@ -282,9 +304,9 @@ def main() -> None:
                      "files": {}}
     for fmt in args.formats.split(","):
         path = files[fmt]
-        write_prompt_ids(path)
-        samples: dict = {}
         tasks = set(args.tasks.split(","))
+        write_prompt_ids(path, max(map(context_of, tasks)))
+        samples: dict = {}
         for repeat in range(args.repeats):
             for key in keys:
                 batched = sorted(t for t in tasks if t.startswith("batch"))
@@ -338,6 +360,10 @@ def print_table(results: dict) -> None:
                   f"{deep:6.2f} {m.get('prefill_tok_s', 0):13.1f} "
                   f"{pr:6.2f} {m.get('load_s', 0):7.2f} {m.get('rss_mb', 0):7.0f} {m.get('baseline_mb', 0):7.0f} "
                   f"{m.get('model_mb', 0):8.0f} {floor:>6}")
+            for deep in sorted((n.removesuffix("_tok_s") for n in m if n.startswith("deep") and n != "deep_tok_s"
+                                and n.endswith("_tok_s")), key=context_of):
+                ratio = f" ({m[f'{deep}_tok_s'] / base[f'{deep}_tok_s']:.2f}x)" if base.get(f"{deep}_tok_s") else ""
+                print(f"{'':6} {key:16} decode after {context_of(deep)} tokens: {m[f'{deep}_tok_s']:.1f} tok/s{ratio}")
             for batch in sorted((n.removesuffix("_tok_s") for n in m if n.startswith("batch") and n.endswith("_tok_s")),
                                 key=lambda n: int(n.removeprefix("batch"))):
                 ratio = f" ({m[f'{batch}_tok_s'] / m['decode_tok_s']:.1f}x its batch 1)" if "decode_tok_s" in m else ""
