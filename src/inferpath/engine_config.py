@@ -66,9 +66,8 @@ class EngineConfig:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ConfigError(f"kv_cache_dtype must be {' or '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
-                              + ("" if not isinstance(self.kv_cache_dtype, str) else
-                                 ": float16 and fp8 caches are not implemented"))
+            raise ConfigError(f"kv_cache_dtype must be {' or '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r} "
+                              "(auto: the activations' dtype; fp8 and float16 caches are not implemented)")
         if self.kv_cache_dtype != "auto" and self.tensor_parallel_size > 1:
             raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported with "
                               f"tensor_parallel_size={self.tensor_parallel_size}; use auto")

@@ -28,8 +28,7 @@ def build_kv_cache(model_config: ModelConfig, engine_config: EngineConfig, dtype
 
     if engine_config.kv_cache_dtype != "auto":
         kind = ("multi-head latent attention" if model_config.is_mla else
-                "linear-attention layers" if any(map(model_config.is_linear_attention_layer,
-                                                     range(model_config.num_layers))) else None)
+                "linear-attention layers" if model_config.num_linear_layers else None)
         if kind:
             raise ConfigError(f"kv_cache_dtype={engine_config.kv_cache_dtype!r} is not implemented for "
                               f"{kind} ({model_config.name}); use auto")

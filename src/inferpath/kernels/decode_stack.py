@@ -120,6 +120,7 @@ class _Plan:
         prefill = build.native_prefill_attention(torch.float32 if self.quantized else self.dtype)
         self.prefill_fn = None if prefill is None else ctypes.cast(prefill, _P).value
         # a bfloat16 cache beside float32 activations: chunks with cached context read it through this
+        # (built where prefill_fn is: the float32 library at avx512)
         cached = build.native_prefill_attention(torch.float32, kv_dtype=torch.bfloat16)
         self.prefill_cached_fn = None if cached is None else ctypes.cast(cached, _P).value
         modules = [m for layer in layers for m in layer.modules()]  # watched for hooks and wrappers
@@ -272,9 +273,7 @@ class CPUDecoderStack(DecoderStack):
         activations = torch.float32 if native.quantized else native.dtype
         kv_dtype = kv_cache.k_caches[0].dtype  # the activations', or bf16 beside float32 (EngineConfig.kv_cache_dtype)
         mixed_kv = (activations, kv_dtype) == (torch.float32, torch.bfloat16)
-        if (step.softcap or (kv_dtype != activations and not mixed_kv)
-                or (mixed_kv and native.prefill_cached_fn is None and any(c.block_ids is not None for c in chunks))
-                or not native.serves(input_ids.shape[0])
+        if (step.softcap or (kv_dtype != activations and not mixed_kv) or not native.serves(input_ids.shape[0])
                 or (chunks and (native.prefill_fn is None
                                 or any(c.windowed or c.query_len > MAX_CHUNK_TOKENS for c in chunks)))
                 or native.watched()):

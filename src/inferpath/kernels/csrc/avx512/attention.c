@@ -132,14 +132,12 @@ static void part_##CH##_##BF(const attention_job *job, int64_t b, int64_t kvh, i
     const int64_t d = 16 * CH, group = job->group, n = t1 - t0, width = 2 + d;                  \
     const int64_t elem = BF != PART_F32 ? 2 : 4, row = job->kvh_count * d * elem;                \
     const int64_t q_elem = BF == PART_BF16 ? 2 : 4;                                              \
-    const int64_t *table = job->block_tables + b * job->max_blocks;                              \
     const char *k_base = (const char *)job->k_cache + kvh * d * elem;                            \
     const char *v_base = (const char *)job->v_cache + kvh * d * elem;                            \
     const char *q = (const char *)job->q + ((b * job->h_count + kvh * group) * d) * q_elem;      \
     float scores[ATTENTION_MAX_GROUP][ATTENTION_PART];                                           \
     int64_t slots[ATTENTION_PART];                                                               \
-    for (int64_t t = 0, pos = t0; t < n; t++, pos++)                                             \
-        slots[t] = table[pos / job->block_size] * job->block_size + pos % job->block_size;       \
+    part_slots(job, b, t0, t1, slots);                                                              \
     for (int64_t t = 0; t < PREFETCH_AHEAD && t < n; t++) prefetch_row(k_base + slots[t] * row, d * elem); \
     __m512 maxes[ATTENTION_MAX_GROUP];                                                           \
     for (int64_t g = 0; g < group; g++) maxes[g] = _mm512_set1_ps(-INFINITY);                   \
@@ -191,7 +189,6 @@ static void part_any(const attention_job *job, int64_t b, int64_t kvh, int64_t t
     const int64_t d = job->d, group = job->group, chunks = (d + 15) / 16, n = t1 - t0;
     const int kv_bf16 = job->is_bf16 || job->kv_bf16;
     const int64_t elem = kv_bf16 ? 2 : 4, q_elem = job->is_bf16 ? 2 : 4, row = job->kvh_count * d * elem;
-    const int64_t *table = job->block_tables + b * job->max_blocks;
     const char *k_base = (const char *)job->k_cache + kvh * d * elem, *v_base = (const char *)job->v_cache + kvh * d * elem;
     float scores[ATTENTION_MAX_GROUP][ATTENTION_PART];
     __m512 qv[ATTENTION_MAX_GROUP][ATTENTION_MAX_HEAD_DIM / 16];
@@ -200,8 +197,7 @@ static void part_any(const attention_job *job, int64_t b, int64_t kvh, int64_t t
     /* scores = q . k * scale, 16 keys at a time (their 16 dot products reduced together),
      * and each query head's maximum over the part */
     int64_t slots[ATTENTION_PART];  /* the part's cache rows, in order */
-    for (int64_t t = 0, pos = t0; t < n; t++, pos++)
-        slots[t] = table[pos / job->block_size] * job->block_size + pos % job->block_size;
+    part_slots(job, b, t0, t1, slots);
     for (int64_t t = 0; t < PREFETCH_AHEAD && t < n; t++) prefetch_row(k_base + slots[t] * row, d * elem);
     __m512 maxes[ATTENTION_MAX_GROUP];
     for (int64_t g = 0; g < group; g++) maxes[g] = _mm512_set1_ps(-INFINITY);

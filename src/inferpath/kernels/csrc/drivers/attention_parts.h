@@ -31,6 +31,14 @@ typedef struct {
     float *partials;     /* per task, per query head of the group: max, sum, acc[d] */
 } attention_job;
 
+/* slots[0 .. t1 - t0): the cache rows of sequence b's positions t0 .. t1 - 1, through its
+ * row of the block table (every level's part kernel) */
+static inline void part_slots(const attention_job *job, int64_t b, int64_t t0, int64_t t1, int64_t *slots) {
+    const int64_t *table = job->block_tables + b * job->max_blocks;
+    for (int64_t pos = t0; pos < t1; pos++)
+        slots[pos - t0] = table[pos / job->block_size] * job->block_size + pos % job->block_size;
+}
+
 /* The part kernel of this level: task's (sequence, KV head, part) into job->partials. */
 __attribute__((visibility("hidden"))) void attention_part(const attention_job *job, int64_t b, int64_t kvh,
                                                           int64_t t0, int64_t t1, float *partial);

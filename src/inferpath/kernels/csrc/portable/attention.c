@@ -15,7 +15,6 @@ static inline void prefetch_row(const void *p, int64_t bytes) {
 #define DEFINE_PART(NAME, TQ, Q_TO_F32, T, TO_F32)                                                                \
 static void NAME(const attention_job *job, int64_t b, int64_t kvh, int64_t t0, int64_t t1, float *partial) { \
     const int64_t d = job->d, group = job->group, n = t1 - t0;                                     \
-    const int64_t *table = job->block_tables + b * job->max_blocks;                                 \
     const T *k_cache = (const T *)job->k_cache, *v_cache = (const T *)job->v_cache;                 \
     float scores[ATTENTION_MAX_GROUP][ATTENTION_PART], qv[ATTENTION_MAX_GROUP][ATTENTION_MAX_HEAD_DIM]; \
     float acc[ATTENTION_MAX_GROUP][ATTENTION_MAX_HEAD_DIM], maxes[ATTENTION_MAX_GROUP], sums[ATTENTION_MAX_GROUP]; \
@@ -25,8 +24,7 @@ static void NAME(const attention_job *job, int64_t b, int64_t kvh, int64_t t0, i
         maxes[g] = -INFINITY; sums[g] = 0.0f;                                                       \
     }                                                                                               \
     int64_t slots[ATTENTION_PART];  /* the part's cache rows, in order */                          \
-    for (int64_t t = 0, pos = t0; t < n; t++, pos++)                                                \
-        slots[t] = table[pos / job->block_size] * job->block_size + pos % job->block_size;          \
+    part_slots(job, b, t0, t1, slots);                                                              \
     for (int64_t t = 0; t < n; t++) {                                                               \
         if (t + PREFETCH_AHEAD < n) prefetch_row(k_cache + (slots[t + PREFETCH_AHEAD] * job->kvh_count + kvh) * d, d * sizeof(T)); \
         const T *kr = k_cache + (slots[t] * job->kvh_count + kvh) * d;                              \
@@ -128,12 +126,10 @@ static void part_avx2(const attention_job *job, int64_t b, int64_t kvh, int64_t 
     const int64_t d = job->d, group = job->group, chunks = d / 8, n = t1 - t0;
     const int is_bf16 = job->is_bf16, kv_bf16 = is_bf16 || job->kv_bf16;
     const int64_t elem = kv_bf16 ? 2 : 4, q_elem = is_bf16 ? 2 : 4, row = job->kvh_count * d * elem;
-    const int64_t *table = job->block_tables + b * job->max_blocks;
     const char *k_base = (const char *)job->k_cache + kvh * d * elem, *v_base = (const char *)job->v_cache + kvh * d * elem;
     float scores[ATTENTION_MAX_GROUP][ATTENTION_PART], maxes[ATTENTION_MAX_GROUP];
     int64_t slots[ATTENTION_PART];
-    for (int64_t t = 0, pos = t0; t < n; t++, pos++)
-        slots[t] = table[pos / job->block_size] * job->block_size + pos % job->block_size;
+    part_slots(job, b, t0, t1, slots);
     for (int64_t t = 0; t < PREFETCH_AHEAD && t < n; t++) prefetch_row(k_base + slots[t] * row, d * elem);
     for (int64_t g = 0; g < group; g++) maxes[g] = -INFINITY;
     const char *q_base = (const char *)job->q + (b * job->h_count + kvh * group) * d * q_elem;
@@ -282,14 +278,12 @@ static void part_##CH##_##BF(const attention_job *job, int64_t b, int64_t kvh, i
     const int64_t d = 8 * CH, group = job->group, n = t1 - t0, width = 2 + d;                     \
     const int64_t elem = BF != PART_F32 ? 2 : 4, row = job->kvh_count * d * elem;               \
     const int64_t q_elem = BF == PART_BF16 ? 2 : 4;                                               \
-    const int64_t *table = job->block_tables + b * job->max_blocks;                               \
     const char *k_base = (const char *)job->k_cache + kvh * d * elem;                             \
     const char *v_base = (const char *)job->v_cache + kvh * d * elem;                             \
     const char *q = (const char *)job->q + (b * job->h_count + kvh * group) * d * q_elem;         \
     float scores[ATTENTION_MAX_GROUP][ATTENTION_PART], maxes[ATTENTION_MAX_GROUP];                \
     int64_t slots[ATTENTION_PART];                                                                \
-    for (int64_t t = 0, pos = t0; t < n; t++, pos++)                                              \
-        slots[t] = table[pos / job->block_size] * job->block_size + pos % job->block_size;        \
+    part_slots(job, b, t0, t1, slots);                                                              \
     for (int64_t t = 0; t < PREFETCH_AHEAD && t < n; t++) prefetch_row(k_base + slots[t] * row, d * elem); \
     for (int64_t g = 0; g < group; g++) maxes[g] = -INFINITY;                                     \
     for (int64_t t = 0; t < n; t += 8) {                                                          \
