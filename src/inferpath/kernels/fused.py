@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inferpath.kernels import bf16_weights, build, ops
+from inferpath.kernels import bf16_weights, build, ops, workspace
 from inferpath.kernels.groups import FloatGroup, QuantGroup
 from inferpath.kernels.ops import run_silu_mul
 from inferpath.model.layers import SwiGLUMLP
@@ -129,6 +129,6 @@ class CPUSwiGLUMLP(SwiGLUMLP):
         # gate_up: (tokens, 2 * inter), the weights read in place
         gate_up = (self._quant_gate_up if group == "quant" else self._float_gate_up)(x.contiguous())
         inter = gate_up.shape[1] // 2
-        hidden = torch.empty((x.shape[0], inter), dtype=x.dtype)
+        hidden = workspace.empty((x.shape[0], inter), x.dtype)
         run_silu_mul(self._silu[x.dtype], gate_up[:, :inter], gate_up[:, inter:], hidden)
         return self.down_proj(hidden)

@@ -16,7 +16,7 @@ import ctypes
 
 import torch
 
-from inferpath.kernels import build, ops
+from inferpath.kernels import build, ops, workspace
 from inferpath.kernels.repacked import R8_BASE, kernel_type
 from inferpath.model.batch_invariant import quant_call_flags, rows_must_be_invariant
 
@@ -61,7 +61,7 @@ class QuantGroup(_WeightArrays):
         if not ops.quant_rows_fused(x.shape[0], repacked=all(t >= R8_BASE for _, t in self._blocks)):
             return ops.dequantized_linear(x, self._blocks, self._bias_list, build.native_quant_dequantize())
         ops.note_dispatch("quant-rows" if rows_must_be_invariant() else "quant-fused", x.shape[0])
-        out = torch.empty((x.shape[0], self.num_out), dtype=torch.float32)
+        out = workspace.empty((x.shape[0], self.num_out), torch.float32)
         status = self._fn(*self.native_arguments(),
                           x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads(),
                           quant_call_flags())
@@ -114,7 +114,7 @@ class FloatGroup(_WeightArrays):
         """x (m, in_features) contiguous, a dtype the group ``runs`` -> (m, num_out) of it."""
         count, _, ptrs, _, rows, biases = self.native_arguments()
         ops.note_dispatch("gemv", x.shape[0])
-        out = torch.empty((x.shape[0], self.num_out), dtype=x.dtype)
+        out = workspace.empty((x.shape[0], self.num_out), x.dtype)
         status = self._variants[x.dtype][0](count, ptrs, rows, biases, x.data_ptr(), out.data_ptr(), x.shape[0],
                                             x.shape[1], torch.get_num_threads())
         if status != 0:

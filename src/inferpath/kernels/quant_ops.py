@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from inferpath.kernels import build
+from inferpath.kernels import build, workspace
 from inferpath.kernels.dispatch_log import is_recording, note_dispatch
 from inferpath.kernels.repacked import R8_BASE
 from inferpath.model.batch_invariant import quant_call_flags, rows_must_be_invariant
@@ -67,7 +67,7 @@ def run_quant_matmul(fn, x: torch.Tensor, data: torch.Tensor, qtype: int, bias: 
     (num_out,) float32 or None, through ``native_quant_matmul``; data (num_out, row_bytes)."""
     if is_recording():
         note_dispatch(quant_fused_kernel(x.shape[0], qtype), x.shape[0])
-    out = torch.empty((x.shape[0], num_out), dtype=torch.float32)
+    out = workspace.empty((x.shape[0], num_out), torch.float32)
     status = fn(qtype, data.data_ptr(), data.shape[1], x.data_ptr(), None if bias is None else bias.data_ptr(),
                 out.data_ptr(), x.shape[0], num_out, x.shape[1], torch.get_num_threads(), quant_call_flags())
     if status != 0:

@@ -1,0 +1,78 @@
+"""Kept output buffers for a prompt step's large tensors (kernels/workspace.py): a buffer is
+handed out again only once nothing holds its previous output, so kept buffers change where
+outputs live, never their values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_decode_stack import generate
+
+from inferpath.kernels import workspace
+
+
+@pytest.fixture
+def small_threshold(monkeypatch):
+    """Every tensor of 4 KB or more through the kept buffers, from none kept."""
+    monkeypatch.setattr(workspace, "MIN_BYTES", 4096)
+    workspace.release()
+    yield
+    workspace.release()
+
+
+def test_a_buffer_is_handed_out_again_only_once_its_output_is_dropped(small_threshold):
+    a = workspace.empty((64, 32))
+    a.fill_(1.0)
+    b = workspace.empty((64, 32))  # a is alive: another buffer
+    assert a.data_ptr() != b.data_ptr()
+    view = a[:, :16]  # a view keeps a's storage held
+    del a
+    c = workspace.empty((64, 32))
+    assert c.data_ptr() not in (view.data_ptr(), b.data_ptr())
+    del view, b, c
+    d = workspace.empty((32, 32), torch.bfloat16)  # a free buffer large enough serves a smaller output
+    assert d.shape == (32, 32) and d.dtype == torch.bfloat16 and d.is_contiguous()
+    assert workspace.kept_bytes() <= workspace.KEPT * 64 * 32 * 4
+
+
+def test_kept_buffers_stay_within_their_count_and_bytes(small_threshold, monkeypatch):
+    monkeypatch.setattr(workspace, "MAX_KEPT_BYTES", 64 << 10)
+    held = [workspace.empty((1024, 8)) for _ in range(workspace.KEPT + 2)]  # all alive at once: 32 KB each
+    assert len({t.data_ptr() for t in held}) == len(held)
+    assert workspace.kept_bytes() <= 64 << 10
+    del held
+    big = workspace.empty((4096, 8))  # 128 KB: past the cap, allocated and not kept
+    assert workspace.kept_bytes() <= 64 << 10
+    del big
+
+
+def test_small_outputs_are_plain_tensors():
+    workspace.release()
+    t = workspace.empty((4, 4))
+    assert t.shape == (4, 4) and workspace.kept_bytes() == 0
+
+
+@torch.inference_mode()
+def test_a_model_through_kept_buffers_gives_the_same_bits(small_threshold, monkeypatch):
+    """SmolLM2's prompts and decode steps with every projection and SwiGLU output of 4 KB or
+    more in kept buffers: no output handed out over one still alive, and the same greedy
+    tokens and logprobs, to the bit, as with none kept (a kernel leaving a kept buffer's old
+    contents in an output would change them)."""
+    import weakref
+
+    handed, original = [], workspace.empty
+
+    def checked(shape, dtype=torch.float32):
+        out = original(shape, dtype)
+        lo, hi = out.data_ptr(), out.data_ptr() + out.numel() * out.element_size()
+        for ref, (a, b) in handed:
+            alive = ref()
+            assert alive is None or hi <= a or b <= lo, "an output handed out over a live one"
+        handed.append((weakref.ref(out), (lo, hi)))
+        return out
+
+    monkeypatch.setattr(workspace, "empty", checked)
+    kept = generate("smollm2-135m-instruct", False, threads=2)
+    assert workspace.kept_bytes() > 0 and len(handed) > 100
+    monkeypatch.setattr(workspace, "MIN_BYTES", 1 << 62)
+    assert generate("smollm2-135m-instruct", False, threads=2) == kept
