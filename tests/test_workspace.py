@@ -76,3 +76,27 @@ def test_a_model_through_kept_buffers_gives_the_same_bits(small_threshold, monke
     assert workspace.kept_bytes() > 0 and len(handed) > 100
     monkeypatch.setattr(workspace, "MIN_BYTES", 1 << 62)
     assert generate("smollm2-135m-instruct", False, threads=2) == kept
+
+
+@torch.inference_mode()
+def test_dequantized_tiles_through_kept_buffers_give_the_same_bits(small_threshold, monkeypatch):
+    """The dequantized path's tiles and output (quant_ops.dequantized_linear, several tiles
+    spanning two weights) from kept buffers: the bits of plain tensors."""
+    from inferpath.kernels import build, quant_ops
+
+    monkeypatch.setattr(quant_ops, "DEQUANT_TILE_VALUES", 64 * 96)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(24, 96, generator=gen)
+    weights = [(torch.randn(200, 96, generator=gen), None), (torch.randn(136, 96, generator=gen), None)]
+    biases = [torch.randn(200, generator=gen), None]
+    kept = quant_ops.dequantized_linear(x, weights, biases, build.native_quant_dequantize())
+    assert workspace.kept_bytes() > 0
+    for buffer in workspace._local.buffers:  # free buffers poisoned (NaN bytes): every element must be written
+        if workspace._free(buffer):
+            buffer.fill_(255)
+    again = quant_ops.dequantized_linear(x, weights, biases, build.native_quant_dequantize())  # buffers reused
+    monkeypatch.setattr(workspace, "MIN_BYTES", 1 << 62)
+    plain = quant_ops.dequantized_linear(x, weights, biases, build.native_quant_dequantize())
+    assert torch.equal(kept, plain) and torch.equal(again, plain)
+    expected = torch.nn.functional.linear(x, torch.cat([w for w, _ in weights]), torch.cat([biases[0], torch.zeros(136)]))
+    torch.testing.assert_close(plain, expected, rtol=1e-5, atol=1e-5)

@@ -110,11 +110,12 @@ def dequantized_linear(x: torch.Tensor, weights: list[tuple[torch.Tensor, int]],
     num_out = starts[-1]
     tile_rows = max(8, DEQUANT_TILE_VALUES // cols // 8 * 8)  # whole groups of a repacked weight's 8 rows
     # NOTE: allocated only for several tiles: an unused output held beside F.linear's made
-    # that one land on fresh pages (a 512 x 1536 prefill matmul, 2 threads: 7.3 -> 5.1 ms)
-    out = torch.empty((x.shape[0], num_out), dtype=torch.float32) if num_out > tile_rows else None
+    # that one land on fresh pages (a 512 x 1536 prefill matmul, 2 threads: 7.3 -> 5.1 ms);
+    # the output and the tiles come from kept buffers where large (kernels/workspace.py)
+    out = workspace.empty((x.shape[0], num_out), torch.float32) if num_out > tile_rows else None
     for r0 in range(0, num_out, tile_rows):
         r1 = min(r0 + tile_rows, num_out)
-        tile = torch.empty((r1 - r0, cols), dtype=torch.float32)  # (rows, cols)
+        tile = workspace.empty((r1 - r0, cols), torch.float32)  # (rows, cols), every row written below
         bias = None if all(b is None for b in biases) else torch.zeros(r1 - r0)
         for (data, qtype), b, start, end in zip(weights, biases, starts, starts[1:]):
             lo, hi = max(start, r0), min(end, r1)
