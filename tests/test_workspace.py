@@ -46,6 +46,18 @@ def test_kept_buffers_stay_within_their_count_and_bytes(small_threshold, monkeyp
     del big
 
 
+def test_room_is_made_past_a_busy_buffer(small_threshold):
+    """A buffer still held, kept before free ones too small for the next output: the free
+    ones make room (removed by identity, not by comparing tensors' values)."""
+    busy = workspace.empty((16, 64))
+    small = [workspace.empty((16, 64 + i)) for i in range(workspace.KEPT - 1)]
+    del small  # free, but too small for what comes next
+    large = workspace.empty((64, 256))
+    assert large.data_ptr() != busy.data_ptr()
+    assert len(workspace._local.buffers) <= workspace.KEPT
+    assert any(b.numel() >= 64 * 256 * 4 for b in workspace._local.buffers)
+
+
 def test_small_outputs_are_plain_tensors():
     workspace.release()
     t = workspace.empty((4, 4))

@@ -4,8 +4,8 @@ glibc serves an allocation above its mmap threshold (dynamic, 32 MB at most) wit
 mapped afresh and unmapped again on free, so a tensor of that size allocated by every layer
 is faulted in page by page every time. A 512-token prompt's fused gate/up output on the 1.5B
 Q4_K_M file is 512 x 17920 float32 (36.7 MB): about 9,000 page faults a layer, which took
-~8 of the GEMM's 38 ms (AMD EPYC Zen 5, 2 threads; a 512-token prefill 255-271 -> 297-325
-tok/s with the output kept, docs/kquant_kernels.md). ``empty`` hands such outputs out of a
+~8 of the GEMM's 38 ms (AMD EPYC Zen 5, 2 threads; a 512-token prefill 253 -> 324 and 236 -> 277
+tok/s in two runs with the outputs kept, docs/kquant_kernels.md). ``empty`` hands such outputs out of a
 few buffers kept per thread instead: one whose storage no tensor holds any more (its
 previous output dropped), else a new one. Below ``MIN_BYTES`` it is ``torch.empty``.
 
@@ -51,7 +51,8 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.T
     else:
         buffer = torch.empty(nbytes, dtype=torch.uint8)
         while free and (len(kept) >= KEPT or kept_bytes() + nbytes > MAX_KEPT_BYTES):
-            kept.remove(free.pop(0))  # make room: free buffers too small for this output go
+            gone = free.pop(0)  # make room: free buffers too small for this output go
+            kept[:] = [b for b in kept if b is not gone]  # by identity (== compares tensors' values)
         if len(kept) < KEPT and kept_bytes() + nbytes <= MAX_KEPT_BYTES:
             kept.append(buffer)
     return buffer[:nbytes].view(dtype).view(shape)
