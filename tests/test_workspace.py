@@ -54,8 +54,33 @@ def test_room_is_made_past_a_busy_buffer(small_threshold):
     del small  # free, but too small for what comes next
     large = workspace.empty((64, 256))
     assert large.data_ptr() != busy.data_ptr()
-    assert len(workspace._local.buffers) <= workspace.KEPT
-    assert any(b.numel() >= 64 * 256 * 4 for b in workspace._local.buffers)
+    assert len(workspace.kept_buffers()) <= workspace.KEPT
+    assert any(b.numel() >= 64 * 256 * 4 for b in workspace.kept_buffers())
+
+
+def test_threads_share_one_bounded_set_and_never_one_live_buffer(small_threshold):
+    """Outputs taken on many threads at once (the engine's steps run on executor threads):
+    none is handed out while another thread holds it, and what is kept stays within the
+    process's count, however many threads there were."""
+    import threading
+
+    errors = []
+
+    def work(value: float) -> None:
+        for _ in range(50):
+            out = workspace.empty((64, 64))
+            out.fill_(value)
+            threading.Event().wait(0.0005)
+            if not bool((out == value).all()):
+                errors.append(value)
+
+    threads = [threading.Thread(target=work, args=(float(i),)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, f"outputs written over by other threads: {errors}"
+    assert len(workspace.kept_buffers()) <= workspace.KEPT
 
 
 def test_small_outputs_are_plain_tensors():
@@ -103,7 +128,7 @@ def test_dequantized_tiles_through_kept_buffers_give_the_same_bits(small_thresho
     biases = [torch.randn(200, generator=gen), None]
     kept = quant_ops.dequantized_linear(x, weights, biases, build.native_quant_dequantize())
     assert workspace.kept_bytes() > 0
-    for buffer in workspace._local.buffers:  # free buffers poisoned (NaN bytes): every element must be written
+    for buffer in workspace.kept_buffers():  # free buffers poisoned (NaN bytes): every element must be written
         if workspace._free(buffer):
             buffer.fill_(255)
     again = quant_ops.dequantized_linear(x, weights, biases, build.native_quant_dequantize())  # buffers reused

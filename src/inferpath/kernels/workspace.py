@@ -6,8 +6,13 @@ is faulted in page by page every time. A 512-token prompt's fused gate/up output
 Q4_K_M file is 512 x 17920 float32 (36.7 MB): about 9,000 page faults a layer, which took
 ~8 of the GEMM's 38 ms (AMD EPYC Zen 5, 2 threads; a 512-token prefill 253 -> 324 and 236 -> 277
 tok/s in two runs with the outputs kept, docs/kquant_kernels.md). ``empty`` hands such outputs out of a
-few buffers kept per thread instead: one whose storage no tensor holds any more (its
+few buffers kept by the process instead: one whose storage no tensor holds any more (its
 previous output dropped), else a new one. Below ``MIN_BYTES`` it is ``torch.empty``.
+
+NOTE: one set for the process, behind a lock, not one per thread: the engine's steps run on
+executor threads that outlive their engines, and a set per thread grew with them (a test
+run's process reached 24 GB). The view handed out is made under the lock, so the buffer is
+held before another thread looks at it.
 
 The contents are whatever the last user left: callers write every element (the GEMMs,
 the SwiGLU pass), as they would write a ``torch.empty`` tensor's.
@@ -20,10 +25,11 @@ import threading
 import torch
 
 MIN_BYTES = 16 << 20  # smaller tensors come from malloc's heap, already mapped
-KEPT = 4  # buffers kept per thread: a layer's outputs alive at once (gate/up and its SwiGLU)
-MAX_KEPT_BYTES = 512 << 20  # past this a thread keeps no more (the buffer is allocated and dropped)
+KEPT = 4  # buffers kept: a layer's outputs alive at once (gate/up and its SwiGLU), and a spare
+MAX_KEPT_BYTES = 512 << 20  # past this no more is kept (the buffer is allocated and dropped)
 
-_local = threading.local()
+_lock = threading.Lock()
+_kept: list[torch.Tensor] = []  # uint8 buffers, each alone in its storage
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
@@ -42,27 +48,38 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.T
     nbytes = count * torch.empty((), dtype=dtype).element_size()
     if nbytes < MIN_BYTES or _use_count is None:
         return torch.empty(shape, dtype=dtype)
-    kept: list[torch.Tensor] = getattr(_local, "buffers", None) or []
-    _local.buffers = kept
-    free = [b for b in kept if _free(b)]
-    fits = [b for b in free if b.numel() >= nbytes]
-    if fits:
-        buffer = min(fits, key=torch.Tensor.numel)
-    else:
-        buffer = torch.empty(nbytes, dtype=torch.uint8)
-        while free and (len(kept) >= KEPT or kept_bytes() + nbytes > MAX_KEPT_BYTES):
-            gone = free.pop(0)  # make room: free buffers too small for this output go
-            kept[:] = [b for b in kept if b is not gone]  # by identity (== compares tensors' values)
-        if len(kept) < KEPT and kept_bytes() + nbytes <= MAX_KEPT_BYTES:
-            kept.append(buffer)
-    return buffer[:nbytes].view(dtype).view(shape)
+    with _lock:
+        free = [b for b in _kept if _free(b)]
+        fits = [b for b in free if b.numel() >= nbytes]
+        if fits:
+            buffer = min(fits, key=torch.Tensor.numel)
+        else:
+            buffer = torch.empty(nbytes, dtype=torch.uint8)
+            while free and (len(_kept) >= KEPT or _kept_bytes() + nbytes > MAX_KEPT_BYTES):
+                gone = free.pop(0)  # make room: free buffers too small for this output go
+                _kept[:] = [b for b in _kept if b is not gone]  # by identity (== compares tensors' values)
+            if len(_kept) < KEPT and _kept_bytes() + nbytes <= MAX_KEPT_BYTES:
+                _kept.append(buffer)
+        return buffer[:nbytes].view(dtype).view(shape)
+
+
+def _kept_bytes() -> int:
+    return sum(b.numel() for b in _kept)
 
 
 def kept_bytes() -> int:
-    """The bytes this thread keeps (for tests and the memory report)."""
-    return sum(b.numel() for b in getattr(_local, "buffers", None) or [])
+    """The bytes kept (for tests and the memory report)."""
+    with _lock:
+        return _kept_bytes()
+
+
+def kept_buffers() -> list[torch.Tensor]:
+    """The kept buffers themselves (uint8; for tests)."""
+    with _lock:
+        return list(_kept)
 
 
 def release() -> None:
-    """Drop this thread's kept buffers (their memory goes back once no output holds it)."""
-    _local.buffers = []
+    """Drop the kept buffers (their memory goes back once no output holds it)."""
+    with _lock:
+        _kept.clear()
