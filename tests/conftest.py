@@ -7,6 +7,7 @@ reading the weights bounds it; drafting free), so what is drafted is a function 
 tests the measured prices themselves on fed times.
 """
 
+import gc
 import pytest
 
 from inferpath.engine.spec import speculator
@@ -32,3 +33,16 @@ class FixedStepCosts(StepCosts):
 @pytest.fixture(autouse=True)
 def fixed_step_costs(monkeypatch):
     monkeypatch.setattr(speculator, "StepCosts", FixedStepCosts)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_kept_buffers():
+    """Each test module starts and ends with no kept output buffers (kernels/workspace.py):
+    an engine process keeps them for its life, a test session would carry them from module
+    to module."""
+    from inferpath.kernels import workspace
+
+    workspace.release()
+    yield
+    workspace.release()
+    gc.collect()

@@ -26,7 +26,8 @@ import torch
 
 MIN_BYTES = 16 << 20  # smaller tensors come from malloc's heap, already mapped
 KEPT = 4  # buffers kept: a layer's outputs alive at once (gate/up and its SwiGLU), and a spare
-MAX_KEPT_BYTES = 512 << 20  # past this no more is kept (the buffer is allocated and dropped)
+MAX_KEPT_BYTES = 256 << 20  # past this no more is kept (the buffer is allocated and dropped)
+MAX_OUTPUT_BYTES = MAX_KEPT_BYTES  # a larger output (a long prompt's every-row logits) is not kept
 
 _lock = threading.Lock()
 _kept: list[torch.Tensor] = []  # uint8 buffers, each alone in its storage
@@ -41,12 +42,12 @@ def _free(buffer: torch.Tensor) -> bool:
 
 def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An uninitialized contiguous tensor of ``shape`` and ``dtype``: from a kept buffer
-    where it is ``MIN_BYTES`` or more, else ``torch.empty``."""
+    where it is ``MIN_BYTES`` to ``MAX_OUTPUT_BYTES``, else ``torch.empty``."""
     count = 1
     for size in shape:
         count *= size
     nbytes = count * torch.empty((), dtype=dtype).element_size()
-    if nbytes < MIN_BYTES or _use_count is None:
+    if nbytes < MIN_BYTES or nbytes > MAX_OUTPUT_BYTES or _use_count is None:
         return torch.empty(shape, dtype=dtype)
     with _lock:
         free = [b for b in _kept if _free(b)]
