@@ -7,7 +7,6 @@ reading the weights bounds it; drafting free), so what is drafted is a function 
 tests the measured prices themselves on fed times.
 """
 
-import gc
 import pytest
 
 from inferpath.engine.spec import speculator
@@ -45,4 +44,3 @@ def release_kept_buffers():
     workspace.release()
     yield
     workspace.release()
-    gc.collect()

@@ -20,14 +20,14 @@ the SwiGLU pass), as they would write a ``torch.empty`` tensor's.
 
 from __future__ import annotations
 
+import math
 import threading
 
 import torch
 
 MIN_BYTES = 16 << 20  # smaller tensors come from malloc's heap, already mapped
 KEPT = 4  # buffers kept: a layer's outputs alive at once (gate/up and its SwiGLU), and a spare
-MAX_KEPT_BYTES = 256 << 20  # past this no more is kept (the buffer is allocated and dropped)
-MAX_OUTPUT_BYTES = MAX_KEPT_BYTES  # a larger output (a long prompt's every-row logits) is not kept
+MAX_KEPT_BYTES = 256 << 20  # past this no more is kept, and no larger output (a long prompt's every-row logits)
 
 _lock = threading.Lock()
 _kept: list[torch.Tensor] = []  # uint8 buffers, each alone in its storage
@@ -42,12 +42,9 @@ def _free(buffer: torch.Tensor) -> bool:
 
 def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An uninitialized contiguous tensor of ``shape`` and ``dtype``: from a kept buffer
-    where it is ``MIN_BYTES`` to ``MAX_OUTPUT_BYTES``, else ``torch.empty``."""
-    count = 1
-    for size in shape:
-        count *= size
-    nbytes = count * torch.empty((), dtype=dtype).element_size()
-    if nbytes < MIN_BYTES or nbytes > MAX_OUTPUT_BYTES or _use_count is None:
+    where it is ``MIN_BYTES`` to ``MAX_KEPT_BYTES``, else ``torch.empty``."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < MIN_BYTES or nbytes > MAX_KEPT_BYTES or _use_count is None:
         return torch.empty(shape, dtype=dtype)
     with _lock:
         free = [b for b in _kept if _free(b)]
