@@ -150,6 +150,11 @@ static inline __attribute__((always_inline)) void pair_tile(const int qtype, con
  * |w| against a negated x cost a broadcast and a masked subtract more per quad and row (a
  * 5-row verification of the 0.5B's 151936 x 896 LM head, 1 thread, streamed:
  * benchmarks/r8rows_kernel.py --cases legacy). */
+/* Rows of x whose chains pair_legacy_tile interleaves (from 3: below, two chains a pass per
+ * row serve): x in two passes, 2R int32 sums beside the eight weight vectors and R float
+ * accumulators stay in the 32 registers up to 6 rows; at 7-8 they spilled (1.06-1.12x slower). */
+#define INTERLEAVED_MAX_ROWS 6
+
 static inline __attribute__((always_inline)) void pair_legacy_tile(const int qtype, const uint8_t *a,
                                                                     const int64_t step, const q8_rows *x, const int R,
                                                                     const int one_pass, float *out) {
@@ -177,9 +182,19 @@ static inline __attribute__((always_inline)) void pair_legacy_tile(const int qty
         }
         const __m512 d = halves16(o, p);
         const __m512 dsc = _mm512_mul_ps(d, unit), dmn = is_q41 ? halves16(o + 16, p + 16) : _mm512_mul_ps(d, offset);
+        __m512i sums[TILE_ROWS], rests[TILE_ROWS];
+        if (R >= 3 && R <= INTERLEAVED_MAX_ROWS) {  /* every row's chains interleaved, quad by quad: 2R independent chains in flight */
+            for (int j = 0; j < R; j++) sums[j] = rests[j] = _mm512_setzero_si512();
+            for (int g = 0; g < 8; g++)
+                for (int j = 0; j < R; j++) {
+                    sums[j] = dpbusd_broadcast(sums[j], w[g], x->q + j * k + 32 * b + 4 * g);
+                    if (!one_pass) rests[j] = dpbusd_broadcast(rests[j], w[g], x->r + j * k + 32 * b + 4 * g);
+                }
+        }
         for (int j = 0; j < R; j++) {
             const int8_t *xq = x->q + j * k + 32 * b, *xr = x->r + j * k + 32 * b;
-            __m512i isum = block_dot512(w, xq, xr, 0, 8, chains, one_pass);
+            __m512i isum = R >= 3 && R <= INTERLEAVED_MAX_ROWS ? (one_pass ? sums[j] : _mm512_add_epi32(_mm512_slli_epi32(sums[j], RESIDUAL_SHIFT), rests[j]))
+                                  : block_dot512(w, xq, xr, 0, 8, chains, one_pass);
             if (is_q8) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(x->c[b * lanes + j] * 128));
             const __m512 dx = _mm512_set1_ps(x->d[b * lanes + j]);
             acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dsc, dx), acc[j]);
