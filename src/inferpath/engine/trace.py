@@ -280,17 +280,16 @@ class StepTracer:
             return list(self.steps)
 
 
-_TRACERS: "weakref.WeakKeyDictionary[object, StepTracer]" = weakref.WeakKeyDictionary()
-
-
 def tracer_of(engine) -> StepTracer:
-    """The engine's one StepTracer, made on first use (attaching nothing yet)."""
+    """The engine's one StepTracer, made on first use (attaching nothing yet). Kept on the
+    engine itself: the tracer refers to its engine, so a table keyed weakly by engines (as
+    this was) kept every traced engine, its weights and KV cache, alive for good."""
     if engine.engine_config.tensor_parallel_size > 1:
         raise ValueError("tracing runs in one process: tensor_parallel_size must be 1, got "
                          f"{engine.engine_config.tensor_parallel_size}")
-    tracer = _TRACERS.get(engine)
+    tracer = engine.__dict__.get("_step_tracer")
     if tracer is None:
-        tracer = _TRACERS[engine] = StepTracer(engine)
+        tracer = engine._step_tracer = StepTracer(engine)
     return tracer
 
 

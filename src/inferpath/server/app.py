@@ -105,6 +105,7 @@ def build_app(async_engine: Any, api_key: str | None = None,
         finally:
             await async_engine.shutdown()
             context.executor.shutdown(wait=False, cancel_futures=True)
+            context.release()
 
     app = FastAPI(title="inferpath", lifespan=lifespan)
     app.state.context = context
@@ -197,7 +198,7 @@ def build_app(async_engine: Any, api_key: str | None = None,
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        stats = engine.stats()
+        stats = context.async_engine.engine.stats()
         return {"status": "ok", "model": context.model_name,
                 "num_requests_running": stats.num_running,
                 "num_requests_waiting": stats.num_waiting,
@@ -214,7 +215,7 @@ def build_app(async_engine: Any, api_key: str | None = None,
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    install_trace_routes(app, async_engine, api_key, tracing)  # the page at / and /v1/trace/{id}
+    install_trace_routes(app, context, api_key, tracing)  # the page at / and /v1/trace/{id}
     return app
 
 

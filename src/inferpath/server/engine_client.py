@@ -56,6 +56,17 @@ class ServingContext:
     # event loop: /health and every stream stay responsive during a 1 MB prompt
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
         max_workers=2, thread_name_prefix="inferpath-input"))
+    # the engine's StepTracer where this server may trace (server/trace_routes.py), else None
+    tracer: Any = None
+
+    def release(self) -> None:
+        """Let go of the engine once the server has stopped (build_app's lifespan). The
+        handlers, which reach the engine only through this context, outlive their app in
+        FastAPI's caches of endpoint callables (4,096 of each kind, process-wide): holding the
+        engine there kept every stopped server's engine, its KV cache and weights, alive."""
+        self.async_engine = None
+        self.tracer = None
+        self.metrics.release()
 
     async def run_off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` in the input thread pool, awaited."""

@@ -97,7 +97,8 @@ class ServerMetrics:
 
     def __init__(self, stats_fn: Callable[[], Any], model_name: str = "") -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(EngineStatsCollector(stats_fn, model_name))
+        self._engine_stats = EngineStatsCollector(stats_fn, model_name)
+        self.registry.register(self._engine_stats)
         self.model_name = model_name
         registry, model = self.registry, ["model_name"]
         self.request_success = Counter(
@@ -124,6 +125,12 @@ class ServerMetrics:
         self.e2e = Histogram(
             PREFIX + "e2e_request_latency_seconds", "Arrival to the last token.", model,
             buckets=_LATENCY_BUCKETS, registry=registry)
+
+    def release(self) -> None:
+        """Drop the engine's stats (ServingContext.release): the request metrics stay."""
+        if self._engine_stats is not None:
+            self.registry.unregister(self._engine_stats)
+            self._engine_stats = None
 
     def record_error(self, status: int) -> None:
         self.request_errors.labels(model_name=self.model_name, status=str(status)).inc()

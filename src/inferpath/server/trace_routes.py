@@ -78,18 +78,19 @@ class TraceOnHeader:
             await asyncio.to_thread(self.tracer.release)  # may wait for a traced step to end
 
 
-def install_trace_routes(app: FastAPI, async_engine: Any, api_key: str | None = None,
+def install_trace_routes(app: FastAPI, context: Any, api_key: str | None = None,
                          tracing: bool = True) -> None:
-    """Add the page, the trace header's middleware and ``/v1/trace/{id}`` to ``app``;
-    ``tracing`` False: no request can turn the engine's trace on (module doc)."""
+    """Add the page, the trace header's middleware and ``/v1/trace/{id}`` to ``app``, serving
+    ``context``'s engine (engine_client.ServingContext: the routes reach the engine and its
+    tracer only through it); ``tracing`` False: no request can turn the engine's trace on
+    (module doc)."""
     from inferpath.engine.trace import tracer_of
     from inferpath.explain.trace import request_trace
 
-    engine = async_engine.engine
-    tracer, untraceable, status, code = None, TRACE_OFF_REASON, 403, "trace_disabled"
+    untraceable, status, code = TRACE_OFF_REASON, 403, "trace_disabled"
     if tracing:
         try:
-            tracer = tracer_of(engine)
+            context.tracer = tracer_of(context.async_engine.engine)
         except ValueError as exc:  # tensor parallelism: the page chats, without a trace
             untraceable, status, code = f"this server cannot trace: {exc}", 400, "trace_unavailable"
     hardware_holder: list = []
@@ -98,10 +99,10 @@ def install_trace_routes(app: FastAPI, async_engine: Any, api_key: str | None = 
         if not hardware_holder:
             from inferpath.explain.trace import machine_for  # the probe, with the GEMV shapes cached
 
-            hardware_holder.append(await asyncio.to_thread(machine_for, engine, False, False))
+            hardware_holder.append(await asyncio.to_thread(machine_for, context.async_engine.engine, False, False))
         return hardware_holder[0]
 
-    app.add_middleware(TraceOnHeader, tracer=tracer, off_reason=untraceable)
+    app.add_middleware(TraceOnHeader, tracer=context.tracer, off_reason=untraceable)
     app.mount("/glassbox", StaticFiles(directory=STATIC_DIR), name="glassbox")
 
     @app.get("/v1/trace-hardware", include_in_schema=False)
@@ -120,6 +121,7 @@ def install_trace_routes(app: FastAPI, async_engine: Any, api_key: str | None = 
         (``?hardware=h100-sxm``): the same stages and tokens, the cost model's figures for
         that hardware (as ``inferpath explain`` gives them for the same shapes)."""
         _check_key(request, api_key)
+        tracer = context.tracer
         if tracer is None:
             raise APIError(status, untraceable, code=code)
         preset = None
@@ -134,7 +136,7 @@ def install_trace_routes(app: FastAPI, async_engine: Any, api_key: str | None = 
         for request_id in (engine_id, f"{engine_id}-0"):
             if tracer.steps_of(request_id):
                 spec = preset or await hardware()
-                trace = request_trace(tracer, request_id, engine, spec)
+                trace = request_trace(tracer, request_id, context.async_engine.engine, spec)
                 if trace["probe_stale"] and spec.name == THIS_MACHINE:  # measured again on next load
                     from inferpath.explain.probe import note_observed
 
