@@ -206,7 +206,7 @@ def test_a_tensor_parallel_server_serves_the_page_and_says_why_it_cannot_trace()
     engine = SimpleNamespace(engine_config=SimpleNamespace(tensor_parallel_size=2))
     app = FastAPI()
     install_error_handlers(app, lambda *a: None)
-    install_trace_routes(app, SimpleNamespace(engine=engine))
+    install_trace_routes(app, SimpleNamespace(async_engine=SimpleNamespace(engine=engine), tracer=None))
     client = TestClient(app)
     assert client.get("/").status_code == 200
     refused = client.get("/v1/trace/chatcmpl-1")
