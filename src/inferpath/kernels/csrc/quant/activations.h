@@ -164,37 +164,76 @@ static inline void quantize_block(const float *xb, float inv, int8_t *q, int8_t 
 }
 #endif
 
+/* A block's scale (amax / 127) and its inverse from its largest |value|: a block whose
+ * largest value is below 127 / FLT_MAX (subnormal: its inverse overflows, and an infinite
+ * or NaN product has no int8 value, which C leaves undefined) takes q = 0, as a block of
+ * zeros: every level the same bits */
+static inline void block_scales(float amax, float *scale, float *inv) {
+    *scale = amax / 127.0f;
+    *inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    if (isinf(*inv)) *inv = 0.0f;
+}
+
+/* Block b of row j of x (m, k), of scale and inv (block_scales): its q, r and the
+ * tile-major scalars (quantize_rows) */
+static inline void quantize_one(const float *x, int64_t j, int64_t b, int64_t nb, int64_t k, int64_t lanes, int8_t *q,
+                                int8_t *r, float *d, float *s, float *h, int32_t *c, int8_t *wq, int8_t *wr,
+                                int one_pass, float scale, float inv) {
+    const int64_t i = j * nb + b;
+    const float *xb = x + i * 32;
+    int sums[2], residual_sums[2];
+    quantize_block(xb, inv, q + i * 32, r + i * 32, sums, residual_sums, one_pass);
+    if (wq)
+        for (int e = 0; e < 32; e += 4) {
+            memcpy(wq + interleaved_at(j, b, e, nb), q + i * 32 + e, 4);
+            memcpy(wr + interleaved_at(j, b, e, nb), r + i * 32 + e, 4);
+        }
+    float lo = scale * ((float)sums[0] + (float)residual_sums[0] / RESIDUAL_STEPS);
+    float hi = scale * ((float)sums[1] + (float)residual_sums[1] / RESIDUAL_STEPS);
+    const int64_t lane = lane_of(j, b, nb, lanes);
+    d[lane] = scale / RESIDUAL_STEPS;
+    s[lane] = lo + hi;
+    h[half_lane_of(j, b, nb, 0, lanes)] = lo;
+    h[half_lane_of(j, b, nb, 1, lanes)] = hi;
+    const int32_t sq = sums[0] + sums[1], sr = residual_sums[0] + residual_sums[1];
+    c[lane] = one_pass ? sq : sq * 256 + sr;  /* |c| < 2^21 */
+}
+
+/* Blocks b0 .. b0 + n - 1 (n <= QUANTIZE_RUN) of row j: their maxima and scales first, then
+ * their values, three short loops of independent iterations, where one loop whose block
+ * ran a long chain (max, divide, round, sum) ran the blocks one after another (5 rows of
+ * 576 and 1536 values, AMD Zen 5: 21-23 -> 9-11 ns a block with the OpenMP region below
+ * no longer entered for a few rows) */
+#define QUANTIZE_RUN 64
+static inline void quantize_run(const float *x, int64_t j, int64_t b0, int64_t n, int64_t nb, int64_t k,
+                                int64_t lanes, int8_t *q, int8_t *r, float *d, float *s, float *h, int32_t *c,
+                                int8_t *wq, int8_t *wr, int one_pass) {
+    float scale[QUANTIZE_RUN], inv[QUANTIZE_RUN];
+    for (int64_t b = 0; b < n; b++) scale[b] = block_amax(x + (j * nb + b0 + b) * 32);
+    for (int64_t b = 0; b < n; b++) block_scales(scale[b], &scale[b], &inv[b]);
+    for (int64_t b = 0; b < n; b++)
+        quantize_one(x, j, b0 + b, nb, k, lanes, q, r, d, s, h, c, wq, wr, one_pass, scale[b], inv[b]);
+}
+
 /* x (m, k) -> q, r (m, k) and the tile-major scalars d, s, h, c (q8_rows'); with wq, wr (not NULL:
  * padded to whole tiles, zeroed by the caller) also the interleaved copies. one_pass: r
- * zero (x in one pass: matmul.c's quant_prepare). */
+ * zero (x in one pass: matmul.c's quant_prepare). Runs of blocks over num_threads OpenMP
+ * threads where x has 65536 values or more; a decode step's few rows on the calling thread
+ * alone (an OpenMP region cost ~0.3 us a call, four calls a layer). */
 static inline void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, int8_t *r, float *d, float *s,
                                  float *h, int32_t *c, int8_t *wq, int8_t *wr, int one_pass, int num_threads) {
-    int64_t nb = k / 32, lanes = lanes_for(m);
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (m * k >= 65536)
-    for (int64_t i = 0; i < m * nb; i++) {
-        const float *xb = x + i * 32;
-        float amax = block_amax(xb);
-        /* a block whose largest value is below 127 / FLT_MAX (subnormal: its inverse overflows,
-         * and an infinite or NaN product has no int8 value, which C leaves undefined) takes
-         * q = 0, as a block of zeros: every level the same bits */
-        float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        if (isinf(inv)) inv = 0.0f;
-        int sums[2], residual_sums[2];
-        quantize_block(xb, inv, q + i * 32, r + i * 32, sums, residual_sums, one_pass);
-        int64_t j = i / nb, b = i % nb;
-        if (wq)
-            for (int e = 0; e < 32; e += 4) {
-                memcpy(wq + interleaved_at(j, b, e, nb), q + i * 32 + e, 4);
-                memcpy(wr + interleaved_at(j, b, e, nb), r + i * 32 + e, 4);
-            }
-        float lo = scale * ((float)sums[0] + (float)residual_sums[0] / RESIDUAL_STEPS);
-        float hi = scale * ((float)sums[1] + (float)residual_sums[1] / RESIDUAL_STEPS);
-        d[lane_of(j, b, nb, lanes)] = scale / RESIDUAL_STEPS;
-        s[lane_of(j, b, nb, lanes)] = lo + hi;
-        h[half_lane_of(j, b, nb, 0, lanes)] = lo;
-        h[half_lane_of(j, b, nb, 1, lanes)] = hi;
-        const int32_t sq = sums[0] + sums[1], sr = residual_sums[0] + residual_sums[1];
-        c[lane_of(j, b, nb, lanes)] = one_pass ? sq : sq * 256 + sr;  /* |c| < 2^21 */
+    const int64_t nb = k / 32, lanes = lanes_for(m), runs = (nb + QUANTIZE_RUN - 1) / QUANTIZE_RUN;
+    if (m * k < 65536 || num_threads < 2) {
+        for (int64_t t = 0; t < m * runs; t++) {
+            const int64_t b0 = t % runs * QUANTIZE_RUN, n = nb - b0 < QUANTIZE_RUN ? nb - b0 : QUANTIZE_RUN;
+            quantize_run(x, t / runs, b0, n, nb, k, lanes, q, r, d, s, h, c, wq, wr, one_pass);
+        }
+        return;
+    }
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t t = 0; t < m * runs; t++) {
+        const int64_t b0 = t % runs * QUANTIZE_RUN, n = nb - b0 < QUANTIZE_RUN ? nb - b0 : QUANTIZE_RUN;
+        quantize_run(x, t / runs, b0, n, nb, k, lanes, q, r, d, s, h, c, wq, wr, one_pass);
     }
 }
 
