@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
