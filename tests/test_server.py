@@ -135,7 +135,9 @@ def test_chat_content_never_becomes_control_tokens(server):
         assert sneaky_ids.count(control_id) == plain_ids.count(control_id) > 0
 
 
-def test_tokenize_detokenize_health_and_metrics(server):
+def test_tokenize_detokenize_health_and_metrics(server, oai):
+    # a finished request of its own, so the metrics below hold whichever tests ran before
+    oai.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
     ids = tokenize(server, AUTH, prompt=PROMPT)
     text = httpx.post(server.url + "/detokenize", json={"tokens": ids}, headers=AUTH).json()
     assert text["prompt"] == PROMPT
