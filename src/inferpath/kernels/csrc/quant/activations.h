@@ -176,9 +176,9 @@ static inline void block_scales(float amax, float *scale, float *inv) {
 
 /* Block b of row j of x (m, k), of scale and inv (block_scales): its q, r and the
  * tile-major scalars (quantize_rows) */
-static inline void quantize_one(const float *x, int64_t j, int64_t b, int64_t nb, int64_t k, int64_t lanes, int8_t *q,
-                                int8_t *r, float *d, float *s, float *h, int32_t *c, int8_t *wq, int8_t *wr,
-                                int one_pass, float scale, float inv) {
+static inline void quantize_one(const float *x, int64_t j, int64_t b, int64_t nb, int64_t lanes, int8_t *q, int8_t *r,
+                                float *d, float *s, float *h, int32_t *c, int8_t *wq, int8_t *wr, int one_pass,
+                                float scale, float inv) {
     const int64_t i = j * nb + b;
     const float *xb = x + i * 32;
     int sums[2], residual_sums[2];
@@ -199,20 +199,21 @@ static inline void quantize_one(const float *x, int64_t j, int64_t b, int64_t nb
     c[lane] = one_pass ? sq : sq * 256 + sr;  /* |c| < 2^21 */
 }
 
-/* Blocks b0 .. b0 + n - 1 (n <= QUANTIZE_RUN) of row j: their maxima and scales first, then
- * their values, three short loops of independent iterations, where one loop whose block
- * ran a long chain (max, divide, round, sum) ran the blocks one after another (5 rows of
- * 576 and 1536 values, AMD Zen 5: 21-23 -> 9-11 ns a block with the OpenMP region below
- * no longer entered for a few rows) */
+/* Run t of x's runs of QUANTIZE_RUN blocks (``runs`` a row): its blocks' maxima and scales
+ * first, then their values, three short loops of independent iterations, where one loop
+ * whose block ran a long chain (max, divide, round, sum) ran the blocks one after another
+ * (5 rows of 576 and 1536 values, AMD Zen 5: 21-23 -> 9-11 ns a block with the OpenMP
+ * region below no longer entered for a few rows) */
 #define QUANTIZE_RUN 64
-static inline void quantize_run(const float *x, int64_t j, int64_t b0, int64_t n, int64_t nb, int64_t k,
-                                int64_t lanes, int8_t *q, int8_t *r, float *d, float *s, float *h, int32_t *c,
-                                int8_t *wq, int8_t *wr, int one_pass) {
+static inline void quantize_run(const float *x, int64_t t, int64_t runs, int64_t nb, int64_t lanes, int8_t *q,
+                                int8_t *r, float *d, float *s, float *h, int32_t *c, int8_t *wq, int8_t *wr,
+                                int one_pass) {
+    const int64_t j = t / runs, b0 = t % runs * QUANTIZE_RUN, n = nb - b0 < QUANTIZE_RUN ? nb - b0 : QUANTIZE_RUN;
     float scale[QUANTIZE_RUN], inv[QUANTIZE_RUN];
     for (int64_t b = 0; b < n; b++) scale[b] = block_amax(x + (j * nb + b0 + b) * 32);
     for (int64_t b = 0; b < n; b++) block_scales(scale[b], &scale[b], &inv[b]);
     for (int64_t b = 0; b < n; b++)
-        quantize_one(x, j, b0 + b, nb, k, lanes, q, r, d, s, h, c, wq, wr, one_pass, scale[b], inv[b]);
+        quantize_one(x, j, b0 + b, nb, lanes, q, r, d, s, h, c, wq, wr, one_pass, scale[b], inv[b]);
 }
 
 /* x (m, k) -> q, r (m, k) and the tile-major scalars d, s, h, c (q8_rows'); with wq, wr (not NULL:
@@ -224,17 +225,11 @@ static inline void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q
                                  float *h, int32_t *c, int8_t *wq, int8_t *wr, int one_pass, int num_threads) {
     const int64_t nb = k / 32, lanes = lanes_for(m), runs = (nb + QUANTIZE_RUN - 1) / QUANTIZE_RUN;
     if (m * k < 65536 || num_threads < 2) {
-        for (int64_t t = 0; t < m * runs; t++) {
-            const int64_t b0 = t % runs * QUANTIZE_RUN, n = nb - b0 < QUANTIZE_RUN ? nb - b0 : QUANTIZE_RUN;
-            quantize_run(x, t / runs, b0, n, nb, k, lanes, q, r, d, s, h, c, wq, wr, one_pass);
-        }
+        for (int64_t t = 0; t < m * runs; t++) quantize_run(x, t, runs, nb, lanes, q, r, d, s, h, c, wq, wr, one_pass);
         return;
     }
 #pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t t = 0; t < m * runs; t++) {
-        const int64_t b0 = t % runs * QUANTIZE_RUN, n = nb - b0 < QUANTIZE_RUN ? nb - b0 : QUANTIZE_RUN;
-        quantize_run(x, t / runs, b0, n, nb, k, lanes, q, r, d, s, h, c, wq, wr, one_pass);
-    }
+    for (int64_t t = 0; t < m * runs; t++) quantize_run(x, t, runs, nb, lanes, q, r, d, s, h, c, wq, wr, one_pass);
 }
 
 #endif

@@ -160,6 +160,7 @@ static inline __attribute__((always_inline)) void pair_legacy_tile(const int qty
                                                                     const int one_pass, float *out) {
     const int64_t k = x->k, lanes = x->lanes, nb = k / 32;
     const int is_q8 = qtype == Q8_0_R8, is_q41 = qtype == Q4_1_R8, chains = R <= 2 ? 2 : 1;
+    const int interleaved = R >= 3 && R <= INTERLEAVED_MAX_ROWS;
     const int64_t bytes = r8_legacy_block_bytes(qtype), at = r8_legacy_nibbles_at(qtype);
     const __m512 unit = _mm512_set1_ps(one_pass ? RESIDUAL_STEPS : 1.0f), offset = _mm512_set1_ps(-16.0f);
     const __m512i low = _mm512_set1_epi8(0xf), fifth = _mm512_set1_epi8(0x10), flip = _mm512_set1_epi8((char)0x80);
@@ -183,7 +184,7 @@ static inline __attribute__((always_inline)) void pair_legacy_tile(const int qty
         const __m512 d = halves16(o, p);
         const __m512 dsc = _mm512_mul_ps(d, unit), dmn = is_q41 ? halves16(o + 16, p + 16) : _mm512_mul_ps(d, offset);
         __m512i sums[TILE_ROWS], rests[TILE_ROWS];
-        if (R >= 3 && R <= INTERLEAVED_MAX_ROWS) {  /* every row's chains interleaved, quad by quad: 2R independent chains in flight */
+        if (interleaved) {  /* every row's chains, quad by quad: 2R independent chains in flight */
             for (int j = 0; j < R; j++) sums[j] = rests[j] = _mm512_setzero_si512();
             for (int g = 0; g < 8; g++)
                 for (int j = 0; j < R; j++) {
@@ -193,8 +194,9 @@ static inline __attribute__((always_inline)) void pair_legacy_tile(const int qty
         }
         for (int j = 0; j < R; j++) {
             const int8_t *xq = x->q + j * k + 32 * b, *xr = x->r + j * k + 32 * b;
-            __m512i isum = R >= 3 && R <= INTERLEAVED_MAX_ROWS ? (one_pass ? sums[j] : _mm512_add_epi32(_mm512_slli_epi32(sums[j], RESIDUAL_SHIFT), rests[j]))
-                                  : block_dot512(w, xq, xr, 0, 8, chains, one_pass);
+            __m512i isum = !interleaved ? block_dot512(w, xq, xr, 0, 8, chains, one_pass)
+                           : one_pass   ? sums[j]
+                                        : _mm512_add_epi32(_mm512_slli_epi32(sums[j], RESIDUAL_SHIFT), rests[j]);
             if (is_q8) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(x->c[b * lanes + j] * 128));
             const __m512 dx = _mm512_set1_ps(x->d[b * lanes + j]);
             acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dsc, dx), acc[j]);
