@@ -14,7 +14,7 @@ from inferpath.engine.llm_engine import LLMEngine
 from inferpath.kernels import build
 from inferpath.models import resolve_model
 from inferpath.sampling.params import SamplingParams
-from inferpath.threads import DecodeThreadTuner, physical_cores
+from inferpath.threads import INLINE_SAMPLING_VALUES, DecodeThreadTuner, physical_cores, sampling_threads
 
 
 def run_steps(tuner: DecodeThreadTuner, seconds_at: dict[int, float], steps: int) -> list[int]:
@@ -107,6 +107,59 @@ def test_engine_switching_decode_threads_changes_no_token():
     finally:
         torch.set_num_threads(tuned.runner.thread_tuner.configured)
     assert set(fixed_counts) == {2} and {1, 2} <= set(tuned_counts)
+
+
+def test_sampling_threads_is_one_for_few_logits_and_restores_the_count():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with sampling_threads(INLINE_SAMPLING_VALUES):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with sampling_threads(INLINE_SAMPLING_VALUES + 1):
+            assert torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError), sampling_threads(10):
+            raise RuntimeError("a sampler error")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+class _CountingSampler:
+    """The engine's sampler, noting PyTorch's thread count and the logits' size at each call."""
+
+    def __init__(self, sampler) -> None:
+        self.sampler, self.calls = sampler, []
+
+    def __call__(self, logits, rows):
+        self.calls.append((logits.numel(), torch.get_num_threads()))
+        return self.sampler(logits, rows)
+
+    def __getattr__(self, name):
+        return getattr(self.sampler, name)
+
+
+def test_a_step_samples_few_logits_on_the_calling_thread():
+    """A decode step's sampling (SmolLM2: 49,152 logits a row) runs at one thread, so that no
+    PyTorch op opens an OpenMP region beside the decode pool (threads.py); a step sampling
+    more than INLINE_SAMPLING_VALUES logits keeps the configured count; every step after
+    runs at the configured count again."""
+    path = resolve_model("smollm2-135m-instruct")
+    engine = LLMEngine.from_model(path, EngineConfig(threads=2, kv_cache_memory_bytes=64 * 2**20))
+    counting = engine.runner.sampler = _CountingSampler(engine.runner.sampler)
+    vocab = engine.runner.model.config.vocab_size
+    many = INLINE_SAMPLING_VALUES // vocab + 1  # prompts whose first tokens, sampled in one step, pass the bound
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    after_steps = []
+    for batch in ([str(i) for i in range(many)], ["alone"]):
+        for request_id in batch:
+            engine.add_request(request_id, f"Tell me about {request_id}", params)
+        while engine.has_unfinished_requests():
+            engine.step()
+            after_steps.append(torch.get_num_threads())
+    assert set(after_steps) == {2}
+    assert counting.calls[0] == (many * vocab, 2)  # the batch's steps: more logits than the bound
+    assert counting.calls[-3:] == [(vocab, 1)] * 3  # the request alone: its prompt's step and two decode steps
 
 
 def _first_line(source: list[str], pattern: str) -> int | None:

@@ -12,6 +12,11 @@ and PyTorch alike (both run on the one OpenMP pool of libgomp).
   once, when it loads: importing torch first leaves its policy as it was. Bounded
   spinning measured worse still on a loaded machine (``GOMP_SPINCOUNT=2000``, about 20
   us: 28 tok/s against PASSIVE's 54, SmolLM2 Q4_1 beside a niced busy loop).
+- A step's sampling, where its logits are few (``sampling_threads``): on the calling
+  thread. Each PyTorch op on a decode step's (rows, vocab) logits otherwise opened an
+  OpenMP region, whose thread then woke (PASSIVE) or spun beside the decode pool's workers
+  (libgomp's default): the step's native layers run on the pool (kernels/csrc/drivers/pool.c),
+  so with this no OpenMP team runs during a decode step at all.
 - Single-sequence decode steps: with other programs holding cores, every parallel region
   waits for its slowest thread, and one thread can beat two (shared 2-core VM under load,
   SmolLM2 decode: Q4_1 79 vs 62 tok/s, BF16 47 vs 41), while on an idle machine two
@@ -24,6 +29,8 @@ from __future__ import annotations
 
 import os
 import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 DEFAULT_WAIT_POLICY = "PASSIVE"
@@ -130,6 +137,33 @@ class DecodeThreadTuner:
         if not self.num_trials:
             return f"{self.configured} threads (one-sequence decode: trying {' and '.join(map(str, self.candidates))})"
         return f"{self.configured} threads (one-sequence decode: {self.chosen}, measured faster)"
+
+
+# A step's sampling works on (rows, vocab) logits. PyTorch splits an op over its OpenMP team
+# once a tensor passes its grain (32,768 values), and each such region either wakes a
+# sleeping thread (PASSIVE: a 151,936-value amax took 63 us at 2 threads, 8.7 on the calling
+# thread alone) or leaves it spinning, after the region, beside the decode pool's workers
+# (libgomp's default policy, which a process that imported torch before inferpath keeps:
+# greedy decode of SmolLM2 ran 25% slower, of the 1.5B Q4_K_M file 19%, from that one
+# region a step). Up to this many logits the sampling runs on the calling thread.
+INLINE_SAMPLING_VALUES = 1 << 20
+
+
+@contextmanager
+def sampling_threads(values: int) -> Iterator[None]:
+    """PyTorch's thread count 1 while a step samples from ``values`` logits, where they are
+    few (INLINE_SAMPLING_VALUES); restored after."""
+    import torch
+
+    count = torch.get_num_threads()
+    if count == 1 or values > INLINE_SAMPLING_VALUES:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(count)
 
 
 def set_thread_count(count: int) -> None:

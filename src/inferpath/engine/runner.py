@@ -40,7 +40,7 @@ from inferpath.model.batch_invariant import row_invariant_dispatch
 from inferpath.model.metadata import AttentionMetadata
 from inferpath.sampling.rejection import DraftRows, verify_drafts
 from inferpath.sampling.sampler import Sampler, SamplingRow
-from inferpath.threads import DecodeThreadTuner, set_thread_count
+from inferpath.threads import DecodeThreadTuner, sampling_threads, set_thread_count
 
 
 @dataclass
@@ -103,11 +103,12 @@ class ModelRunner:
             join = PassJoin(scheduled.chunks, passes)
         if not rows:
             return RunnerOutput([], [])
-        if drafts is not None:  # speculative chunks: accept a prefix of each one's drafts
-            output = verify_drafts(self.sampler, logits, rows, drafts)
-        else:
-            sampled = self.sampler(logits, rows)  # logits: (num_samples, vocab)
-            output = RunnerOutput(sampled.token_ids, sampled.logprobs, sampled.errors)
+        with sampling_threads(logits.numel()):  # few logits: on this thread (threads.py)
+            if drafts is not None:  # speculative chunks: accept a prefix of each one's drafts
+                output = verify_drafts(self.sampler, logits, rows, drafts)
+            else:
+                sampled = self.sampler(logits, rows)  # logits: (num_samples, vocab)
+                output = RunnerOutput(sampled.token_ids, sampled.logprobs, sampled.errors)
         return output if join is None else join.to_step_order(output)
 
     def _forward(self, scheduled: SchedulerOutput, invariant: bool) -> tuple[BatchInputs, torch.Tensor | None]:

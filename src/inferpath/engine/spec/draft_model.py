@@ -37,6 +37,7 @@ from inferpath.config import ConfigError
 from inferpath.engine.request import Request
 from inferpath.model.metadata import AttentionMetadata
 from inferpath.sampling.sampler import Sampler, SamplingRow, draw_from_probs
+from inferpath.threads import sampling_threads
 
 
 class DraftModelProposer:
@@ -159,17 +160,18 @@ class DraftModelProposer:
         greedy = [i for i, r in enumerate(requests) if r.params.is_greedy]
         sampled = [i for i, r in enumerate(requests) if not r.params.is_greedy]
         tokens = [0] * len(requests)
-        if greedy:
-            out = self.sampler(logits[greedy], [rows[i] for i in greedy])
-            for i, token in zip(greedy, out.token_ids):
-                tokens[i] = token
-        if sampled:
-            q, _ = self.sampler.probabilities(logits[sampled], [rows[i] for i in sampled])
-            for j, i in enumerate(sampled):
-                generator = requests[i].generator or self.sampler.shared_generator
-                u = torch.rand(1, 1, dtype=torch.float64, generator=generator)
-                tokens[i] = int(draw_from_probs(q[j:j + 1], u)[0])
-                probs[requests[i].seq_id].append(q[j])
+        with sampling_threads(logits.numel()):  # few logits: on this thread (threads.py)
+            if greedy:
+                out = self.sampler(logits[greedy], [rows[i] for i in greedy])
+                for i, token in zip(greedy, out.token_ids):
+                    tokens[i] = token
+            if sampled:
+                q, _ = self.sampler.probabilities(logits[sampled], [rows[i] for i in sampled])
+                for j, i in enumerate(sampled):
+                    generator = requests[i].generator or self.sampler.shared_generator
+                    u = torch.rand(1, 1, dtype=torch.float64, generator=generator)
+                    tokens[i] = int(draw_from_probs(q[j:j + 1], u)[0])
+                    probs[requests[i].seq_id].append(q[j])
         return tokens
 
     def _forward(self, feeds: list[tuple[object, list[int]]]) -> torch.Tensor:
