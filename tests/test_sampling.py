@@ -379,6 +379,32 @@ def test_infinite_logits_keep_only_the_infinite_tokens():
     assert not any(out.errors) and set(out.token_ids) == {1, 3}
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["torch-argmax", "native-argmax"])
+def test_greedy_rows_settle_in_the_argmax_pass(native):
+    """Greedy rows alone take one pass (the argmax's, its logit checked): a NaN row and a row
+    of -inf fail alone, a row holding +inf takes its first +inf token, the others their
+    argmax, as the settle pass before the argmax would give."""
+    argmax = None
+    if native:
+        from inferpath.kernels import build
+        from inferpath.kernels.ops import argmax_rows
+        if build.native_argmax(torch.float32) is None:
+            pytest.skip("the native argmax kernel is not built on this machine")
+        argmax = argmax_rows
+    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(3))
+    logits[1, 9] = float("nan")
+    logits[2] = float("-inf")
+    logits[3, 5] = logits[3, 30] = float("inf")
+    logits[4, 12] = 50.0
+    out = Sampler(seed=0, argmax=argmax)(logits, [row(SamplingParams(temperature=0)) for _ in range(5)])
+    assert out.errors[0] is None and out.token_ids[0] == int(logits[0].argmax())
+    assert "its logits became NaN" in out.errors[1]
+    assert "every logit is -inf" in out.errors[2]
+    assert out.errors[3] is None and out.token_ids[3] == 5
+    assert out.errors[4] is None and out.token_ids[4] == 12
+    assert all(0 <= t < 40 for t in out.token_ids)
+
+
 def test_tiny_repetition_penalty_is_a_strong_preference_not_a_crash():
     """1e-300 underflows float32 to 0 (which made logits infinite and softmax NaN): it acts
     as float32's smallest positive penalty, so seen tokens with positive logits win."""

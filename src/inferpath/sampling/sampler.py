@@ -19,7 +19,8 @@ preemption (the request keeps its generator), so a seeded stream does not depend
 recompute either. A ``row_invariant`` row's distribution is computed alone.
 
 One row never fails another, and no row ever gets an id outside the vocabulary. Before
-each choice (argmax or draw) the logits are checked row by row (``_settle_rows``): a
+each choice (argmax or draw) the logits are checked row by row (``_settle_rows``; where
+every row is greedy, by the argmax's own pass, its chosen logit read back): a
 row holding +inf keeps only its +inf tokens (equally likely: what the limit of its
 distribution is); a row holding NaN, or with every token at -inf, cannot be sampled and
 gets an error in ``SamplerOutput.errors`` instead of a token (the engine fails that
@@ -118,16 +119,15 @@ class Sampler:
         raw_logits = logits
         vocab_size = logits.shape[1]
         errors: list[str | None] = [None] * len(rows)
-        logits = self._constrained(logits, rows, errors)
-
         sampled = [i for i, row in enumerate(rows) if not row.params.is_greedy]
-        if len(sampled) == len(rows):
-            token_ids = self._draw(logits, rows, errors, sampled)
+        if not sampled:  # every row greedy: the argmax's pass over the logits checks them too
+            token_ids = self._settled_argmax(self._constrained(logits, rows, errors, settle=False), errors)
+        elif len(sampled) == len(rows):
+            token_ids = self._draw(self._constrained(logits, rows, errors), rows, errors, sampled)
         else:
+            logits = self._constrained(logits, rows, errors)
             token_ids = self.argmax(logits)  # (num_rows,)
-            if sampled:
-                token_ids[sampled] = self._draw(logits[sampled], [rows[i] for i in sampled],
-                                                errors, sampled)
+            token_ids[sampled] = self._draw(logits[sampled], [rows[i] for i in sampled], errors, sampled)
         token_ids = keep_closable(token_ids, rows)
         # NOTE: a guard, not a path: no check above lets an id out of the vocabulary.
         outside = ((token_ids < 0) | (token_ids >= vocab_size)).nonzero().flatten().tolist()
@@ -160,10 +160,22 @@ class Sampler:
                 logprobs[i] = None
         return SamplerOutput(token_ids=token_ids.tolist(), logprobs=logprobs, errors=errors)
 
+    def _settled_argmax(self, logits: torch.Tensor, errors: list[str | None]) -> torch.Tensor:
+        """The argmax of ``_settle_rows(logits)``'s rows, in one pass over the logits where
+        every row is fine: a row's argmax (torch.argmax's: the first NaN if it holds one) has
+        a finite or +inf logit unless the row holds NaN or only -inf, and a row holding +inf
+        settles to its +inf tokens, the first of which its argmax already is."""
+        token_ids = self.argmax(logits)  # (num_rows,)
+        top = logits.gather(1, token_ids.unsqueeze(1))
+        if bool((top == top).all()) and bool((top > float("-inf")).all()):
+            return token_ids
+        return self.argmax(_settle_rows(logits, errors, "after penalties and min_tokens bans"))
+
     def _constrained(self, logits: torch.Tensor, rows: Sequence[SamplingRow],
-                     errors: list[str | None]) -> torch.Tensor:
+                     errors: list[str | None], settle: bool = True) -> torch.Tensor:
         """min-tokens ban, logit_bias, grammar mask and penalties, then ``_settle_rows``:
-        (num_rows, vocab) float32 logits every row of which can be chosen from."""
+        (num_rows, vocab) float32 logits every row of which can be chosen from (``settle``
+        False: the caller settles them)."""
         logits = _ban_before_min_tokens(logits.float(), rows)
         logits = apply_logit_bias(logits, rows)
         logits = apply_grammars(logits, rows, self.constraint_timer)
@@ -178,8 +190,7 @@ class Sampler:
                 [rows[i].params.frequency_penalty for i in penalised],
                 [rows[i].params.presence_penalty for i in penalised],
             )
-        logits = _settle_rows(logits, errors, "after penalties and min_tokens bans")
-        return logits
+        return _settle_rows(logits, errors, "after penalties and min_tokens bans") if settle else logits
 
     def probabilities(self, logits: torch.Tensor, rows: Sequence[SamplingRow]
                       ) -> tuple[torch.Tensor, list[str | None]]:
