@@ -61,6 +61,24 @@ def test_tuner_keeps_the_configured_count_where_one_thread_is_barely_faster():
     assert tuner.chosen == 1
 
 
+def test_tuner_stops_trying_one_thread_that_lost_every_step():
+    """Two counted one-thread steps both slower than the configured count's median end the
+    trial: 3 one-thread steps (the uncounted switch and the two), then the configured count."""
+    tuner = DecodeThreadTuner(2)
+    half = DecodeThreadTuner.TRIAL_STEPS + 1
+    counts = run_steps(tuner, {2: 0.020, 1: 0.026}, half + 1 + DecodeThreadTuner.EARLY_STOP_STEPS + 5)
+    assert counts == [2] * half + [1] * (1 + DecodeThreadTuner.EARLY_STOP_STEPS) + [2] * 5
+    assert tuner.chosen == 2 and tuner.num_trials == 1
+    # one fast one-thread step among them keeps the trial going
+    tuner = DecodeThreadTuner(2)
+    times = iter([0.020] * half + [0.026, 0.019] + [0.026] * 10)
+    counts = []
+    for _ in range(2 * half):
+        counts.append(tuner.next_count())
+        tuner.observe(next(times))
+    assert counts == [2] * half + [1] * half
+
+
 def test_a_model_reading_many_bytes_a_step_decodes_untuned(monkeypatch):
     """Past TUNED_MAX_DECODE_BYTES a step, the configured count serves every step."""
     from inferpath.engine import llm_engine

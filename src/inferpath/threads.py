@@ -81,9 +81,10 @@ class DecodeThreadTuner:
 
     Decode steps run in phases: a trial runs TRIAL_STEPS steps at each candidate count (the
     configured count, then 1; the first step after each switch is not counted: it wakes
-    or parks threads), then the count with the lower median step time serves the next
-    EXPLOIT_STEPS steps, then a new trial; one thread only where it is faster by more than
-    MARGIN (a stable choice where the two measure alike). A decode step of one sequence reads the same
+    or parks threads; one thread's part ends after EARLY_STOP_STEPS where each was slower
+    than the configured count's median), then the count with the lower median step time
+    serves the next EXPLOIT_STEPS steps, then a new trial; one thread only where it is
+    faster by more than MARGIN (a stable choice where the two measure alike). A decode step of one sequence reads the same
     weights whatever the count, and the native kernels give the same results at any
     count (each output is one thread's sum), so switching changes only the time.
 
@@ -97,6 +98,12 @@ class DecodeThreadTuner:
     # count's: within it the two measure alike, and a choice by the smaller median alone
     # flipped from trial to trial (the same run measured at 46 and at 54 tok/s).
     MARGIN = 0.10
+    # A trial's one-thread steps stop after this many counted ones, where every one of them
+    # was slower than the configured count's median: one thread cannot then come out MARGIN
+    # faster but by the load changing within the trial, which the next trial sees anyway. On
+    # the 1.5B Q4_K_M file one thread's steps cost ~1.3x two's, and a 64-token answer paid 7
+    # of them; now 3.
+    EARLY_STOP_STEPS = 2
 
     def __init__(self, configured: int) -> None:
         if configured < 2:
@@ -126,6 +133,9 @@ class DecodeThreadTuner:
         count, counted = self._trial.pop(0)
         if counted:
             self._times[count].append(seconds)
+        tried, configured = self._times[1], self._times[self.configured]
+        if count == 1 and len(tried) >= self.EARLY_STOP_STEPS and min(tried) > statistics.median(configured):
+            self._trial = []  # one thread lost every step: the configured count stays
         if not self._trial:
             medians = {count: statistics.median(times) for count, times in self._times.items()}
             self.chosen = 1 if medians[1] < (1 - self.MARGIN) * medians[self.configured] else self.configured
