@@ -298,27 +298,54 @@ static void r8_columns(const quant_matmul *q, int i, float *y, int64_t c0, int64
     }
 }
 
+/* group g's outputs (its lanes in out, rows of width floats from lane 0) into y's columns
+ * [c0, c1), bias added */
+static void r8_store(const quant_matmul *q, int i, float *y, int64_t c0, int64_t c1, int64_t g, const float *out,
+                     int64_t width, int64_t j0, int64_t rows) {
+    const int64_t start = q->starts[i], n = q->n;
+    int64_t lo = start + g * R8_ROWS, hi = lo + R8_ROWS;
+    lo = lo < c0 ? c0 : lo, hi = hi > c1 ? c1 : hi;
+    for (int64_t r = lo; r < hi; r++) {
+        const int64_t local = r - start, lane = local - g * R8_ROWS;
+        const float add = q->biases[i] ? q->biases[i][local] : 0.0f;
+        for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + r] = out[j * width + lane] + add;
+    }
+}
+
+/* The groups [g0, g1) touching columns [c0, c1) go as pairs of the range's halves, group
+ * g0 + p with g0 + half + p (r8_pair.c: two straight streams, r8.h's r8_prefetch_pair),
+ * an odd one alone; a 32-value format's tiles of 3 rows or more as adjacent pairs (r8.h);
+ * where r8_pair.c does not run, group by group. Each group's outputs are its own chain's
+ * whichever group it is paired with: the same bits either way. */
 static void r8_span(const quant_matmul *q, int i, float *y, int64_t c0, int64_t c1) {
-    const int64_t k = q->k, nb = k / 32, m = q->m, n = q->n, start = q->starts[i];
+    const int64_t k = q->k, nb = k / 32, m = q->m, start = q->starts[i];
     const int64_t group_bytes = R8_ROWS * q->row_bytes[i];
+    const int64_t g0 = (c0 - start) / R8_ROWS, g1 = (c1 - start + R8_ROWS - 1) / R8_ROWS, half = (g1 - g0) / 2;
+    const int qtype = q->qtypes[i];
     for (int64_t t = 0; t < q->tiles; t++) {
         int64_t j0 = t * TILE_ROWS, rows = m - j0 < TILE_ROWS ? m - j0 : TILE_ROWS;
         q8_rows xj = {q->xq + j0 * k, q->xr + j0 * k, q->xd + j0 * nb, q->xs + j0 * nb, q->xh + 2 * j0 * nb, k,
                       lanes_for(m), q->one_pass, q->xc + j0 * nb};
-        for (int64_t g = (c0 - start) / R8_ROWS, width; start + g * R8_ROWS < c1; g += width / R8_ROWS) {
-            float out[TILE_ROWS * 2 * R8_ROWS];  /* two groups at once where the next is wanted and r8_pair.c runs */
-            const uint8_t *group = q->ws[i] + g * group_bytes;
-            const int pair = start + (g + 1) * R8_ROWS < c1 && start + (g + 2) * R8_ROWS <= q->starts[i + 1];
-            width = pair && r8_pair_rows(q->qtypes[i], group, group_bytes, &xj, rows, out) ? 2 * R8_ROWS : R8_ROWS;
-            if (width == R8_ROWS && r8_legacy_format(q->qtypes[i])) r8_legacy_rows(q->qtypes[i], group, &xj, rows, out);
-            else if (width == R8_ROWS) r8_rows(q->qtypes[i], group, &xj, rows, out);
-            int64_t lo = start + g * R8_ROWS, hi = lo + width;
-            lo = lo < c0 ? c0 : lo, hi = hi > c1 ? c1 : hi;
-            for (int64_t r = lo; r < hi; r++) {
-                const int64_t local = r - start, lane = local - g * R8_ROWS;
-                const float add = q->biases[i] ? q->biases[i][local] : 0.0f;
-                for (int64_t j = 0; j < rows; j++) y[(j0 + j) * n + r] = out[j * width + lane] + add;
+        const int adjacent = rows > 2 && r8_legacy_format(qtype);
+        float out[TILE_ROWS * 2 * R8_ROWS];
+        for (int64_t p = 0; p < half; p++) {
+            const int64_t a = adjacent ? g0 + 2 * p : g0 + p, b = adjacent ? a + 1 : g0 + half + p;
+            if (r8_pair_rows(qtype, q->ws[i] + a * group_bytes, (b - a) * group_bytes, &xj, rows, out)) {
+                r8_store(q, i, y, c0, c1, a, out, 2 * R8_ROWS, j0, rows);
+                r8_store(q, i, y, c0, c1, b, out + R8_ROWS, 2 * R8_ROWS, j0, rows);
+                continue;
             }
+            for (int64_t g = a; g <= b; g += b - a) {
+                if (r8_legacy_format(qtype)) r8_legacy_rows(qtype, q->ws[i] + g * group_bytes, &xj, rows, out);
+                else r8_rows(qtype, q->ws[i] + g * group_bytes, &xj, rows, out);
+                r8_store(q, i, y, c0, c1, g, out, R8_ROWS, j0, rows);
+            }
+        }
+        if ((g1 - g0) % 2) {  /* the last group alone */
+            const int64_t g = g1 - 1;
+            if (r8_legacy_format(qtype)) r8_legacy_rows(qtype, q->ws[i] + g * group_bytes, &xj, rows, out);
+            else r8_rows(qtype, q->ws[i] + g * group_bytes, &xj, rows, out);
+            r8_store(q, i, y, c0, c1, g, out, R8_ROWS, j0, rows);
         }
     }
 }

@@ -111,21 +111,31 @@ static inline void r8_prefetch(const uint8_t *at, int64_t bytes) {
     for (int64_t c = 0; c < bytes; c += 64) prefetch_line(at + R8_PREFETCH_BYTES + c);
 }
 
-/* A pair of groups (r8_pair.c) is read as two streams side by side, group A at a and group
- * B at a + group_bytes, a super-block of each in turn: each stream R8_PAIR_AHEAD bytes
- * ahead, and past its group's end into the same stream of the next pair (the next pair's A
- * for A, its B for B), so that a pair starts warm however short its groups (k = 1536:
- * 7 KB). ``at``: the offset within a group of the slice in hand. At one thread on the AMD
- * EPYC (AVX-512) VM, streamed, one row: Q4_K_R8 8960 x 1536 612 -> 281 us, Q6_K_R8
- * 8960 x 1536 1084 -> 373, 1536 x 8960 Q4_K_R8 0.68x and Q6_K_R8 0.62x the file's layout's
- * time (docs/kquant_kernels.md); 4 KB ahead 1.1-1.3x slower on k = 1536, 16-32 KB slower on
- * k = 8960. */
-#define R8_PAIR_AHEAD 8192
-static inline __attribute__((always_inline)) void r8_prefetch_pair(const uint8_t *a, int64_t group_bytes, int64_t at,
-                                                                   int64_t bytes) {
-    const int64_t ahead = at + R8_PAIR_AHEAD, pairs = ahead / group_bytes;
-    const uint8_t *to = a + pairs * 2 * group_bytes + (ahead - pairs * group_bytes);
-    for (int64_t c = 0; c < bytes; c += 64) prefetch_line(to + c), prefetch_line(to + group_bytes + c);
+/* A pair of groups (r8_pair.c) is group A at a and group B at a + step, a super-block (or
+ * block) of each in turn. matmul.c pairs a range's first half of groups with its second
+ * half (group g with g + half), so that A's groups, pair after pair, are one contiguous
+ * stream and B's another, each read straight through: each is prefetched R8_PAIR_AHEAD bytes
+ * ahead of the slice in hand (``at``: its offset within A's group), past the group's end
+ * into the next pair's. Adjacent groups as pairs (B at A + group_bytes) make each stream
+ * jump a group at every pair, two streams a group apart: at one thread on an AMD EPYC
+ * Zen 5, streamed, one row, Q4_K_R8 8960 x 1536 read 25-28 GB/s that way and 34-39 GB/s
+ * as two straight streams, 1536 x 8960 30-32 against 35-37, and two processes at once
+ * (8960 x 1536, a core each) 35-40 against 47 (a C harness timing r8_pair_rows alone,
+ * docs/kquant_kernels.md); 4 KB ahead measured best there (8 KB 0.9-1.0x). The 32-value
+ * formats' tiles of 3 rows or more, bound by their arithmetic, ran 1.02-1.2x slower as
+ * halves than as adjacent pairs: matmul.c keeps those adjacent, each stream then
+ * R8_ADJACENT_PAIR_AHEAD ahead and past its group's end into the same stream of the next
+ * pair (the next pair's A for A, its B for B). */
+#define R8_PAIR_AHEAD 4096
+#define R8_ADJACENT_PAIR_AHEAD 8192
+static inline __attribute__((always_inline)) void r8_prefetch_pair(const uint8_t *a, int64_t step, int64_t group_bytes,
+                                                                   int64_t at, int64_t bytes) {
+    const uint8_t *to = a + at + R8_PAIR_AHEAD;
+    if (step == group_bytes) {  /* adjacent groups */
+        const int64_t ahead = at + R8_ADJACENT_PAIR_AHEAD, pairs = ahead / group_bytes;
+        to = a + pairs * 2 * group_bytes + (ahead - pairs * group_bytes);
+    }
+    for (int64_t c = 0; c < bytes; c += 64) prefetch_line(to + c), prefetch_line(to + step + c);
 }
 
 /* where Q6_K_R8's low bits of pair p and high bits of quarter h lie in a super-block */
@@ -140,12 +150,13 @@ static inline int q6_qh_at(int h) { return h == 0 ? 416 : 1184; }
 __attribute__((visibility("hidden"))) void r8_rows(int qtype, const uint8_t *group, const q8_rows *x, int64_t rows,
                                                    float *out);
 
-/* Two adjacent groups (group, group + group_bytes) against rows 0..rows-1 (<= TILE_ROWS)
- * of x at once, in 512-bit registers (r8_pair.c): out[j * 16 + r] = group A's weight row r
- * . x row j (r < 8), group B's row r - 8 (r >= 8), the bits of r8_rows (r8_legacy_rows for
- * Q8_0_R8, Q5_0_R8 and Q4_1_R8) on each group. 1, or 0 where the level has no 512-bit VNNI (the
- * caller then runs r8_rows or r8_legacy_rows per group). */
-__attribute__((visibility("hidden"))) int r8_pair_rows(int qtype, const uint8_t *group, int64_t group_bytes,
+/* Two groups of one tensor (group A at ``group``, B at group + step, step a multiple of the
+ * group's bytes) against rows 0..rows-1 (<= TILE_ROWS) of x at once, in 512-bit registers
+ * (r8_pair.c): out[j * 16 + r] = group A's weight row r . x row j (r < 8), group B's row
+ * r - 8 (r >= 8), the bits of r8_rows (r8_legacy_rows for Q8_0_R8, Q5_0_R8 and Q4_1_R8) on
+ * each group. 1, or 0 where the level has no 512-bit VNNI (the caller then runs r8_rows or
+ * r8_legacy_rows per group). */
+__attribute__((visibility("hidden"))) int r8_pair_rows(int qtype, const uint8_t *group, int64_t step,
                                                        const q8_rows *x, int64_t rows, float *out);
 
 /* One Q6_K_R8 group against rows 0..rows-1 (2..TILE_ROWS) of x in one int8 pass, at the

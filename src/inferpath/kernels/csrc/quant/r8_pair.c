@@ -1,5 +1,6 @@
-/* Two adjacent groups of a repacked tensor (r8.h) at once in 512-bit registers (AVX-512
- * VNNI): the lower 256 bits of every vector are group A's eight rows, the upper group B's.
+/* Two groups of a repacked tensor (r8.h) at once in 512-bit registers (AVX-512 VNNI): the
+ * lower 256 bits of every vector are group A's eight rows, the upper group B's (B at A +
+ * step: matmul.c pairs a range's two halves, r8.h's r8_prefetch_pair).
  * Q4_K_R8, Q5_K_R8 and Q6_K_R8 (r8.c's chain), Q8_0_R8, Q5_0_R8 and Q4_1_R8 (r8_legacy.c's: a verification's
  * 5 rows of the 0.5B file's Q5_0 4864 x 896, 1 thread, streamed, 284 -> 179 us).
  *
@@ -84,7 +85,7 @@ static inline __attribute__((always_inline)) void pair_tile(const int qtype, con
             for (int s = 0; s < 8; s++) {
                 const int64_t b = 8 * t + s;
                 const int at = k4_quants_at(qtype, s / 2);
-                r8_prefetch_pair(a, step, t * sb_bytes + s * (sb_bytes / 8), sb_bytes / 8);  /* r8.h */
+                r8_prefetch_pair(a, step, nsb * sb_bytes, t * sb_bytes + s * (sb_bytes / 8), sb_bytes / 8);  /* r8.h */
                 for (int g = 0; g < 8; g++) {
                     if (s % 2 == 0) v[g] = load_pair(o + at + 32 * g, p + at + 32 * g);
                     w[g] = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(v[g], 4) : v[g], low);
@@ -111,7 +112,8 @@ static inline __attribute__((always_inline)) void pair_tile(const int qtype, con
             for (int s = 0; s < 8; s++) {
                 const int64_t b = 8 * t + s;
                 const int l_at = q6_ql_at(s / 2), h_at = q6_qh_at(s / 4), i = s % 4;
-                r8_prefetch_pair(a, step, t * Q6_K_R8_BYTES + s * (Q6_K_R8_BYTES / 8), Q6_K_R8_BYTES / 8);
+                r8_prefetch_pair(a, step, nsb * Q6_K_R8_BYTES, t * Q6_K_R8_BYTES + s * (Q6_K_R8_BYTES / 8),
+                                 Q6_K_R8_BYTES / 8);
                 for (int g = 0; g < 8; g++) {
                     if (s % 2 == 0) lv[g] = load_pair(o + l_at + 32 * g, p + l_at + 32 * g);
                     const __m512i l = lv[g];
@@ -168,7 +170,7 @@ static inline __attribute__((always_inline)) void pair_legacy_tile(const int qty
     for (int j = 0; j < R; j++) acc[j] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o = a + b * bytes, *p = o + step;
-        r8_prefetch_pair(a, step, b * bytes, bytes);  /* r8.h */
+        r8_prefetch_pair(a, step, nb * bytes, b * bytes, bytes);  /* r8.h */
         __m512i w[8];
         if (is_q8) {
             for (int g = 0; g < 8; g++) w[g] = _mm512_xor_si512(load_pair(o + 16 + 32 * g, p + 16 + 32 * g), flip);
@@ -227,10 +229,10 @@ static inline __attribute__((always_inline)) void pair_rows(const int qtype, con
 /* each format's pairs in a function of its own (as r8.c's tiles: one function holding every
  * format's code compiled worse), x in one int8 pass or two */
 #define PAIR_ROWS_OF(NAME, QTYPE)                                                                      \
-    static __attribute__((noinline)) void NAME(const uint8_t *group, int64_t group_bytes, const q8_rows *x, \
+    static __attribute__((noinline)) void NAME(const uint8_t *group, int64_t step, const q8_rows *x,       \
                                                int64_t rows, float *out) {                              \
-        if (x->one_pass) pair_rows(QTYPE, group, group_bytes, x, rows, 1, out);                         \
-        else pair_rows(QTYPE, group, group_bytes, x, rows, 0, out);                                     \
+        if (x->one_pass) pair_rows(QTYPE, group, step, x, rows, 1, out);                                \
+        else pair_rows(QTYPE, group, step, x, rows, 0, out);                                            \
     }
 PAIR_ROWS_OF(pair_q4_k, Q4_K_R8)
 PAIR_ROWS_OF(pair_q5_k, Q5_K_R8)
@@ -240,21 +242,21 @@ PAIR_ROWS_OF(pair_q5_0, Q5_0_R8)
 PAIR_ROWS_OF(pair_q4_1, Q4_1_R8)
 #undef PAIR_ROWS_OF
 
-int r8_pair_rows(int qtype, const uint8_t *group, int64_t group_bytes, const q8_rows *x, int64_t rows, float *out) {
+int r8_pair_rows(int qtype, const uint8_t *group, int64_t step, const q8_rows *x, int64_t rows, float *out) {
     if (rows < 1 || rows > TILE_ROWS || !r8_grouped(qtype)) return 0;
     switch (qtype) {
-        case Q4_K_R8: pair_q4_k(group, group_bytes, x, rows, out); break;
-        case Q5_K_R8: pair_q5_k(group, group_bytes, x, rows, out); break;
-        case Q8_0_R8: pair_q8_0(group, group_bytes, x, rows, out); break;
-        case Q5_0_R8: pair_q5_0(group, group_bytes, x, rows, out); break;
-        case Q4_1_R8: pair_q4_1(group, group_bytes, x, rows, out); break;
-        default: pair_q6_k(group, group_bytes, x, rows, out); break;
+        case Q4_K_R8: pair_q4_k(group, step, x, rows, out); break;
+        case Q5_K_R8: pair_q5_k(group, step, x, rows, out); break;
+        case Q8_0_R8: pair_q8_0(group, step, x, rows, out); break;
+        case Q5_0_R8: pair_q5_0(group, step, x, rows, out); break;
+        case Q4_1_R8: pair_q4_1(group, step, x, rows, out); break;
+        default: pair_q6_k(group, step, x, rows, out); break;
     }
     return 1;
 }
 #else
-int r8_pair_rows(int qtype, const uint8_t *group, int64_t group_bytes, const q8_rows *x, int64_t rows, float *out) {
-    (void)qtype, (void)group, (void)group_bytes, (void)x, (void)rows, (void)out;
+int r8_pair_rows(int qtype, const uint8_t *group, int64_t step, const q8_rows *x, int64_t rows, float *out) {
+    (void)qtype, (void)group, (void)step, (void)x, (void)rows, (void)out;
     return 0;  /* no 512-bit VNNI at this level: the caller runs r8_rows per group */
 }
 #endif
