@@ -312,6 +312,15 @@ static void r8_store(const quant_matmul *q, int i, float *y, int64_t c0, int64_t
     }
 }
 
+/* group g alone (r8.c's or r8_legacy.c's kernel), its outputs stored */
+static void r8_single(const quant_matmul *q, int i, float *y, int64_t c0, int64_t c1, int64_t g, const q8_rows *x,
+                      int64_t j0, int64_t rows, float *out) {
+    const uint8_t *group = q->ws[i] + g * R8_ROWS * q->row_bytes[i];
+    if (r8_legacy_format(q->qtypes[i])) r8_legacy_rows(q->qtypes[i], group, x, rows, out);
+    else r8_rows(q->qtypes[i], group, x, rows, out);
+    r8_store(q, i, y, c0, c1, g, out, R8_ROWS, j0, rows);
+}
+
 /* The groups [g0, g1) touching columns [c0, c1) go as pairs of the range's halves, group
  * g0 + p with g0 + half + p (r8_pair.c: two straight streams, r8.h's r8_prefetch_pair),
  * an odd one alone; a 32-value format's tiles of 3 rows or more as adjacent pairs (r8.h);
@@ -328,6 +337,10 @@ static void r8_span(const quant_matmul *q, int i, float *y, int64_t c0, int64_t 
                       lanes_for(m), q->one_pass, q->xc + j0 * nb};
         const int adjacent = rows > 2 && r8_legacy_format(qtype);
         float out[TILE_ROWS * 2 * R8_ROWS];
+        if (!r8_pairs_ready()) {  /* group by group, in order: one straight stream (the halves 1.02-1.13x slower at avx2) */
+            for (int64_t g = g0; g < g1; g++) r8_single(q, i, y, c0, c1, g, &xj, j0, rows, out);
+            continue;
+        }
         for (int64_t p = 0; p < half; p++) {
             const int64_t a = adjacent ? g0 + 2 * p : g0 + p, b = adjacent ? a + 1 : g0 + half + p;
             if (r8_pair_rows(qtype, q->ws[i] + a * group_bytes, (b - a) * group_bytes, &xj, rows, out)) {
@@ -335,18 +348,10 @@ static void r8_span(const quant_matmul *q, int i, float *y, int64_t c0, int64_t 
                 r8_store(q, i, y, c0, c1, b, out + R8_ROWS, 2 * R8_ROWS, j0, rows);
                 continue;
             }
-            for (int64_t g = a; g <= b; g += b - a) {
-                if (r8_legacy_format(qtype)) r8_legacy_rows(qtype, q->ws[i] + g * group_bytes, &xj, rows, out);
-                else r8_rows(qtype, q->ws[i] + g * group_bytes, &xj, rows, out);
-                r8_store(q, i, y, c0, c1, g, out, R8_ROWS, j0, rows);
-            }
+            r8_single(q, i, y, c0, c1, a, &xj, j0, rows, out);  /* not taken where pairs are ready */
+            r8_single(q, i, y, c0, c1, b, &xj, j0, rows, out);
         }
-        if ((g1 - g0) % 2) {  /* the last group alone */
-            const int64_t g = g1 - 1;
-            if (r8_legacy_format(qtype)) r8_legacy_rows(qtype, q->ws[i] + g * group_bytes, &xj, rows, out);
-            else r8_rows(qtype, q->ws[i] + g * group_bytes, &xj, rows, out);
-            r8_store(q, i, y, c0, c1, g, out, R8_ROWS, j0, rows);
-        }
+        if ((g1 - g0) % 2) r8_single(q, i, y, c0, c1, g1 - 1, &xj, j0, rows, out);  /* the last group alone */
     }
 }
 

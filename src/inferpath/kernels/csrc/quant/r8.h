@@ -158,6 +158,8 @@ __attribute__((visibility("hidden"))) void r8_rows(int qtype, const uint8_t *gro
  * r8_legacy_rows per group). */
 __attribute__((visibility("hidden"))) int r8_pair_rows(int qtype, const uint8_t *group, int64_t step,
                                                        const q8_rows *x, int64_t rows, float *out);
+/* 1 where r8_pair_rows runs at this level (512-bit VNNI), else 0 */
+__attribute__((visibility("hidden"))) int r8_pairs_ready(void);
 
 /* One Q6_K_R8 group against rows 0..rows-1 (2..TILE_ROWS) of x in one int8 pass, at the
  * AVX2 level without VNNI, all rows in one pass over the group (r8_multi.c): r8_rows' out

@@ -242,6 +242,8 @@ PAIR_ROWS_OF(pair_q5_0, Q5_0_R8)
 PAIR_ROWS_OF(pair_q4_1, Q4_1_R8)
 #undef PAIR_ROWS_OF
 
+int r8_pairs_ready(void) { return 1; }
+
 int r8_pair_rows(int qtype, const uint8_t *group, int64_t step, const q8_rows *x, int64_t rows, float *out) {
     if (rows < 1 || rows > TILE_ROWS || !r8_grouped(qtype)) return 0;
     switch (qtype) {
@@ -255,6 +257,8 @@ int r8_pair_rows(int qtype, const uint8_t *group, int64_t step, const q8_rows *x
     return 1;
 }
 #else
+int r8_pairs_ready(void) { return 0; }
+
 int r8_pair_rows(int qtype, const uint8_t *group, int64_t step, const q8_rows *x, int64_t rows, float *out) {
     (void)qtype, (void)group, (void)step, (void)x, (void)rows, (void)out;
     return 0;  /* no 512-bit VNNI at this level: the caller runs r8_rows per group */
