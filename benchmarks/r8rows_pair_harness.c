@@ -4,7 +4,7 @@
  * process CPU time; ns per group, sub-block and x row. Build and run from the repo root:
  *
  *   Q=src/inferpath/kernels/csrc/quant; gcc -O3 -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mf16c \
- *       -I$Q benchmarks/r8rows_pair_harness.c $Q/r8.c $Q/r8_pair.c -o /tmp/r8pair -lm && /tmp/r8pair 0 && /tmp/r8pair 1
+ *       -I$Q benchmarks/r8rows_pair_harness.c $Q/r8.c $Q/r8_pair.c $Q/r8_multi.c -o /tmp/r8pair -lm && /tmp/r8pair 0 && /tmp/r8pair 1
  * (argument 0: Q4_K, 1: Q6_K)
  */
 #include <stdio.h>

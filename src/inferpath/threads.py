@@ -133,8 +133,9 @@ class DecodeThreadTuner:
         count, counted = self._trial.pop(0)
         if counted:
             self._times[count].append(seconds)
-        tried, configured = self._times[1], self._times[self.configured]
-        if count == 1 and len(tried) >= self.EARLY_STOP_STEPS and min(tried) > statistics.median(configured):
+        tried = self._times[1]
+        if count == 1 and len(tried) >= self.EARLY_STOP_STEPS \
+                and min(tried) > statistics.median(self._times[self.configured]):
             self._trial = []  # one thread lost every step: the configured count stays
         if not self._trial:
             medians = {count: statistics.median(times) for count, times in self._times.items()}

@@ -166,8 +166,7 @@ class Sampler:
         a finite or +inf logit unless the row holds NaN or only -inf, and a row holding +inf
         settles to its +inf tokens, the first of which its argmax already is."""
         token_ids = self.argmax(logits)  # (num_rows,)
-        top = logits.gather(1, token_ids.unsqueeze(1))
-        if bool((top == top).all()) and bool((top > float("-inf")).all()):
+        if bool((logits.gather(1, token_ids.unsqueeze(1)) > float("-inf")).all()):  # False for NaN too
             return token_ids
         return self.argmax(_settle_rows(logits, errors, "after penalties and min_tokens bans"))
 
