@@ -199,6 +199,7 @@ ENGINES = {
     "llamacpp": ("llamacpp", None, None, None),  # its KV cache in f16, llama.cpp's default
     "inferpath": ("inferpath", None, "auto", "auto"),
     "inferpath-avx2": ("inferpath", "avx2", "auto", "auto"),
+    "inferpath-avxvnni": ("inferpath", "avxvnni", "auto", "auto"),  # AVX2 + AVX-VNNI (Intel client cores, Zen 5)
     "inferpath-fp32": ("inferpath", None, "float32", "auto"),  # the file dequantized: inferpath before this work
     "inferpath-kvbf16": ("inferpath", None, "auto", "bfloat16"),  # the KV cache in bf16 (--kv-cache-dtype)
 }

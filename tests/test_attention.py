@@ -162,7 +162,7 @@ def test_native_decode_attention_splits_long_contexts_at_real_head_sizes(head_di
 
 
 @pytest.mark.skipif(not gemv_available(torch.float32), reason=f"no native kernels here: {kernel_status()}")
-@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["avx2", "avxvnni", "avx512"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("head_dim,kv_heads,group", [(32, 1, 16), (64, 3, 3), (128, 2, 6), (128, 1, 7), (64, 2, 8),
                                                      (32, 4, 1)])

@@ -16,6 +16,7 @@ from inferpath.config import EngineConfig
 from inferpath.engine.llm_engine import LLMEngine
 from inferpath.kernels import build
 from inferpath.kernels.decode_stack import NATIVE_TIMED, CPUDecoderStack
+from inferpath.kernels.repacked import REPACK_LEVELS
 from inferpath.models import resolve_model
 from inferpath.sampling.params import SamplingParams
 
@@ -132,8 +133,8 @@ def test_verification_rows_are_the_bits_of_plain_decodes_on_repacked_weights(pro
     token and logprob with drafts is the plain decode's to the bit (Qwen2.5-Coder 0.5B, one
     sequence, ngram drafts of up to 4: 5 rows), not only the same argmax."""
     monkeypatch.setenv("INFERPATH_REPACK", "1")
-    if build.native_decode_layers() is None or build.kernel_level("quantized") not in ("avx2", "avx512"):
-        pytest.skip(f"repacked kernels run at avx2 and avx512: {build.kernel_status()}")
+    if build.native_decode_layers() is None or build.kernel_level("quantized") not in REPACK_LEVELS:
+        pytest.skip(f"repacked kernels run at {REPACK_LEVELS}: {build.kernel_status()}")
     drafted = generate("qwen2.5-coder-0.5b-instruct", True, prompts=[prompt], speculative_config=PROMPT_LOOKUP)
     assert drafted == generate("qwen2.5-coder-0.5b-instruct", True, prompts=[prompt])
 
@@ -146,8 +147,8 @@ def test_verification_metadata_rows_are_the_bits_of_one_token_steps(monkeypatch)
     from inferpath.model.metadata import one_sequence_metadata, verification_metadata
 
     monkeypatch.setenv("INFERPATH_REPACK", "1")
-    if build.native_decode_layers() is None or build.kernel_level("quantized") not in ("avx2", "avx512"):
-        pytest.skip(f"repacked kernels run at avx2 and avx512: {build.kernel_status()}")
+    if build.native_decode_layers() is None or build.kernel_level("quantized") not in REPACK_LEVELS:
+        pytest.skip(f"repacked kernels run at {REPACK_LEVELS}: {build.kernel_status()}")
     engine = LLMEngine.from_model(resolve_model("smollm2-135m-instruct"),
                                   EngineConfig(threads=1, kv_cache_memory_bytes=64 * 2**20))
     model, kv_cache = engine.runner.model, engine.runner.kv_cache

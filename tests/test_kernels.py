@@ -297,7 +297,7 @@ def test_status_names_the_level_and_each_kernel_family(isa):
 
 def test_isa_names_a_level_or_is_refused(monkeypatch):
     monkeypatch.setenv("INFERPATH_ISA", "sse9")
-    with pytest.raises(ValueError, match="INFERPATH_ISA='sse9'.*generic, avx2, avx512"):
+    with pytest.raises(ValueError, match="INFERPATH_ISA='sse9'.*generic, avx2, avxvnni, avx512"):
         kernel_build.active_level()
     assert "INFERPATH_ISA='sse9'" in kernel_status()
 
@@ -313,6 +313,24 @@ def test_a_cpu_with_avx2_only_runs_the_avx2_level(monkeypatch):
     if shutil.which("gcc"):
         status = kernel_status()
         assert "float32 gemv" in status and ": native avx2 (" in status and "avx512" not in status.split("\n", 1)[1]
+
+
+@pytest.mark.parametrize("flags,best,forced_vnni", [
+    ({"avx2", "fma", "f16c", "avx_vnni"}, "avxvnni", "avxvnni"),  # Intel Alder Lake and later client cores
+    ({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}, "avx512", "avx2"),  # Zen 4, Ice Lake
+    ({"avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}, "avx512", "avxvnni"),
+])
+def test_the_avxvnni_level_runs_only_where_the_cpu_has_avx_vnni(flags, best, forced_vnni, monkeypatch):
+    """AVX-VNNI (VEX vpdpbusd) is its own flag: a client core without AVX-512 has it, an
+    AVX-512 core may lack it. The best level is the highest the flags allow, and forcing
+    avxvnni where the flag is missing runs the level below (avx2), never an instruction the
+    CPU lacks."""
+    monkeypatch.setattr(kernel_isa, "_cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(kernel_isa, "_loaded", {})
+    assert kernel_build.cpu_level() == best
+    monkeypatch.setenv("INFERPATH_ISA", "avxvnni")
+    assert kernel_build.active_level() == forced_vnni
+    assert kernel_build.can_run("avxvnni") == ("avx_vnni" in flags)
 
 
 def test_a_failed_level_leaves_the_others_standing(monkeypatch):

@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType
 from inferpath.kernels import build, ops, quant_ops
 from inferpath.kernels.groups import QuantGroup
 from inferpath.kernels.quantized import QuantLinear
-from inferpath.kernels.repacked import REPACK_DEFAULT_LEVELS, REPACK_FORMATS, RepackedTensor, kernel_type, repack, repackable
+from inferpath.kernels.repacked import REPACK_DEFAULT_LEVELS, REPACK_FORMATS, REPACK_LEVELS, RepackedTensor, kernel_type, repack, repackable
 from inferpath.model.batch_invariant import row_invariant_dispatch
 from test_quantized import isa, k_quant_tolerance, k_quant_x, k_quant_x_passes_everywhere, kernel_levels, random_weight  # noqa: F401 (isa: a fixture)
 
@@ -134,7 +134,7 @@ def test_what_cannot_be_repacked_is_refused():
             _matmul(torch.randn(1, 256), bad)
 
 
-@pytest.mark.parametrize("level", ["generic", "avx2", "avx512"])
+@pytest.mark.parametrize("level", build.LEVEL_NAMES)
 def test_the_weight_plan_repacks_where_the_kernel_is_simd(level, monkeypatch):
     """The allow-list: Q4_K and Q6_K at the avx2 and avx512 levels with INFERPATH_REPACK=1,
     and by default at REPACK_DEFAULT_LEVELS (avx2, avx512) or when the engine speculates; the
@@ -149,7 +149,7 @@ def test_the_weight_plan_repacks_where_the_kernel_is_simd(level, monkeypatch):
     path = resolve_model("qwen2.5-coder-0.5b-instruct")  # Q5_0 + Q8_0 + Q6_K + Q4_K
     monkeypatch.delenv("INFERPATH_REPACK", raising=False)
     default = plan_weights(path, EngineConfig())
-    expected = tuple(f for f in default.runs if f in REPACK_FORMATS) if default.kernel_level in ("avx2", "avx512") else ()
+    expected = tuple(f for f in default.runs if f in REPACK_FORMATS) if default.kernel_level in REPACK_LEVELS else ()
     assert default.repacked == (expected if default.kernel_level in REPACK_DEFAULT_LEVELS else ())
     assert ("repacked by 8 rows" in default.describe()) == bool(default.repacked)
     # an engine that speculates repacks wherever the kernel is SIMD (its verification rows)

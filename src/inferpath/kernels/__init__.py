@@ -9,7 +9,8 @@ modules, from outside, for subclasses that call them (modules.py).
 The C sources ship with the package and are built with the system C compiler into the
 cache directory the first time they are needed (a few seconds), once per instruction-set
 level: portable C (``generic``, any CPU), the same sources for AVX2+FMA+F16C (``avx2``),
-and intrinsics for AVX-512 (``avx512``, with VNNI, BF16 and AMX where present). The best
+and with AVX-VNNI too (``avxvnni``: Intel's client cores, AMD Zen 5), and intrinsics for
+AVX-512 (``avx512``, with VNNI, BF16 and AMX where present). The best
 level the CPU reports runs, or a lower one forced with ``INFERPATH_ISA``. Without gcc or
 with ``INFERPATH_KERNELS=0`` PyTorch's kernels run instead: same results up to float
 rounding, just slower. ``kernel_status()`` names the level and each family's state.

@@ -39,7 +39,7 @@ from inferpath.model.batch_invariant import rows_must_be_invariant, rowwise_line
 # vs 1.28; generic (compiler-vectorised) 2: 0.32 vs 0.21, 4: 0.40 vs 0.26 — kept to 4 rows
 # all the same, as the portable bf16 GEMV is, so that small decode batches stay one native
 # call (a step's ~360 Python round trips cost more than the difference).
-BF16_WEIGHTS_GEMV_MAX_ROWS = {"generic": 4, "avx2": 64, "avx512": 32}
+BF16_WEIGHTS_GEMV_MAX_ROWS = {"generic": 4, "avx2": 64, "avxvnni": 64, "avx512": 32}  # avxvnni: avx2's bf16 code
 
 
 def bf16_weight_kernels(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:

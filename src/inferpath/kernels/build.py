@@ -3,7 +3,7 @@ level, or None where it cannot run, and the status line that says which ran and 
 
 Three modules make the native dispatch, lowest first:
 
-- isa.py: the instruction-set levels (generic, avx2, avx512), the CPU flags the choices
+- isa.py: the instruction-set levels (generic, avx2, avxvnni, avx512), the CPU flags the choices
   read (probed, or simulated by tests), the CPU's and the active level (``INFERPATH_ISA``),
   the AMX-INT8 engine the flags decide, and ``_loaded``, the dispatch's one cache;
 - libraries.py: each level's shared library compiled (cached by a key over sources,

@@ -1,18 +1,23 @@
 """Instruction-set levels and the CPU flags the kernels' dispatch decides on.
 
-Three levels, each its own shared library built from one source set with its own flags
+Four levels, each its own shared library built from one source set with its own flags
 (libraries.py builds them):
 
 - ``generic``: portable C (csrc/portable, csrc/quant), no intrinsics, vectorised by the
   compiler; every CPU runs it (and it is what an aarch64 machine compiles);
 - ``avx2``: the same sources with ``-mavx2 -mfma -mf16c`` (AMD Zen 2/3, Intel client
   CPUs); the quantized dot products take their AVX2 branch (maddubs/madd);
+- ``avxvnni``: the avx2 sources with ``-mavxvnni`` too (Intel's client cores from Alder
+  Lake, Sapphire Rapids, AMD Zen 5): the quantized dot products take ``vpdpbusd`` on
+  256-bit registers (VEX), one instruction where AVX2 takes three, with the same integer
+  sums, so the same bits as avx2; 16 vector registers, so avx2's tile heights. A CPU with
+  AVX-512 but not AVX-VNNI (Zen 4, Ice Lake) skips it: forced, it runs avx2;
 - ``avx512``: csrc/avx512 (intrinsics; AMX for bf16 where the CPU has it) and csrc/quant
   with VNNI (its GEMM's panels through AMX-INT8 tiles where the CPU has them:
   ``amx_int8_engine_for``).
 
 The level is the best the CPU reports (/proc/cpuinfo), or a lower one forced with
-``INFERPATH_ISA=generic|avx2|avx512``. A kernel family (float32, bfloat16, quantized)
+``INFERPATH_ISA=generic|avx2|avxvnni|avx512``. A kernel family (float32, bfloat16, quantized)
 may run at a level whose CPU flags, and the family's own there, are present
 (``can_run``). Tests decide as if the CPU had or lacked AMX flags
 (``simulated_cpu_flags``); the AMX-INT8 engine is set from the flags decided on.
@@ -48,6 +53,8 @@ class Level:
 LEVELS = (  # lowest first
     Level("generic", ("portable", "quant", "drivers"), (), frozenset()),
     Level("avx2", ("portable", "quant", "drivers"), ("-mavx2", "-mfma", "-mf16c"), frozenset({"avx2", "fma", "f16c"})),
+    Level("avxvnni", ("portable", "quant", "drivers"), ("-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
+          frozenset({"avx2", "fma", "f16c", "avx_vnni"})),
     Level("avx512", ("avx512", "quant", "drivers"),
           ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mfma", "-mf16c",
            "-mamx-tile", "-mamx-bf16", "-mamx-int8"),
@@ -175,7 +182,11 @@ def active_level() -> str:
         if name and name not in _LEVEL:
             raise ValueError(f"INFERPATH_ISA={forced!r} names no instruction-set level; "
                              f"use one of {', '.join(LEVEL_NAMES)}")
-        level = min(name, best, key=LEVEL_NAMES.index) if name else best  # never above the CPU's
+        if name:  # never above the CPU's, nor at a level it lacks the flags of (avxvnni on Zen 4)
+            top = LEVEL_NAMES.index(min(name, best, key=LEVEL_NAMES.index))
+            level = [n for n in LEVEL_NAMES[:top + 1] if _LEVEL[n].cpu_flags <= _cpu_flags()][-1]
+        else:
+            level = best
         _loaded[("active", forced)] = level
     return level
 

@@ -24,14 +24,15 @@ from inferpath.model.batch_invariant import quant_call_flags, rows_must_be_invar
 # rows 32: 0.23 vs 1.38, 128: 0.68 vs 3.01, 512: 2.5 vs 9.4 (the GEMM kernel wins at every
 # size: no cutoff); avx2 (maddubs) rows 32: 0.79 vs 1.43, 128: 3.17 vs 2.95, 512: 13.0 vs
 # 9.4. The portable level's plain-C integer sums lose to the GEMM early.
-QUANT_MATMUL_MAX_ROWS = {"generic": 32, "avx2": 96, "avx512": 1 << 62}
+QUANT_MATMUL_MAX_ROWS = {"generic": 32, "avx2": 96, "avxvnni": 1 << 62, "avx512": 1 << 62}
 
 
 # Weights repacked by 8 rows (kernels/repacked.py) take the fused kernels at every row count
 # where they are repacked: at avx2 r8.c's tiles beat dequantized tiles + GEMM at 512 rows,
 # ms, AMD EPYC Zen 4, INFERPATH_ISA=avx2, 1 / 2 threads: Q4_K 8960 x 1536 107 vs 169 / 53
 # vs 95, Q6_K 1536 x 8960 120 vs 155 / 82 vs 87 (the generic level repacks nothing).
-R8_MATMUL_MAX_ROWS = {"generic": QUANT_MATMUL_MAX_ROWS["generic"], "avx2": 1 << 62, "avx512": 1 << 62}
+R8_MATMUL_MAX_ROWS = {"generic": QUANT_MATMUL_MAX_ROWS["generic"], "avx2": 1 << 62, "avxvnni": 1 << 62,
+                      "avx512": 1 << 62}
 
 
 def quant_rows_fused(rows: int, level: str | None = None, repacked: bool = False) -> bool:

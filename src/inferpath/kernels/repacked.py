@@ -40,7 +40,7 @@ Q = GGMLQuantizationType
 R8_BASE = 1000  # csrc/quant/blocks.h: a repacked format's kernel id is R8_BASE + its GGUF type
 R8_ROWS = 8
 REPACK_FORMATS = ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0", "Q4_1")  # the allow-list: formats r8.c / r8_legacy.c have a kernel for
-REPACK_LEVELS = ("avx2", "avx512")  # levels whose r8 kernel is SIMD (generic runs the C spec)
+REPACK_LEVELS = ("avx2", "avxvnni", "avx512")  # levels whose r8 kernel is SIMD (generic runs the C spec)
 # Levels that repack without INFERPATH_REPACK=1: where prefill is at least as fast as the
 # file's layout and decode at one thread, batched decode and verification faster. 512-token
 # prefill, AMD EPYC Zen 4 (benchmarks/repack_ab.py, medians of 4 alternating rounds,
@@ -50,7 +50,7 @@ REPACK_LEVELS = ("avx2", "avx512")  # levels whose r8 kernel is SIMD (generic ru
 # batch 8 5.3x its batch 1 against 1.9x. (Before r8_pair.c prefetched its streams the
 # 1.5B file's 2-thread prefill had measured 0.84-0.94x here: opt-in then.) Not measured on
 # an AMX machine: the AMX-INT8 engine packs the repacked groups' panels like the file's.
-REPACK_DEFAULT_LEVELS = ("avx2", "avx512")
+REPACK_DEFAULT_LEVELS = ("avx2", "avxvnni", "avx512")
 ROW_BYTES = {Q.Q4_K: 1184 // R8_ROWS, Q.Q5_K: 1440 // R8_ROWS, Q.Q6_K: 1696 // R8_ROWS,  # per super-block, a group's / 8
              Q.Q8_0: 272 // R8_ROWS, Q.Q5_0: 176 // R8_ROWS, Q.Q4_1: 160 // R8_ROWS}  # per 32-value block
 BLOCK_VALUES = {Q.Q4_K: 256, Q.Q5_K: 256, Q.Q6_K: 256, Q.Q8_0: 32, Q.Q5_0: 32, Q.Q4_1: 32}  # the values ROW_BYTES covers

@@ -152,7 +152,7 @@ static inline __attribute__((always_inline)) __m256i quads(const __m256i *w, con
     (void)per_madd;
     for (int g = g0; g < g0 + count; g++) {
         memcpy(&four, x + 4 * g, 4);
-        sum = _mm256_dpbusd_epi32(sum, w[g], _mm256_set1_epi32(four));
+        sum = dpbusd256(sum, w[g], _mm256_set1_epi32(four));
     }
 #else
     for (int g = g0; g < g0 + count; g += per_madd) {
@@ -258,7 +258,7 @@ static inline __attribute__((always_inline)) void r8_tile(const int qtype, const
 }
 
 /* x rows per pass over a group: all eight with AVX-512's 32 registers, else four (16) */
-#define R8_PASS (VNNI ? 8 : 4)
+#define R8_PASS (VNNI512 ? 8 : 4)
 
 static inline __attribute__((always_inline)) void r8_tiles(const int qtype, const uint8_t *group, const q8_rows *x,
                                                             int64_t rows, const int one_pass, float *out) {
@@ -266,7 +266,7 @@ static inline __attribute__((always_inline)) void r8_tiles(const int qtype, cons
         switch (rows - j0) {
 #define PASS_CASE(R) case R: r8_tile(qtype, group, x, j0, R, one_pass, out); break;
             PASS_CASE(1) PASS_CASE(2) PASS_CASE(3)
-#if VNNI
+#if VNNI512
             PASS_CASE(4) PASS_CASE(5) PASS_CASE(6) PASS_CASE(7)
 #endif
             default: r8_tile(qtype, group, x, j0, R8_PASS, one_pass, out); break;

@@ -121,7 +121,7 @@ static inline __attribute__((always_inline)) __m256i quads(const __m256i *w, con
     for (int g = 0; g < 8; g++) {
         memcpy(&four, x + 4 * g, 4);
         __m256i xb = _mm256_set1_epi32(four);
-        sum = _mm256_dpbusd_epi32(sum, w[g], is_q8 ? _mm256_sign_epi8(xb, sgn[g]) : xb);
+        sum = dpbusd256(sum, w[g], is_q8 ? _mm256_sign_epi8(xb, sgn[g]) : xb);
     }
 #else
     const __m256i ones = _mm256_set1_epi16(1);
@@ -191,7 +191,7 @@ static inline __attribute__((always_inline)) void legacy_tile(const int qtype, c
 }
 
 /* x rows per pass over a group: all eight with AVX-512's 32 registers, else four (16) */
-#define LEGACY_PASS (VNNI ? 8 : 4)
+#define LEGACY_PASS (VNNI512 ? 8 : 4)
 
 static inline __attribute__((always_inline)) void legacy_tiles(const int qtype, const uint8_t *group, const q8_rows *x,
                                                                 int64_t rows, const int one_pass, float *out) {
@@ -199,7 +199,7 @@ static inline __attribute__((always_inline)) void legacy_tiles(const int qtype, 
         switch (rows - j0) {
 #define PASS_CASE(R) case R: legacy_tile(qtype, group, x, j0, R, one_pass, out); break;
             PASS_CASE(1) PASS_CASE(2) PASS_CASE(3)
-#if VNNI
+#if VNNI512
             PASS_CASE(4) PASS_CASE(5) PASS_CASE(6) PASS_CASE(7)
 #endif
             default: legacy_tile(qtype, group, x, j0, LEGACY_PASS, one_pass, out); break;

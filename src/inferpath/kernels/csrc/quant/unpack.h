@@ -8,10 +8,20 @@
 
 #include "activations.h"
 
+/* VNNI: vpdpbusd on 256-bit registers, from AVX-512 VNNI (EVEX, with VL) or AVX-VNNI (VEX:
+ * the avxvnni level, Intel's client cores and AMD Zen 5); dpbusd256 names it either way.
+ * VNNI512: AVX-512 VNNI, with its 32 vector registers and 512-bit forms (r8_pair.c, gemm.c). */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define VNNI 1
+#define VNNI512 1
+#define dpbusd256 _mm256_dpbusd_epi32
+#elif defined(__AVXVNNI__)
+#define VNNI 1
+#define VNNI512 0
+#define dpbusd256 _mm256_dpbusd_avx_epi32
 #else
 #define VNNI 0
+#define VNNI512 0
 #endif
 
 static inline __m256i nibbles256(const uint8_t *q16) {
@@ -72,8 +82,8 @@ static inline __m256i q6_k_vec(const uint8_t *row, int64_t b) {
 static inline __m256i int_dot(__m256i w, __m256i xq, __m256i xr, int is_signed) {
 #if VNNI
     (void)is_signed;  /* VNNI's Q8_0 weights arrive offset to unsigned (xor 0x80 by the caller) */
-    __m256i sum = _mm256_slli_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, xq), RESIDUAL_SHIFT);
-    return _mm256_dpbusd_epi32(sum, w, xr);
+    __m256i sum = _mm256_slli_epi32(dpbusd256(_mm256_setzero_si256(), w, xq), RESIDUAL_SHIFT);
+    return dpbusd256(sum, w, xr);
 #else
     __m256i pq, pr;
     if (is_signed) {
@@ -92,7 +102,7 @@ static inline __m256i int_dot(__m256i w, __m256i xq, __m256i xr, int is_signed) 
 /* The same sums for x in one pass (activations.h's one_pass): w.q alone, unshifted. */
 static inline __m256i int_dot_one(__m256i w, __m256i xq) {
 #if VNNI
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, xq);
+    return dpbusd256(_mm256_setzero_si256(), w, xq);
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(w, xq), _mm256_set1_epi16(1));
 #endif

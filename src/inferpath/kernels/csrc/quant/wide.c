@@ -12,7 +12,7 @@
 #include "unpack.h"
 #include "wide.h"
 
-#if defined(__AVX2__) && !VNNI  /* unpack.h: VNNI */
+#if defined(__AVX2__) && !VNNI512  /* unpack.h: VNNI512 (gemm.c's panels there) */
 
 /* acc + the int32 sums of groups g and g + 1: in each 32-bit lane (row j) the eight
  * products of the groups' broadcast weights with row j's values: vpmaddubsw pairs into
@@ -20,6 +20,13 @@
  * 2 * 2 * 63 * 127 = 32004 < 32768), one vpmaddwd; Q8_0's signed weights (|w| against x
  * carrying w's sign, pairs up to 2 * 127 * 127) widen each group apart. */
 static inline __m256i dot_pair(__m256i acc, __m256i w0, __m256i x0, __m256i w1, __m256i x1, int is_signed) {
+#if VNNI  /* AVX-VNNI: each group's products summed by fours straight into int32 */
+    if (is_signed) {
+        acc = dpbusd256(acc, _mm256_abs_epi8(w0), _mm256_sign_epi8(x0, w0));
+        return dpbusd256(acc, _mm256_abs_epi8(w1), _mm256_sign_epi8(x1, w1));
+    }
+    return dpbusd256(dpbusd256(acc, w0, x0), w1, x1);
+#endif
     const __m256i ones = _mm256_set1_epi16(1);
     if (is_signed) {
         __m256i p0 = _mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(x0, w0));
