@@ -75,6 +75,7 @@ def main() -> None:
         Path(args.out).write_text(json.dumps({
             "model": args.model, "task": args.task, "threads": args.threads, "rounds": args.rounds, "engines": dict(zip(names, engines)),
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_average": loads,
+            "llamacpp_pythonpath": os.environ.get("PYTHONPATH", ""),  # which llama.cpp build ran (a GGML_NATIVE=OFF folder)
             "medians_tok_s": medians, "samples_tok_s": samples}, indent=2))
 
 

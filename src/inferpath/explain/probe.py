@@ -59,7 +59,7 @@ def cache_dir() -> Path:
 
 def kernel_level() -> str:
     """The kernel level the engine runs at, as the kernels resolve it (``$INFERPATH_ISA``
-    forces a lower one): "generic", "avx2" or "avx512", with "+amx" where the bf16 AMX
+    forces a lower one): "generic", "avx2", "avxvnni" or "avx512", with "+amx" where the bf16 AMX
     GEMM runs; "off" with ``INFERPATH_KERNELS=0``; an ``INFERPATH_ISA`` the kernels refuse
     keys the cache as written (the engine refuses it with the kernels' message)."""
     import torch
