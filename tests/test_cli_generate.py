@@ -15,7 +15,7 @@ def test_generate_streams_text_and_ends_with_a_summary_line(capsys):
     match = re.fullmatch(
         r"\[prompt (\d+) tokens \| TTFT \d+ ms \| decode [\d.]+ tok/s \((\d+) tokens\) \| "
         r"((?:Q4_1 \+ Q8_0 as laid out|Q4_1 \+ Q8_0 repacked by 8 rows), float32 activations and KV, "
-        r"kernels (?:avx512|avx2|generic), \d+ threads"
+        r"kernels (?:avx512|avxvnni|avx2|generic), \d+ threads"
         r"(?: \(one-sequence decode: (?:trying \d+ and 1|\d+, measured faster)\))?, native decode) \| "
         r"([\d.]+) MB/token, (?:\d+% of the [\d.]+ GB/s floor|read [\d.]+ GB/s: above the probed [\d.]+ "
         r"GB/s floor \(probe stale: measured again next run\)) \| "
