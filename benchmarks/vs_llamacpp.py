@@ -31,6 +31,10 @@ a folder of its own with ``GGML_NATIVE=OFF`` and put that first on ``PYTHONPATH`
         pip install --no-deps --no-build-isolation --target DIR llama-cpp-python==0.3.36
     PYTHONPATH=DIR python benchmarks/vs_llamacpp.py --engines llamacpp,inferpath-avx2 ...
 
+and for the avxvnni level (AVX2 + AVX-VNNI: Intel's client cores, Zen 5) the same with
+``-DGGML_AVX_VNNI=ON`` into another folder, against ``--engines llamacpp,inferpath-avxvnni``
+(without build isolation pip needs ``scikit-build-core`` installed first).
+
 The JSON's ``llamacpp_build`` says which build ran (its path and its own system info).
 
 ``--engines ...,inferpath-kvbf16`` runs inferpath with its KV cache in bf16
