@@ -10,7 +10,8 @@ Four levels, each its own shared library built from one source set with its own 
 - ``avxvnni``: the avx2 sources with ``-mavxvnni`` too (Intel's client cores from Alder
   Lake, Sapphire Rapids, AMD Zen 5): the quantized dot products take ``vpdpbusd`` on
   256-bit registers (VEX), one instruction where AVX2 takes three, with the same integer
-  sums, so the same bits as avx2; 16 vector registers, so avx2's tile heights. A CPU with
+  sums, so the repacked kernels give avx2's bits (the file-layout Q8_0 kernel offsets its
+  weights to unsigned as avx512's does); 16 vector registers, so avx2's tile heights. A CPU with
   AVX-512 but not AVX-VNNI (Zen 4, Ice Lake) skips it: forced, it runs avx2;
 - ``avx512``: csrc/avx512 (intrinsics; AMX for bf16 where the CPU has it) and csrc/quant
   with VNNI (its GEMM's panels through AMX-INT8 tiles where the CPU has them:
