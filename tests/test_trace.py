@@ -119,8 +119,10 @@ def test_a_traced_decode_step_stays_native_and_times_itself(llm, traced):
     """The trace observes the path that serves: a traced decode step runs the native call
     (its record says so because the call filled the stage buffer it was handed), and the
     call's stages with the embedding, final norm, LM head and sampling cover the step's
-    wall time to within 15% (the rest, ``other``, is laying out the batch: ~0.4 ms of
-    Python, 9-11% of SmolLM2's ~4 ms traced step with its weights repacked by 8 rows)."""
+    wall time to within 20% (the rest, ``other``, is laying out the batch: a fixed ~0.4-0.6 ms
+    of Python, 9-11% of SmolLM2's ~4 ms traced step with its weights repacked by 8 rows, and
+    15.5% in the best step of one CI run on AMD Zen 5, whose step is ~3.5 ms: the share grows
+    as the kernels get faster, so the bound is 80%, not the 85% that run missed)."""
     stack = llm.engine.runner.model.model
     if not hasattr(stack, "native_decode_refusal") or stack.native_decode_refusal():
         pytest.skip("no native decode here")
@@ -132,7 +134,7 @@ def test_a_traced_decode_step_stays_native_and_times_itself(llm, traced):
     # the best-covered step (on a quiet machine nearly every one): a step that another
     # process preempted while it ran Python outside the stages shows more "other"
     covered = sorted(1 - r.stages["other"] / r.step_s for r in decodes)
-    assert covered[-1] >= 0.85, covered
+    assert covered[-1] >= 0.80, covered
     assert all(r.stages[name] > 0 for r in decodes for name in ("qkv_proj", "attention", "gate_up_silu",
                                                                  "down_proj", "lm_head"))
 
