@@ -167,7 +167,7 @@ def _forget_decisions() -> None:
 def cpu_level() -> str:
     """The best level this CPU can run."""
     if "cpu_level" not in _loaded:
-        _loaded["cpu_level"] = [level.name for level in LEVELS if level.cpu_flags <= _cpu_flags()][-1]
+        _loaded["cpu_level"] = [level.name for level in LEVELS if can_run(level.name)][-1]
     return _loaded["cpu_level"]
 
 
@@ -183,11 +183,9 @@ def active_level() -> str:
         if name and name not in _LEVEL:
             raise ValueError(f"INFERPATH_ISA={forced!r} names no instruction-set level; "
                              f"use one of {', '.join(LEVEL_NAMES)}")
-        if name:  # never above the CPU's, nor at a level it lacks the flags of (avxvnni on Zen 4)
-            top = LEVEL_NAMES.index(min(name, best, key=LEVEL_NAMES.index))
-            level = [n for n in LEVEL_NAMES[:top + 1] if _LEVEL[n].cpu_flags <= _cpu_flags()][-1]
-        else:
-            level = best
+        # the highest level at or below the forced one that the CPU runs: never above the CPU's
+        # best, nor a level it lacks the flags of (avxvnni on Zen 4 runs avx2)
+        level = [n for n in LEVEL_NAMES[:LEVEL_NAMES.index(name) + 1] if can_run(n)][-1] if name else best
         _loaded[("active", forced)] = level
     return level
 

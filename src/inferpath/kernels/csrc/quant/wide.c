@@ -26,7 +26,7 @@ static inline __m256i dot_pair(__m256i acc, __m256i w0, __m256i x0, __m256i w1, 
         return dpbusd256(acc, _mm256_abs_epi8(w1), _mm256_sign_epi8(x1, w1));
     }
     return dpbusd256(dpbusd256(acc, w0, x0), w1, x1);
-#endif
+#else
     const __m256i ones = _mm256_set1_epi16(1);
     if (is_signed) {
         __m256i p0 = _mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(x0, w0));
@@ -35,6 +35,7 @@ static inline __m256i dot_pair(__m256i acc, __m256i w0, __m256i x0, __m256i w1, 
     }
     __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(w0, x0), _mm256_maddubs_epi16(w1, x1));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones));
+#endif
 }
 
 /* (q << RESIDUAL_SHIFT) + r over the groups [g0, g0 + 4) of one block, for the 8 rows */
