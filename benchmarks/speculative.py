@@ -30,8 +30,16 @@ machine is shared, so read the ratios of one run, not absolute figures.
 
     python benchmarks/speculative.py [--model qwen2.5-coder-0.5b-instruct] [--threads 2]
         [--max-tokens 192] [--repeats 2] [--spec '{"method": "ngram", ...}']
-        [--workloads code_edit,summarise,open_chat,code_gen] [--out speculative]
-        [--no-llama] [--llama-pred-tokens 4] [--llama-ngram 4]
+        [--workloads code_edit,summarise,open_chat,code_gen,code_gen_tsv] [--out speculative]
+        [--no-llama] [--llama-pred-tokens 4] [--llama-ngram 4] [--warm code_gen]
+
+Suffix decoding keeps earlier requests' outputs (engine/spec/suffix.py): its cache is emptied
+before each speculative run, and ``--warm W`` has the engine answer workload W (untimed) first,
+so every run sees one earlier, related answer (``--warm code_gen --workloads code_gen_tsv``:
+a CSV reader written before a TSV reader is asked for):
+
+    python benchmarks/speculative.py --spec '{"method": "suffix", "num_speculative_tokens": 8}'
+        --workloads code_edit,code_gen_tsv,open_chat --warm code_gen --no-llama --out speculative_suffix
 
 A draft model on the 1.5B file (issue 14's), for example:
 
@@ -90,6 +98,9 @@ WORKLOADS = {
     "open_chat": "Tell me about your favourite season and why you like it.",
     "code_gen": "Write a Python function that reads a CSV file and returns its rows as a list "
                 "of dictionaries, with a docstring and type hints.",
+    # a related task: with --warm code_gen, suffix decoding's cache holds the CSV answer
+    "code_gen_tsv": "Write a Python function that reads a TSV file and returns its rows as a list "
+                    "of dictionaries, with a docstring and type hints.",
 }
 DEFAULT_WORKLOADS = "code_edit,summarise,open_chat"
 
@@ -122,6 +133,17 @@ def decode_once(engine: LLMEngine, prompt_ids: list[int], max_tokens: int, tag: 
         "num_draft_tokens": stats.num_spec_draft_tokens - stats0.num_spec_draft_tokens,
         "num_accepted_tokens": num_accepted,
     }
+
+
+def warm(engine: LLMEngine, workload: str, max_tokens: int, tag: str) -> None:
+    """Empty the drafter's cache of earlier outputs (suffix decoding's), then answer
+    ``workload`` untimed, if one is named: each run then sees the same history."""
+    clear = getattr(engine.speculator.proposer, "clear_cache", None)
+    if clear is not None:
+        clear()
+    if workload:
+        ids = engine.tokenizer.encode_chat([{"role": "user", "content": WORKLOADS[workload]}])
+        decode_once(engine, ids, max_tokens, f"warm-{tag}")
 
 
 def gguf_file(model: str) -> Path | None:
@@ -193,6 +215,9 @@ def main() -> None:
                         help="also run the speculative engine with its verification steps on the module path "
                              "(as before the native step took chunks, issue 23 item 0): the same-run 'before'")
     parser.add_argument("--no-llama", action="store_true", help="leave llama.cpp out")
+    parser.add_argument("--warm", default="", help="a workload the speculative engine answers (untimed) before "
+                        "each of its runs: what a drafter that caches earlier outputs (suffix) has seen; "
+                        "without it every run starts from an empty cache")
     parser.add_argument("--llama-pred-tokens", type=int, default=None,
                         help="llama.cpp prompt lookup's num_pred_tokens (default: k)")
     parser.add_argument("--llama-ngram", type=int, default=None,
@@ -235,6 +260,8 @@ def main() -> None:
                                                                plain.eos_token_ids))
                     continue
                 engine = {"off": plain, "off_same_plan": same_plan}.get(mode, fast)
+                if engine is fast:
+                    warm(fast, args.warm, args.max_tokens, f"{name}-{mode}-{r}")
                 decode_stack.MAX_CHUNK_TOKENS = 0 if mode == "spec_module" else native_chunk_tokens
                 runs[mode].append(decode_once(engine, prompt_ids, args.max_tokens, f"{name}-{mode}-{r}"))
             decode_stack.MAX_CHUNK_TOKENS = native_chunk_tokens
@@ -311,7 +338,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     # a name (results/NAME.json) or a path ending in .json
     out = Path(args.out) if args.out.endswith(".json") else RESULTS / f"{args.out}.json"
-    out.write_text(json.dumps({"model": args.model, "threads": args.threads, "batch": 1,
+    out.write_text(json.dumps({"model": args.model, "threads": args.threads, "batch": 1, "warm": args.warm or None,
                                "max_tokens": args.max_tokens, "repeats": args.repeats,
                                "speculative_config": spec, "note": "shared, noisy machine",
                                "llama_cpp": None if not llamas else {

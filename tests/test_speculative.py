@@ -48,6 +48,7 @@ PROMPTS = [
 GREEDY = SamplingParams(max_tokens=10, temperature=0)
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 DRAFT = {"method": "draft_model", "model": "smollm2-first-10-layers", "num_speculative_tokens": 3}
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 4, "suffix_decoding_max_tree_depth": 12}
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +108,7 @@ def check_accepted_and_rejected(engine):
     assert stats.num_kv_blocks_used == 0
 
 
-@pytest.mark.parametrize("spec", [NGRAM, DRAFT], ids=["ngram", "draft_model"])
+@pytest.mark.parametrize("spec", [NGRAM, DRAFT, SUFFIX], ids=["ngram", "draft_model", "suffix"])
 def test_greedy_with_drafts_equals_greedy_without_in_batches_of_8(parts, plain, spec):
     engine = make_engine(parts, spec)
     outputs, steps = run(engine, PROMPTS)
@@ -125,7 +126,7 @@ def test_greedy_with_ngram_alone_equals_greedy_without(parts, plain):
     check_accepted_and_rejected(engine)
 
 
-@pytest.mark.parametrize("spec", [NGRAM, DRAFT], ids=["ngram", "draft_model"])
+@pytest.mark.parametrize("spec", [NGRAM, DRAFT, SUFFIX], ids=["ngram", "draft_model", "suffix"])
 def test_drafts_compose_with_chunked_prefill_prefix_hits_and_preemption(parts, plain, spec):
     # 9 blocks of 16 slots for 8 sequences of 2-3 blocks each: preemptions are certain;
     # a budget of 24 tokens chunks the prompts; the second pass hits the prefix cache
@@ -168,6 +169,33 @@ def test_stop_strings_inside_a_drafted_run_end_the_output_at_the_same_place(part
     assert engine.stats().num_spec_accepted_tokens > 0
 
 
+@pytest.mark.parametrize("cached", [100, 0])
+def test_suffix_drafts_from_earlier_requests_outputs(parts, cached):
+    """Prompts whose answers their prompts do not hold, each asked twice: the second time
+    the global cache holds the first answer, so its drafts are accepted (and the tokens are
+    the plain engine's); with no cache (``max_cached_requests`` 0) the second round drafts
+    no better than the first."""
+    prompts = ["The capital of France is", "Once upon a time", "What is two plus two?",
+               "Water boils at a temperature of"]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    plain_out, _ = run(make_engine(parts), prompts, params)
+    engine = make_engine(parts, {**SUFFIX, "suffix_decoding_max_cached_requests": cached})
+    accepted = []
+    for _ in range(2):
+        before = engine.stats().num_spec_accepted_tokens
+        for prompt, expected in zip(prompts, plain_out):
+            outputs, _ = run(engine, [prompt], params)
+            assert tokens(outputs) == [expected.outputs[0].token_ids]
+        accepted.append(engine.stats().num_spec_accepted_tokens - before)
+    proposer = engine.speculator.proposer
+    if cached:
+        assert len(proposer.cache.outputs) == 2 * len(prompts)
+        assert accepted[1] >= accepted[0] + len(prompts) * 8  # most of each answer drafted from the first
+    else:
+        assert proposer.cache.num_tokens == 0 and accepted[1] <= accepted[0]
+    assert engine.stats().num_kv_blocks_used == 0
+
+
 def test_speculative_config_is_checked_by_name():
     with pytest.raises(ConfigError, match="'draft_tensor_parallel_size'"):
         EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 2,
@@ -180,6 +208,18 @@ def test_speculative_config_is_checked_by_name():
         EngineConfig(speculative_config={"method": "draft_model", "num_speculative_tokens": 2})
     config = EngineConfig(speculative_config='{"method": "ngram", "num_speculative_tokens": 3}')
     assert config.speculative_config.prompt_lookup_max == 4
+    with pytest.raises(ConfigError, match="'prompt_lookup_max' are not implemented for method 'suffix'"):
+        EngineConfig(speculative_config={"method": "suffix", "prompt_lookup_max": 3})
+    for key, bad in (("suffix_decoding_max_tree_depth", 1), ("suffix_decoding_max_cached_requests", -1),
+                     ("suffix_decoding_max_spec_factor", 0), ("suffix_decoding_min_token_prob", 1.5)):
+        with pytest.raises(ConfigError, match=key):
+            EngineConfig(speculative_config={"method": "suffix", key: bad})
+    suffix = EngineConfig(speculative_config={"method": "suffix"}).speculative_config  # vLLM's defaults
+    assert (suffix.num_speculative_tokens, suffix.suffix_decoding_max_tree_depth,  # k: the depth, capped at 16
+            suffix.suffix_decoding_max_cached_requests, suffix.suffix_decoding_max_spec_factor,
+            suffix.suffix_decoding_min_token_prob) == (16, 24, 10000, 1.0, 0.1)
+    assert EngineConfig(speculative_config={"method": "suffix", "suffix_decoding_max_tree_depth": 6}
+                        ).speculative_config.num_speculative_tokens == 6
 
 
 def test_the_flag_is_generated_from_the_engine_config():

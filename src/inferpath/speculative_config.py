@@ -4,6 +4,7 @@ Spelled as vLLM spells ``--speculative-config``: a JSON object (or a dict from P
 
     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
     {"method": "draft_model", "model": "qwen2.5-coder-0.5b-instruct", "num_speculative_tokens": 4}
+    {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_tree_depth": 24}
 
 Every key is read or refused by name: a key this engine does not implement (vLLM's
 ``draft_tensor_parallel_size``, an ``eagle`` method, ...) is an error, never dropped.
@@ -15,10 +16,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "suffix")
 _KEYS = {
     "ngram": ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"),
     "draft_model": ("method", "num_speculative_tokens", "model"),
+    "suffix": ("method", "num_speculative_tokens", "suffix_decoding_max_tree_depth",
+               "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
+               "suffix_decoding_min_token_prob"),
 }
 MAX_SPECULATIVE_TOKENS = 16
 
@@ -29,12 +33,21 @@ class SpeculativeConfigError(ValueError):
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """``method``: ``ngram`` (prompt lookup over the prompt and the output so far) or
-    ``draft_model`` (a smaller model with the same vocabulary, named like any model).
+    """``method``: ``ngram`` (prompt lookup over the prompt and the output so far),
+    ``draft_model`` (a smaller model with the same vocabulary, named like any model) or
+    ``suffix`` (suffix decoding: the request's own tokens and earlier requests' outputs,
+    continuations chosen by how often they followed; engine/spec/suffix.py).
 
     ``num_speculative_tokens`` (k) drafts are verified in one step of k + 1 tokens.
     ngram: the longest suffix of ``prompt_lookup_min..prompt_lookup_max`` tokens that
     occurred earlier proposes the k tokens that followed it.
+    suffix (vLLM's keys and defaults): a match of m tokens (at most
+    ``suffix_decoding_max_tree_depth`` - 1) proposes at most
+    ``floor(suffix_decoding_max_spec_factor * m)`` tokens, and no token whose estimated
+    probability (the product of the frequencies along the drafted path) is below
+    ``suffix_decoding_min_token_prob``; the outputs of the last
+    ``suffix_decoding_max_cached_requests`` finished requests are kept (0: the request's own
+    tokens only). Its k defaults to the tree depth, capped at this engine's 16.
     """
 
     method: str
@@ -42,6 +55,10 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     model: str | None = None
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -61,10 +78,26 @@ class SpeculativeConfig:
         if lo > hi:
             raise SpeculativeConfigError(
                 f"speculative_config prompt_lookup_min ({lo}) is above prompt_lookup_max ({hi})")
+        if self.method == "suffix":
+            self._check_suffix()
         if self.method == "draft_model" and not (isinstance(self.model, str) and self.model):
             raise SpeculativeConfigError(
                 "speculative_config method 'draft_model' needs \"model\": the draft model's "
                 "alias, .gguf file or Hugging Face directory")
+
+    def _check_suffix(self) -> None:
+        for name, low in (("suffix_decoding_max_tree_depth", 2), ("suffix_decoding_max_cached_requests", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise SpeculativeConfigError(
+                    f"speculative_config {name} must be an integer >= {low}, got {value!r}")
+        factor, prob = self.suffix_decoding_max_spec_factor, self.suffix_decoding_min_token_prob
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+            raise SpeculativeConfigError(
+                f"speculative_config suffix_decoding_max_spec_factor must be a number > 0, got {factor!r}")
+        if isinstance(prob, bool) or not isinstance(prob, (int, float)) or not 0 <= prob <= 1:
+            raise SpeculativeConfigError(
+                f"speculative_config suffix_decoding_min_token_prob must be a number in [0, 1], got {prob!r}")
 
     @classmethod
     def from_value(cls, value: Any) -> SpeculativeConfig:
@@ -90,6 +123,12 @@ class SpeculativeConfig:
             raise SpeculativeConfigError(
                 f"speculative_config key(s) {', '.join(map(repr, unknown))} are not implemented "
                 f"for method {method!r}; known keys: {', '.join(_KEYS[method])}")
+        if method == "suffix" and "num_speculative_tokens" not in value:
+            depth = value.get("suffix_decoding_max_tree_depth", cls.suffix_decoding_max_tree_depth)
+            if isinstance(depth, int) and not isinstance(depth, bool):  # else __post_init__ names it
+                value = {**value, "num_speculative_tokens": min(depth, MAX_SPECULATIVE_TOKENS)}
+            else:
+                value = {**value, "num_speculative_tokens": MAX_SPECULATIVE_TOKENS}
         if "num_speculative_tokens" not in value:
             raise SpeculativeConfigError("speculative_config needs \"num_speculative_tokens\"")
         return cls(**value)

@@ -3,7 +3,8 @@ the next step verifies them as one chunk of k + 1 (engine/scheduler.py) and the 
 sampler accepts a prefix (sampling/rejection.py).
 
 ``Speculator`` decides who drafts and how many (engine/spec/speculator.py); the drafters
-are ``ngram`` (engine/spec/ngram.py) and ``draft_model`` (engine/spec/draft_model.py).
+are ``ngram`` (engine/spec/ngram.py), ``suffix`` (engine/spec/suffix.py) and ``draft_model``
+(engine/spec/draft_model.py).
 """
 
 from inferpath.engine.spec.speculator import Speculator

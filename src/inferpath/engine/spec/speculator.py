@@ -82,6 +82,9 @@ class Speculator:
             for request in chosen:
                 if request.grammar is not None and request.spec_token_ids:
                     _cut_to_grammar(request)
+        observe = getattr(self.proposer, "observe", None)  # suffix.py: outputs cached as they leave
+        if observe is not None:
+            observe(running)
         if shadowed:
             self.proposer.propose(shadowed, [1] * len(shadowed))
             for request in shadowed:
@@ -126,6 +129,10 @@ def build_speculator(config: SpeculativeConfig, *, target_config=None, draft=Non
         from inferpath.engine.spec.ngram import NgramProposer
 
         return Speculator(config, NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max))
+    if config.method == "suffix":
+        from inferpath.engine.spec.suffix import SuffixProposer
+
+        return Speculator(config, SuffixProposer.from_config(config))
     from inferpath.engine.spec.draft_model import DraftModelProposer
 
     return Speculator(config, DraftModelProposer.build(config, target_config, draft, engine_config))
