@@ -4,7 +4,7 @@ The engine-level tests (greedy with drafts equal to greedy without) are in
 tests/test_speculative.py."""
 
 from inferpath.engine.request import Request
-from inferpath.engine.spec.suffix import CANDIDATES, SuffixProposer
+from inferpath.engine.spec.suffix import CANDIDATES, SuffixProposer, _pair
 from inferpath.sampling.params import SamplingParams
 
 
@@ -57,20 +57,25 @@ def test_the_cache_keeps_the_last_requests_and_forgets_the_oldest_entirely():
     finished(proposer, [10, 11, 12, 13])
     assert len(proposer.cache.outputs) == 2 and proposer.cache.num_tokens == 8
     assert proposer.lookup("q4", [0, 1, 2], 4) == []  # the first output is gone, index and all
-    assert (1, 2) not in proposer.cache.ends
+    assert _pair(1, 2) not in proposer.cache.ends
     assert proposer.lookup("q5", [0, 6, 7], 4) == [8, 9]
     assert proposer.lookup("q6", [0, 10, 11], 4) == [12, 13]
 
 
-def test_only_sequences_that_left_are_cached():
-    proposer = SuffixProposer(4)
+def test_running_outputs_draft_for_other_requests_and_stay_when_they_leave():
+    proposer = SuffixProposer(4, max_cached_requests=1)
     running = Request("live", [1, 2], SamplingParams(max_tokens=8))
-    running.output_token_ids.extend([50, 51, 52, 53])
+    running.output_token_ids.extend([50, 51, 52])
     proposer.observe([running])
-    proposer.release({running.seq_id})
-    assert proposer.cache.num_tokens == 0
+    assert proposer.lookup("other", [9, 50, 51], 4) == [52]  # a concurrent sample's tokens so far
+    running.output_token_ids.append(53)
+    proposer.observe([running])
+    proposer.release({running.seq_id})  # still live: still running, not finished
+    assert proposer.cache.outputs == [] and proposer.lookup("other2", [9, 50, 51], 4) == [52, 53]
     proposer.release(set())
-    assert proposer.cache.num_tokens == 4 and proposer.lookup("other", [9, 50, 51], 4) == [52, 53]
+    assert [list(o) for o in proposer.cache.outputs] == [[50, 51, 52, 53]]
+    finished(proposer, [60, 61, 62])  # one finished output kept: the older one goes
+    assert proposer.cache.num_tokens == 3 and proposer.lookup("other3", [9, 50, 51], 4) == []
 
 
 def test_a_proposal_reads_a_bounded_window_of_occurrences():

@@ -196,6 +196,30 @@ def test_suffix_drafts_from_earlier_requests_outputs(parts, cached):
     assert engine.stats().num_kv_blocks_used == 0
 
 
+def test_suffix_drafts_from_a_running_requests_output(parts):
+    """The same prompt asked again while the first request still runs: the second drafts
+    from the first's output so far (the cache indexes running outputs as they grow), and
+    both give the plain engine's tokens."""
+    prompt = "Write a short poem about the sea at night."
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    (expected,), _ = run(make_engine(parts), [prompt], params)
+    accepted = {}
+    for cached in (100, 0):
+        engine = make_engine(parts, {**SUFFIX, "suffix_decoding_max_cached_requests": cached})
+        engine.add_request("first", prompt, params)
+        for _ in range(20):
+            engine.step()
+        engine.add_request("second", prompt, params)
+        finals = {}
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    finals[output.request_id] = output.outputs[0].token_ids
+        assert finals == {"first": expected.outputs[0].token_ids, "second": expected.outputs[0].token_ids}
+        accepted[cached] = engine.stats().num_spec_accepted_tokens
+    assert accepted[100] >= accepted[0] + 10
+
+
 def test_speculative_config_is_checked_by_name():
     with pytest.raises(ConfigError, match="'draft_tensor_parallel_size'"):
         EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 2,

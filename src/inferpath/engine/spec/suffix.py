@@ -5,9 +5,11 @@ proposed, longer where the match is longer.
 The corpora:
 
 - the request's own tokens, its prompt and its output so far (what prompt lookup reads);
-- the global cache: the outputs of the last ``suffix_decoding_max_cached_requests``
-  requests that finished (an agent's loop repeats its own tool calls and phrasings across
-  requests, which no single prompt holds).
+- the global cache: the outputs of the requests running now (indexed as they grow: ``n``
+  samples of one prompt, or the same question from two users, draft from each other) and
+  of the last ``suffix_decoding_max_cached_requests`` requests that finished (an agent's
+  loop repeats its own tool calls and phrasings across requests, which no single prompt
+  holds); 0 turns the cache off.
 
 For a sequence t[:L], every earlier place in a corpus where t[L-2:L] occurred (the most
 recent ``CANDIDATES`` of them) is extended backwards to its match length m (at most the
@@ -24,9 +26,12 @@ Matches shorter than two tokens propose nothing. The search is over a bounded wi
 occurrences, so a corpus of any size costs each proposal at most ``CANDIDATES`` backward
 comparisons per corpus; the frequencies are those of the window (the most recent ones).
 
-Memory: the global cache holds each cached output's tokens (4 bytes each) and one index
-entry per token (a Python int in a list, ~40 bytes): ~45 bytes a cached token. Outputs
-enter when their request finishes (or is aborted) and leave oldest first.
+Memory: the global cache holds each finished output's tokens (8 bytes each) and one index
+entry per token, keyed by its pair (an int where the pair occurred once, else an array of
+8-byte entries): measured 17 bytes a cached token on repetitive text (prose and code
+repeated) and 112 on tokens whose pairs almost never repeat, the worst case: 500-token
+outputs x the default 10000 requests are then ~0.6 GB (``max_cached_requests`` bounds it).
+Finished outputs (and aborted ones) leave oldest first, filtered out of the index.
 The drafts are point masses (no distributions): ``spec_draft_probs`` stays None.
 """
 
@@ -39,7 +44,11 @@ from collections.abc import Sequence
 from inferpath.engine.request import Request
 
 CANDIDATES = 64  # occurrences of the last two tokens examined per corpus and proposal
-_SHIFT = 32      # a global index entry: (sequence number << 32) | end
+_SHIFT = 32      # a global index entry: (sequence number << 32) | end; a pair's key: (a << 32) | b
+
+
+def _pair(a: int, b: int) -> int:
+    return (a << _SHIFT) | b
 
 
 class _Draft:
@@ -116,60 +125,100 @@ class _Local:
     """One request's own tokens: where each pair of tokens ended, by pair."""
 
     def __init__(self) -> None:
-        self.ends: dict[tuple[int, int], list[int]] = {}
+        self.ends: dict[int, list[int]] = {}  # _pair(a, b) -> ends
         self.num_indexed = 1  # pairs ending at positions (exclusive) <= this are in
 
     def occurrences(self, tokens: Sequence[int]) -> list[tuple[Sequence[int], int]]:
         for end in range(self.num_indexed + 1, len(tokens) + 1):
-            self.ends.setdefault((tokens[end - 2], tokens[end - 1]), []).append(end)
+            self.ends.setdefault(_pair(tokens[end - 2], tokens[end - 1]), []).append(end)
         self.num_indexed = max(self.num_indexed, len(tokens))
         if len(tokens) < 2:
             return []
-        ends = self.ends.get((tokens[-2], tokens[-1]), ())
+        ends = self.ends.get(_pair(tokens[-2], tokens[-1]), ())
         return [(tokens, end) for end in reversed(ends[-CANDIDATES - 1:])]
 
 
 class _GlobalCache:
-    """The outputs of finished requests, oldest first, with their pairs' ends indexed."""
+    """The outputs of requests: those running (indexed as they grow, so that concurrent
+    requests, ``n`` samples of one prompt among them, draft from each other) and the last
+    ``max_requests`` that finished. Each pair of tokens' ends, by pair, in indexing order."""
 
     def __init__(self, max_requests: int):
         self.max_requests = max_requests
-        self.outputs: deque[tuple[int, array]] = deque()  # (sequence number, tokens)
-        self.by_number: dict[int, array] = {}
-        self.ends: dict[tuple[int, int], list[int]] = {}
+        self.by_number: dict[int, Sequence[int]] = {}  # a running output's own list; a finished one's array
+        self.active: dict[object, tuple[int, list[int]]] = {}  # seq id -> (number, its output list)
+        self.indexed: dict[int, int] = {}  # number -> pairs ending at positions <= this are in
+        self.finished: deque[int] = deque()  # numbers, oldest first
+        # _pair(a, b) -> (number << _SHIFT) | end: one entry as an int, more as an array, oldest first
+        self.ends: dict[int, int | array] = {}
         self.next_number = 0
-        self.num_tokens = 0
 
-    def add(self, tokens: Sequence[int]) -> None:
-        if self.max_requests == 0 or len(tokens) < 3:
+    def track(self, seq_id: object, output: list[int]) -> None:
+        """Index ``output`` (a running sequence's list, which grows) up to its end."""
+        if self.max_requests == 0:
             return
-        number, stored = self.next_number, array("l", tokens)
-        self.next_number += 1
-        self.outputs.append((number, stored))
-        self.by_number[number] = stored
-        self.num_tokens += len(stored)
-        for end in range(2, len(stored) + 1):
-            self.ends.setdefault((stored[end - 2], stored[end - 1]), []).append((number << _SHIFT) | end)
-        while len(self.outputs) > self.max_requests:
-            self._evict()
+        entry = self.active.get(seq_id)
+        if entry is None:
+            entry = self.active[seq_id] = (self.next_number, output)
+            self.by_number[self.next_number] = output
+            self.indexed[self.next_number] = 1
+            self.next_number += 1
+        self._index(*entry)
 
-    def _evict(self) -> None:
-        number, stored = self.outputs.popleft()
-        del self.by_number[number]
-        self.num_tokens -= len(stored)
-        for key in {(stored[end - 2], stored[end - 1]) for end in range(2, len(stored) + 1)}:
+    def _index(self, number: int, output: Sequence[int]) -> None:
+        first = self.indexed[number] + 1
+        for end in range(first, len(output) + 1):
+            key, entry = _pair(output[end - 2], output[end - 1]), (number << _SHIFT) | end
+            entries = self.ends.get(key)
+            if entries is None:
+                self.ends[key] = entry  # most pairs occur once: no array for them
+            elif isinstance(entries, int):
+                self.ends[key] = array("q", (entries, entry))
+            else:
+                entries.append(entry)
+        self.indexed[number] = max(self.indexed[number], len(output))
+
+    def finish(self, seq_id: object) -> None:
+        """The sequence left: its output, indexed to the end, kept as an array; the oldest
+        finished outputs past ``max_requests`` forgotten."""
+        entry = self.active.pop(seq_id, None)
+        if entry is None:
+            return
+        number, output = entry
+        self._index(number, output)
+        self.by_number[number] = array("l", output)
+        self.finished.append(number)
+        while len(self.finished) > self.max_requests:
+            self._evict(self.finished.popleft())
+
+    def _evict(self, number: int) -> None:
+        stored = self.by_number.pop(number)
+        del self.indexed[number]
+        for key in {_pair(stored[end - 2], stored[end - 1]) for end in range(2, len(stored) + 1)}:
             entries = self.ends[key]
-            i = 0
-            while i < len(entries) and entries[i] >> _SHIFT == number:  # the oldest come first
-                i += 1
-            del entries[:i]
-            if not entries:
+            kept = array("q", (e for e in ((entries,) if isinstance(entries, int) else entries)
+                               if e >> _SHIFT != number))
+            if kept:
+                self.ends[key] = kept
+            else:
                 del self.ends[key]
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens held, running and finished outputs."""
+        return sum(len(output) for output in self.by_number.values())
+
+    @property
+    def outputs(self) -> list[Sequence[int]]:
+        """The finished outputs held, oldest first."""
+        return [self.by_number[number] for number in self.finished]
 
     def occurrences(self, tokens: Sequence[int]) -> list[tuple[Sequence[int], int]]:
         if len(tokens) < 2:
             return []
-        entries = self.ends.get((tokens[-2], tokens[-1]), ())
+        entries = self.ends.get(_pair(tokens[-2], tokens[-1]), ())
+        if isinstance(entries, int):
+            entries = (entries,)
         mask = (1 << _SHIFT) - 1
         return [(self.by_number[e >> _SHIFT], e & mask) for e in reversed(entries[-CANDIDATES:])]
 
@@ -184,7 +233,6 @@ class SuffixProposer:
         self.matcher = _Matcher(num_speculative_tokens, max_tree_depth, max_spec_factor, min_token_prob)
         self.cache = _GlobalCache(max_cached_requests)
         self._locals: dict[object, _Local] = {}
-        self._requests: dict[object, Request] = {}  # the sequences seen running: cached when they leave
 
     @classmethod
     def from_config(cls, config) -> SuffixProposer:
@@ -197,10 +245,10 @@ class SuffixProposer:
         self.cache = _GlobalCache(self.cache.max_requests)
 
     def observe(self, running: Sequence[Request]) -> None:
-        """The engine's running sequences after a step: their outputs are cached when they
-        leave (``release``)."""
+        """The engine's running sequences after a step: their outputs so far enter the
+        cache (and stay when they leave: ``release``)."""
         for request in running:
-            self._requests[request.seq_id] = request
+            self.cache.track(request.seq_id, request.output_token_ids)
 
     def propose(self, requests: Sequence[Request], num_drafts: Sequence[int]) -> None:
         for request, k in zip(requests, num_drafts):
@@ -218,8 +266,9 @@ class SuffixProposer:
         return (cached if cached.score > own.score else own).tokens
 
     def release(self, live_seq_ids: set) -> None:
-        """Cache the outputs of sequences no longer running or waiting; forget them."""
-        for seq_id in [s for s in self._requests if s not in live_seq_ids]:
-            self.cache.add(self._requests.pop(seq_id).output_token_ids)
+        """Keep the outputs of sequences no longer running or waiting as finished; forget
+        their own indexes."""
+        for seq_id in [s for s in self.cache.active if s not in live_seq_ids]:
+            self.cache.finish(seq_id)
         for seq_id in [s for s in self._locals if s not in live_seq_ids]:
             del self._locals[seq_id]
