@@ -81,7 +81,8 @@ SPELLINGS: dict[str, Spelling] = {
                                      "keep the fast kernels (a step with both runs twice)", affirm=True),
     "speculative_config": Spelling(("--speculative-config",), "speculative decoding, as a JSON "
                                    "object: {\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
-                                   "\"prompt_lookup_max\": 4} or {\"method\": \"draft_model\", "
+                                   "\"prompt_lookup_max\": 4}, {\"method\": \"suffix\", "
+                                   "\"num_speculative_tokens\": 8} or {\"method\": \"draft_model\", "
                                    "\"model\": ALIAS, \"num_speculative_tokens\": 4}", type=str,
                                    metavar="JSON", none_means="off"),
     "seed": Spelling(("--engine-seed",), "seed of the engine's shared random generator "
