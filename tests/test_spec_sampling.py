@@ -4,12 +4,13 @@
   (n-gram) drafts and with drafts drawn from another distribution (draft model): the
   first emitted token follows p_0, and after an accepted draft the next follows p_1
   (chi-square at a fixed seed; a 2% shift of the target is rejected by the same test);
-- the whole engine on a tiny random model with an 8-token vocabulary: the first token
-  verified with drafts (the second output token) follows the target's marginal;
-- 200 speculative requests with random aborts, sampled and greedy, both drafters: every
+- the whole engine on a tiny random model with an 8-token vocabulary, ngram and suffix
+  drafts: the first token verified with drafts (the second output token) follows the
+  target's marginal;
+- 200 speculative requests with random aborts, sampled and greedy, every drafter: every
   KV block (the target's and the draft model's) is returned;
-- ``--deterministic`` (batch-invariant mode): greedy tokens and logprobs with ngram drafts
-  are bitwise those without.
+- ``--deterministic`` (batch-invariant mode): greedy tokens and logprobs with ngram and
+  suffix drafts are bitwise those without.
 """
 
 import random
@@ -117,13 +118,16 @@ def last_probs(model: Transformer, tokens: list[int]) -> torch.Tensor:
         return model.compute_logits(hidden[-1:])[0].softmax(-1)
 
 
-def test_engine_with_ngram_drafts_samples_the_target_marginal(tokenizer):
+@pytest.mark.parametrize("spec", [{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3},
+                                  {"method": "suffix", "num_speculative_tokens": 3}], ids=["ngram", "suffix"])
+def test_engine_with_point_mass_drafts_samples_the_target_marginal(tokenizer, spec):
+    # suffix: the 2000 samples run together, so each also drafts from the others' outputs
     model = tiny_model(0)
     prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
     n = 2000
     engine = LLMEngine(model, tokenizer, TINY, EngineConfig(
         num_kv_blocks=2 * n, block_size=16, max_num_seqs=n, max_num_batched_tokens=8 * n,
-        speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}))
+        speculative_config=spec))
     params = SamplingParams(n=n, max_tokens=4, temperature=1.0, seed=7, ignore_eos=True)
     engine.add_request("r", prompt, params)
     final = None
@@ -149,7 +153,7 @@ def test_engine_with_ngram_drafts_samples_the_target_marginal(tokenizer):
     assert chi_square_p(second, shifted(marginal2)) < ALPHA
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "suffix"])
 def test_every_block_is_returned_after_200_requests_with_random_aborts(tokenizer, method):
     spec = {"method": method, "num_speculative_tokens": 4}
     if method == "draft_model":
@@ -209,6 +213,7 @@ def test_deterministic_mode_keeps_tokens_and_logprobs_bitwise_with_drafts(tokeni
                         for c in (finals[f"r{i}"] for i in range(len(prompts)))]
 
     _, plain = outputs(None)
-    engine, drafted = outputs({"method": "ngram", "num_speculative_tokens": 4})
-    assert engine.stats().num_spec_accepted_tokens > 0
-    assert drafted == plain  # bitwise: each token attends through its own plan in this mode
+    for method in ("ngram", "suffix"):
+        engine, drafted = outputs({"method": method, "num_speculative_tokens": 4})
+        assert engine.stats().num_spec_accepted_tokens > 0
+        assert drafted == plain  # bitwise: each token attends through its own plan in this mode
