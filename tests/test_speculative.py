@@ -234,7 +234,7 @@ def test_speculative_config_is_checked_by_name():
     assert config.speculative_config.prompt_lookup_max == 4
     with pytest.raises(ConfigError, match="'prompt_lookup_max' are not implemented for method 'suffix'"):
         EngineConfig(speculative_config={"method": "suffix", "prompt_lookup_max": 3})
-    for key, bad in (("suffix_decoding_max_tree_depth", 1), ("suffix_decoding_max_cached_requests", -1),
+    for key, bad in (("suffix_decoding_max_tree_depth", 2), ("suffix_decoding_max_cached_requests", -1),
                      ("suffix_decoding_max_spec_factor", 0), ("suffix_decoding_min_token_prob", 1.5)):
         with pytest.raises(ConfigError, match=key):
             EngineConfig(speculative_config={"method": "suffix", key: bad})

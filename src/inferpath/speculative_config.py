@@ -42,7 +42,7 @@ class SpeculativeConfig:
     ngram: the longest suffix of ``prompt_lookup_min..prompt_lookup_max`` tokens that
     occurred earlier proposes the k tokens that followed it.
     suffix (vLLM's keys and defaults): a match of m tokens (at most
-    ``suffix_decoding_max_tree_depth`` - 1) proposes at most
+    ``suffix_decoding_max_tree_depth`` - 1, a depth of 3 or more) proposes at most
     ``floor(suffix_decoding_max_spec_factor * m)`` tokens, and no token whose estimated
     probability (the product of the frequencies along the drafted path) is below
     ``suffix_decoding_min_token_prob``; the outputs of the last
@@ -86,7 +86,8 @@ class SpeculativeConfig:
                 "alias, .gguf file or Hugging Face directory")
 
     def _check_suffix(self) -> None:
-        for name, low in (("suffix_decoding_max_tree_depth", 2), ("suffix_decoding_max_cached_requests", 0)):
+        # depth: a match of at least 2 tokens and 1 draft (engine/spec/suffix.py), so >= 3
+        for name, low in (("suffix_decoding_max_tree_depth", 3), ("suffix_decoding_max_cached_requests", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise SpeculativeConfigError(
