@@ -83,8 +83,8 @@ def _follow(occurrences: list[tuple[Sequence[int], int]], limit: int, min_prob: 
 class _Matcher:
     """The search shared by both corpora: ``best(context, occurrences)``."""
 
-    def __init__(self, k: int, depth: int, factor: float, min_prob: float):
-        self.k, self.depth, self.factor, self.min_prob = k, depth, factor, min_prob
+    def __init__(self, depth: int, factor: float, min_prob: float):
+        self.depth, self.factor, self.min_prob = depth, factor, min_prob
         self.balanced = max(2, int(depth / (1.0 + factor)))  # factor * m == depth - m
 
     def best(self, context: Sequence[int], occurrences: list[tuple[Sequence[int], int]], k: int) -> _Draft:
@@ -230,7 +230,8 @@ class SuffixProposer:
 
     def __init__(self, num_speculative_tokens: int, max_tree_depth: int = 24, max_cached_requests: int = 10000,
                  max_spec_factor: float = 1.0, min_token_prob: float = 0.1):
-        self.matcher = _Matcher(num_speculative_tokens, max_tree_depth, max_spec_factor, min_token_prob)
+        self.num_speculative_tokens = num_speculative_tokens  # the Speculator's k never exceeds it
+        self.matcher = _Matcher(max_tree_depth, max_spec_factor, min_token_prob)
         self.cache = _GlobalCache(max_cached_requests)
         self._locals: dict[object, _Local] = {}
 
