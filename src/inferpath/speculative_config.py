@@ -71,10 +71,8 @@ class SpeculativeConfig:
                 f"speculative_config num_speculative_tokens must be an integer in "
                 f"1..{MAX_SPECULATIVE_TOKENS}, got {k!r}")
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
-        for name, value in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpeculativeConfigError(
-                    f"speculative_config {name} must be a positive integer, got {value!r}")
+        self._require_int("prompt_lookup_min", 1)
+        self._require_int("prompt_lookup_max", 1)
         if lo > hi:
             raise SpeculativeConfigError(
                 f"speculative_config prompt_lookup_min ({lo}) is above prompt_lookup_max ({hi})")
@@ -85,13 +83,14 @@ class SpeculativeConfig:
                 "speculative_config method 'draft_model' needs \"model\": the draft model's "
                 "alias, .gguf file or Hugging Face directory")
 
+    def _require_int(self, name: str, low: int) -> None:
+        value = getattr(self, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise SpeculativeConfigError(f"speculative_config {name} must be an integer >= {low}, got {value!r}")
+
     def _check_suffix(self) -> None:
-        # depth: a match of at least 2 tokens and 1 draft (engine/spec/suffix.py), so >= 3
-        for name, low in (("suffix_decoding_max_tree_depth", 3), ("suffix_decoding_max_cached_requests", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise SpeculativeConfigError(
-                    f"speculative_config {name} must be an integer >= {low}, got {value!r}")
+        self._require_int("suffix_decoding_max_tree_depth", 3)  # a match of 2 tokens and 1 draft (suffix.py)
+        self._require_int("suffix_decoding_max_cached_requests", 0)
         factor, prob = self.suffix_decoding_max_spec_factor, self.suffix_decoding_min_token_prob
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
             raise SpeculativeConfigError(
@@ -124,12 +123,11 @@ class SpeculativeConfig:
             raise SpeculativeConfigError(
                 f"speculative_config key(s) {', '.join(map(repr, unknown))} are not implemented "
                 f"for method {method!r}; known keys: {', '.join(_KEYS[method])}")
-        if method == "suffix" and "num_speculative_tokens" not in value:
+        if method == "suffix" and "num_speculative_tokens" not in value:  # the depth, capped
             depth = value.get("suffix_decoding_max_tree_depth", cls.suffix_decoding_max_tree_depth)
-            if isinstance(depth, int) and not isinstance(depth, bool):  # else __post_init__ names it
-                value = {**value, "num_speculative_tokens": min(depth, MAX_SPECULATIVE_TOKENS)}
-            else:
-                value = {**value, "num_speculative_tokens": MAX_SPECULATIVE_TOKENS}
+            valid = isinstance(depth, int) and not isinstance(depth, bool)  # else __post_init__ names it
+            value = {**value, "num_speculative_tokens": min(depth, MAX_SPECULATIVE_TOKENS) if valid
+                     else MAX_SPECULATIVE_TOKENS}
         if "num_speculative_tokens" not in value:
             raise SpeculativeConfigError("speculative_config needs \"num_speculative_tokens\"")
         return cls(**value)

@@ -50,6 +50,9 @@ class Speculator:
     def propose(self, running: Sequence[Request], waiting: Sequence[Request] = ()) -> None:
         """Draft for every running sequence that should (see the module docstring); a
         paused one gets a shadow proposal where proposals are free (engine/spec/acceptance.py)."""
+        observe = getattr(self.proposer, "observe", None)  # suffix.py: every running output so far,
+        if observe is not None:                             # this step's tokens included, before any lookup
+            observe(running)
         chosen, num_drafts, shadowed = [], [], []
         decoding = [r for r in running if r.status is RequestStatus.RUNNING
                     and r.num_tokens - r.num_computed_tokens == 1]
@@ -82,9 +85,6 @@ class Speculator:
             for request in chosen:
                 if request.grammar is not None and request.spec_token_ids:
                     _cut_to_grammar(request)
-        observe = getattr(self.proposer, "observe", None)  # suffix.py: outputs cached as they leave
-        if observe is not None:
-            observe(running)
         if shadowed:
             self.proposer.propose(shadowed, [1] * len(shadowed))
             for request in shadowed:

@@ -228,17 +228,16 @@ class SuffixProposer:
 
     proposals_are_free = True  # a paused sequence's shadow proposals cost a lookup
 
-    def __init__(self, num_speculative_tokens: int, max_tree_depth: int = 24, max_cached_requests: int = 10000,
-                 max_spec_factor: float = 1.0, min_token_prob: float = 0.1):
-        self.num_speculative_tokens = num_speculative_tokens  # the Speculator's k never exceeds it
+    def __init__(self, max_tree_depth: int = 24, max_cached_requests: int = 10000, max_spec_factor: float = 1.0,
+                 min_token_prob: float = 0.1):
+        # k comes with each proposal (the Speculator's, at most num_speculative_tokens)
         self.matcher = _Matcher(max_tree_depth, max_spec_factor, min_token_prob)
         self.cache = _GlobalCache(max_cached_requests)
         self._locals: dict[object, _Local] = {}
 
     @classmethod
     def from_config(cls, config) -> SuffixProposer:
-        return cls(config.num_speculative_tokens, config.suffix_decoding_max_tree_depth,
-                   config.suffix_decoding_max_cached_requests, config.suffix_decoding_max_spec_factor,
+        return cls(config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_cached_requests, config.suffix_decoding_max_spec_factor,
                    config.suffix_decoding_min_token_prob)
 
     def clear_cache(self) -> None:
