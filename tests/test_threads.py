@@ -14,7 +14,7 @@ from inferpath.engine.llm_engine import LLMEngine
 from inferpath.kernels import build
 from inferpath.models import resolve_model
 from inferpath.sampling.params import SamplingParams
-from inferpath.threads import INLINE_SAMPLING_VALUES, DecodeThreadTuner, physical_cores, sampling_threads
+from inferpath.threads import INLINE_SAMPLING_VALUES, DecodeThreadTuner, physical_cores, sampling_threads, threads_phrase
 
 
 def run_steps(tuner: DecodeThreadTuner, seconds_at: dict[int, float], steps: int) -> list[int]:
@@ -25,6 +25,10 @@ def run_steps(tuner: DecodeThreadTuner, seconds_at: dict[int, float], steps: int
         counts.append(count)
         tuner.observe(seconds_at[count])
     return counts
+
+
+def test_the_summary_line_says_one_thread_in_the_singular():
+    assert [threads_phrase(n) for n in (1, 2, 16)] == ["1 thread", "2 threads", "16 threads"]
 
 
 def test_tuner_keeps_the_faster_count_then_measures_again():

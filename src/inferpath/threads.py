@@ -150,6 +150,11 @@ class DecodeThreadTuner:
         return f"{self.configured} threads (one-sequence decode: {self.chosen}, measured faster)"
 
 
+def threads_phrase(count: int) -> str:
+    """"1 thread", "2 threads": a count as the summary line says it."""
+    return f"{count} thread{'' if count == 1 else 's'}"
+
+
 # A step's sampling works on (rows, vocab) logits. PyTorch splits an op over its OpenMP team
 # once a tensor passes its grain (32,768 values), and each such region either wakes a
 # sleeping thread (PASSIVE: a 151,936-value amax took 63 us at 2 threads, 8.7 on the calling

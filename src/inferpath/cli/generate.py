@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from inferpath.cli.engine_flags import add_engine_flags, engine_config_from_args
+from inferpath.threads import threads_phrase
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -92,7 +93,7 @@ def _stream_answer(engine, request_id: str, prompt, params) -> str:
     import torch
 
     tuner = engine.runner.thread_tuner
-    threads = tuner.describe() if tuner else f"{torch.get_num_threads()} threads"
+    threads = tuner.describe() if tuner else threads_phrase(torch.get_num_threads())
     stack = engine.runner.model.model
     if hasattr(stack, "native_decode_refusal"):  # kernels/decode_stack.py
         refusal = stack.native_decode_refusal()
@@ -145,7 +146,7 @@ def summary_line(output, kv_bytes_per_token: int, weights=None, bandwidth: float
     if weights is not None:
         import torch
 
-        threads = threads or f"{torch.get_num_threads()} threads"
+        threads = threads or threads_phrase(torch.get_num_threads())
         what = plan.describe() if plan is not None else weights.describe()
         ran = f"{what}, {threads} | {weights.decode_bytes / 1e6:.1f} MB/token"
         if bandwidth and tok_s and not speculative:
