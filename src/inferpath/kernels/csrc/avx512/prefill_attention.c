@@ -181,12 +181,16 @@ static inline __attribute__((always_inline)) void attend_rows(scratch *s, int r,
 }
 
 /* Each head size its own function (inlined together, they spilled: d 64 20% slower). Two
- * output vectors at a time for 64 dims, one for more (1 thread, 512 tokens: d 128 13%
- * faster with one). */
+ * output vectors at a time for 64 and 128 dims: each key then costs a row two value loads
+ * and six weight broadcasts for twelve multiply-adds, where one vector a pass left the loop
+ * bound by its loads (7 for 6). On AMD Zen 5, 1 thread, the two builds in one process
+ * (tests: the same bits): d 128 1.12-1.18x faster at 512 and 2048 tokens (12/2 and 32/8
+ * heads), four vectors no faster; in the code of 2026-12-01 one vector had measured 13%
+ * faster (d 128, 512 tokens), before the tile of 144 rows and the per-size functions. */
 #define NOINLINE __attribute__((noinline))
 static NOINLINE void attend_64(scratch *s, int r, int64_t t0, int64_t count) { attend_rows(s, r, t0, count, 64, 64, 2); }
 static NOINLINE void attend_128(scratch *s, int r, int64_t t0, int64_t count) {
-    attend_rows(s, r, t0, count, 128, 128, 1);
+    attend_rows(s, r, t0, count, 128, 128, 2);
 }
 static NOINLINE void attend_any(scratch *s, int r, int64_t t0, int64_t count, int64_t d, int64_t dp) {
     attend_rows(s, r, t0, count, d, dp, 1);
