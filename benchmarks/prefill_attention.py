@@ -1,8 +1,8 @@
 """The native causal prefill attention against PyTorch's SDPA, one layer at a time.
 
 A prompt of ``--tokens`` tokens at real models' head shapes (SmolLM2-135M: 9 query heads
-over 3 KV heads of 64 dims; Qwen2.5-0.5B: 14 over 2 of 64; a Llama-3-8B layer: 32 over 8
-of 128), q, k and v as the views of one fused projection (as the model hands them to
+over 3 KV heads of 64 dims; Qwen2.5-0.5B: 14 over 2 of 64; Qwen2.5-1.5B: 12 over 2 of 128; a Llama-3-8B
+layer: 32 over 8 of 128), q, k and v as the views of one fused projection (as the model hands them to
 ``ops.run_prefill_attention``), float32 and bfloat16. The kernel and SDPA run in
 alternation, ``--repeats`` times each; the figure is the median CPU time (process_time:
 this machine is shared) per layer, with the multiply-adds a second it implies (the
@@ -30,7 +30,8 @@ from inferpath.explain.probe import cpu_flags, cpu_model
 from inferpath.kernels import build, ops
 
 RESULTS = Path(__file__).parent / "results"
-SHAPES = {"SmolLM2-135M": (9, 3, 64), "Qwen2.5-0.5B": (14, 2, 64), "Llama-3-8B": (32, 8, 128)}
+SHAPES = {"SmolLM2-135M": (9, 3, 64), "Qwen2.5-0.5B": (14, 2, 64), "Qwen2.5-1.5B": (12, 2, 128),
+          "Llama-3-8B": (32, 8, 128)}
 
 
 def cpu_seconds(fn, repeats: int, other) -> tuple[float, float]:
@@ -50,6 +51,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--out", default=str(RESULTS / "prefill_attention.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     n, rows = args.tokens, []
@@ -78,7 +80,7 @@ def main() -> None:
         print(f"{r['model']:>14} {r['dtype']:>9} {r['heads']:>2}/{r['kv_heads']}x{r['head_dim']:<3}"
               f"{r['native_us']:>8.0f} us {r['native_gmac_s']:>7.1f} {r['sdpa_us']:>7.0f} us {r['speedup']:>11.2f}")
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "prefill_attention.json"
+    out = Path(args.out)
     out.write_text(json.dumps({
         "tokens": n, "threads": args.threads, "repeats": args.repeats, "cpu": cpu_model(),
         "machine": platform.machine(), "kernel_level": build.kernel_level(torch.float32),

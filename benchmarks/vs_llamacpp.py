@@ -5,7 +5,7 @@ per process), and the two engines alternate, repeat after repeat, so that whatev
 the machine is doing slows both alike; medians are reported. Per file and engine:
 load seconds, peak resident MB, batch-1 greedy decode tok/s after a short prompt and
 ("deep") after the 512-token prompt (attention over a long context; "deepN" after N tokens),
-512-token prefill tok/s;
+512-token prefill tok/s ("prefillN": an N-token prompt, an agent's);
 for inferpath also batch 8 and 32 aggregate decode tok/s. inferpath runs at its best
 instruction-set level and with INFERPATH_ISA=avx2 forced (llama.cpp is built for this
 CPU once; it cannot be forced per run). The floor: a decode step reads the weights once,
@@ -68,6 +68,19 @@ def context_of(task: str) -> int:
     if task == "deep":
         return PREFILL_TOKENS
     return int(task.removeprefix("deep")) if task.startswith("deep") else 0
+
+
+def prefill_of(task: str) -> int:
+    """The prompt a prefill task computes: "prefill" PREFILL_TOKENS, "prefillN" N tokens (an
+    agent's long prompt, where attention's work grows with the square), else 0."""
+    if task == "prefill":
+        return PREFILL_TOKENS
+    return int(task.removeprefix("prefill")) if task.startswith("prefill") else 0
+
+
+def prompt_tokens(task: str) -> int:
+    """The longest prompt a task reads from the ids file."""
+    return max(context_of(task), prefill_of(task))
 BATCH_TOKENS = 32
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
@@ -119,20 +132,20 @@ def rss_mb() -> float:
 
 
 # ---------------------------------------------------------------- workers (one process each)
-def worker_llamacpp(path: str, task: str, threads: int) -> dict:
+def worker_llamacpp(path: str, task: str, threads: int, flash_attn: bool = False) -> dict:
     from llama_cpp import Llama
 
-    context = context_of(task)
-    ids = prompt_ids(path, PREFILL_TOKENS if task == "prefill" else context)  # before the baseline
+    context, prefill = context_of(task), prefill_of(task)
+    ids = prompt_ids(path, prompt_tokens(task))  # before the baseline
     baseline = rss_mb()
     start = time.perf_counter()
-    llm = Llama(model_path=path, n_ctx=max(1024, context + DECODE_TOKENS + 64), n_batch=512, n_threads=threads,
-                n_threads_batch=threads, verbose=False)
+    llm = Llama(model_path=path, n_ctx=max(1024, prompt_tokens(task) + DECODE_TOKENS + 64), n_batch=512,
+                n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn, verbose=False)
     result = {"load_s": time.perf_counter() - start, "baseline_mb": baseline}
-    if task == "prefill":
+    if prefill:
         start = time.perf_counter()
         llm.eval(ids)
-        result["prefill_tok_s"] = PREFILL_TOKENS / (time.perf_counter() - start)
+        result[f"{task}_tok_s"] = prefill / (time.perf_counter() - start)
     else:  # decode after a short prompt, or "deep"/"deepN": after the 512- or N-token prompt
         llm.eval(ids if context else llm.tokenize(PROMPT.encode()))
         token = llm.sample(temp=0.0)
@@ -155,8 +168,8 @@ def worker_inferpath(path: str, task: str, threads: int, dtype: str = "auto", kv
 
     # KV cache sized like llama.cpp's n_ctx=1024 context (its resident memory includes it too)
     kv_bytes = (96 if task.startswith("batch") else 32) * 2**20
-    if context_of(task) > PREFILL_TOKENS:  # room for the long prompt in float32 (a 1.5B file's token: 57 KB)
-        kv_bytes = (context_of(task) + 2 * DECODE_TOKENS) * 64 * 1024
+    if prompt_tokens(task) > PREFILL_TOKENS:  # room for the long prompt in float32 (a 1.5B file's token: 57 KB)
+        kv_bytes = (prompt_tokens(task) + 2 * DECODE_TOKENS) * 64 * 1024
     baseline = rss_mb()  # torch and inferpath imported: ~220 MB before any model
     start = time.perf_counter()
     # as many threads as the physical cores: inferpath's default (threads=None), which also
@@ -178,11 +191,11 @@ def worker_inferpath(path: str, task: str, threads: int, dtype: str = "auto", kv
         return done
 
     run([PROMPT], 4)  # warm up
-    if task == "prefill":
-        ids = prompt_ids(path, PREFILL_TOKENS)
+    if prefill_of(task):
+        ids = prompt_ids(path, prefill_of(task))
         start = time.perf_counter()
         run([ids], 1)
-        result["prefill_tok_s"] = PREFILL_TOKENS / (time.perf_counter() - start)
+        result[f"{task}_tok_s"] = prefill_of(task) / (time.perf_counter() - start)
     elif task == "decode" or context_of(task):  # "deep"/"deepN": decode after the 512- or N-token prompt
         (out,) = run([prompt_ids(path, context_of(task)) if context_of(task) else PROMPT], DECODE_TOKENS + 1)
         result[f"{task}_tok_s"] = DECODE_TOKENS / (out.metrics.finished_time - out.metrics.first_token_time)
@@ -201,6 +214,8 @@ def worker_inferpath(path: str, task: str, threads: int, dtype: str = "auto", kv
 # engine key -> (worker, INFERPATH_ISA, dtype, kv_cache_dtype)
 ENGINES = {
     "llamacpp": ("llamacpp", None, None, None),  # its KV cache in f16, llama.cpp's default
+    # flash attention on: llama-cpp-python's default is off, llama.cpp's own tools' "auto" turns it on
+    "llamacpp-fa": ("llamacpp", "flash-attn", None, None),
     "inferpath": ("inferpath", None, "auto", "auto"),
     "inferpath-avx2": ("inferpath", "avx2", "auto", "auto"),
     "inferpath-avxvnni": ("inferpath", "avxvnni", "auto", "auto"),  # AVX2 + AVX-VNNI (Intel client cores, Zen 5)
@@ -213,11 +228,12 @@ def measure(key: str, path: str, task: str, threads: int, busy: bool) -> dict:
     worker, isa, dtype, kv_dtype = ENGINES[key]
     env = dict(WORKER_ENV)
     env.pop("INFERPATH_ISA", None)
-    if isa:
+    flash_attn = worker == "llamacpp" and isa == "flash-attn"
+    if isa and worker == "inferpath":
         env["INFERPATH_ISA"] = isa
     command = [sys.executable, __file__, "--worker", worker, "--model", path, "--task", task,
                "--threads", str(threads)] + (["--dtype", dtype] if dtype else []) + \
-        (["--kv-cache-dtype", kv_dtype] if kv_dtype else [])
+        (["--kv-cache-dtype", kv_dtype] if kv_dtype else []) + (["--flash-attn"] if flash_attn else [])
     hog = subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"]) if busy else None
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
@@ -275,17 +291,19 @@ def main() -> None:
     parser.add_argument("--busy", action="store_true", help="a niced busy loop beside every run")
     parser.add_argument("--formats", default="Q4_1,Q8_0,BF16,Qwen", help="of Q4_1, Q8_0, BF16, Qwen, Qwen1.5B")
     parser.add_argument("--tasks", default="decode,deep,prefill",
-                        help="of decode, deep (after 512 tokens), deepN (after N tokens), prefill, batchN "
+                        help="of decode, deep (after 512 tokens), deepN (after N tokens), prefill (512 tokens), "
+                             "prefillN (N tokens), batchN "
                              "(inferpath only: N rows decoding at once)")
     parser.add_argument("--engines", default="llamacpp,inferpath,inferpath-avx2",
                         help=f"comma-separated, of {', '.join(ENGINES)}")
     parser.add_argument("--dtype", default="auto", help="(worker) inferpath's dtype")
     parser.add_argument("--kv-cache-dtype", default="auto", help="(worker) inferpath's KV cache dtype")
+    parser.add_argument("--flash-attn", action="store_true", help="(worker) llama.cpp with flash attention")
     parser.add_argument("--out", default=str(RESULTS / "vs_llamacpp.json"))
     args = parser.parse_args()
     if args.worker:
         if args.worker == "llamacpp":
-            print(json.dumps(worker_llamacpp(args.model, args.task, args.threads)))
+            print(json.dumps(worker_llamacpp(args.model, args.task, args.threads, args.flash_attn)))
         else:
             print(json.dumps(worker_inferpath(args.model, args.task, args.threads, args.dtype, args.kv_cache_dtype)))
         return
@@ -300,17 +318,18 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     keys = args.engines.split(",")
     source = Path(resolve_model("smollm2-135m-instruct"))
-    files = make_files(source, workdir) if "llamacpp" in keys else {"Q4_1": str(source)}
+    with_llamacpp = any(ENGINES[key][0] == "llamacpp" for key in keys)
+    files = make_files(source, workdir) if with_llamacpp else {"Q4_1": str(source)}
     files["Qwen"] = str(resolve_model("qwen2.5-coder-0.5b-instruct"))
     if "Qwen1.5B" in args.formats.split(","):  # 1.12 GB: pulled only when asked for
         files["Qwen1.5B"] = str(resolve_model("qwen2.5-coder-1.5b-instruct"))
     results: dict = {"machine": info, "threads": args.threads, "busy": args.busy, "repeats": args.repeats,
-                     "load_average": os.getloadavg(), "llamacpp_build": llamacpp_build() if "llamacpp" in keys else None,
+                     "load_average": os.getloadavg(), "llamacpp_build": llamacpp_build() if with_llamacpp else None,
                      "files": {}}
     for fmt in args.formats.split(","):
         path = files[fmt]
         tasks = set(args.tasks.split(","))
-        write_prompt_ids(path, max(map(context_of, tasks)))
+        write_prompt_ids(path, max(map(prompt_tokens, tasks)))
         samples: dict = {}
         for repeat in range(args.repeats):
             for key in keys:
@@ -355,7 +374,8 @@ def print_table(results: dict) -> None:
              f"{'load s':>7} {'RSS MB':>7} {'base MB':>7} {'model MB':>8} {'floor':>6}"
     print(header)
     for fmt, entry in results["files"].items():
-        base = entry["engines"].get("llamacpp") or entry["engines"].get("inferpath-fp32", {})
+        base = (entry["engines"].get("llamacpp") or entry["engines"].get("llamacpp-fa")
+                or entry["engines"].get("inferpath-fp32", {}))
         for key, m in entry["engines"].items():
             dr = m.get("decode_tok_s", 0) / base["decode_tok_s"] if base.get("decode_tok_s") else float("nan")
             pr = m.get("prefill_tok_s", 0) / base["prefill_tok_s"] if base.get("prefill_tok_s") else float("nan")
@@ -369,6 +389,10 @@ def print_table(results: dict) -> None:
                                 and n.endswith("_tok_s")), key=context_of):
                 ratio = f" ({m[f'{deep}_tok_s'] / base[f'{deep}_tok_s']:.2f}x)" if base.get(f"{deep}_tok_s") else ""
                 print(f"{'':6} {key:16} decode after {context_of(deep)} tokens: {m[f'{deep}_tok_s']:.1f} tok/s{ratio}")
+            for prefill in sorted((n.removesuffix("_tok_s") for n in m if n.startswith("prefill") and n != "prefill_tok_s"
+                                   and n.endswith("_tok_s")), key=prefill_of):
+                ratio = f" ({m[f'{prefill}_tok_s'] / base[f'{prefill}_tok_s']:.2f}x)" if base.get(f"{prefill}_tok_s") else ""
+                print(f"{'':6} {key:16} prefill of {prefill_of(prefill)} tokens: {m[f'{prefill}_tok_s']:.1f} tok/s{ratio}")
             for batch in sorted((n.removesuffix("_tok_s") for n in m if n.startswith("batch") and n.endswith("_tok_s")),
                                 key=lambda n: int(n.removeprefix("batch"))):
                 ratio = f" ({m[f'{batch}_tok_s'] / m['decode_tok_s']:.1f}x its batch 1)" if "decode_tok_s" in m else ""
