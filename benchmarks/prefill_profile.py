@@ -1,13 +1,13 @@
-"""Where a 512-token prefill step spends its time, stage by stage (the engine's own trace).
+"""Where a prefill step (512 tokens, or ``--tokens``) spends its time, stage by stage (the engine's own trace).
 
-One process: loads a GGUF file, warms up, then prefills ``--rounds`` prompts of 512 real
+One process: loads a GGUF file, warms up, then prefills ``--rounds`` prompts of 512 (``--tokens``) real
 tokens (different ones each round, so no prefix-cache hit), each a single step, traced
 (engine/trace.py). Prints each stage's median seconds per step and its share, the step's
 tok/s, and writes JSON (``--out``). Tracing wraps modules with a clock; its overhead on a
 512-token step is small (benchmarks/trace_overhead.py), but the untraced tok/s is also
 measured (the round before each traced one) and reported.
 
-    python benchmarks/prefill_profile.py --model PATH.gguf [--threads 2] [--rounds 3] [--no-trace]
+    python benchmarks/prefill_profile.py --model PATH.gguf [--threads 2] [--rounds 3] [--tokens 512] [--no-trace]
 
 At 1 thread the tok/s per CPU second (the process's CPU time) is the steadier figure on a
 shared machine.
@@ -32,8 +32,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-trace", action="store_true", help="untraced rounds only")
+    parser.add_argument("--tokens", type=int, default=512, help="the prompt, one step (a long one: attention grows)")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
+    global TOKENS
+    TOKENS = args.tokens
 
     from inferpath.config import EngineConfig
     from inferpath.engine.llm_engine import LLMEngine
@@ -46,7 +49,7 @@ def main() -> None:
     ids: list[int] = []
     while len(ids) < TOKENS * (2 * args.rounds + 1):
         ids += tokenizer.encode(json.__doc__ + argparse.__doc__)
-    engine = LLMEngine.from_model(args.model, EngineConfig(threads=args.threads, kv_cache_memory_bytes=64 * 2**20,
+    engine = LLMEngine.from_model(args.model, EngineConfig(threads=args.threads, kv_cache_memory_bytes=max(64, TOKENS // 4) * 2**20,
                                                            max_num_batched_tokens=TOKENS))
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
 
@@ -73,7 +76,7 @@ def main() -> None:
     rows = sorted({name for s in steps for name in s.stages})
     medians = {name: statistics.median(s.stages.get(name, 0.0) for s in steps) for name in rows}
     step_s = statistics.median(s.step_s for s in steps) if steps else float("nan")
-    result = {"model": args.model, "threads": args.threads, "level": build.kernel_level("quantized"),
+    result = {"model": args.model, "threads": args.threads, "tokens": TOKENS, "level": build.kernel_level("quantized"),
               "untraced_tok_s": TOKENS / statistics.median(untraced), "cpu_tok_s": TOKENS / statistics.median(cpu_s),
               "traced_step_s": step_s, "stages_s": medians, "untraced_s": untraced, "untraced_cpu_s": cpu_s,
               "traced_steps_s": [s.step_s for s in steps]}
