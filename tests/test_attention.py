@@ -263,20 +263,23 @@ def test_native_prefill_attention_rescales_as_later_keys_outgrow_the_first(dtype
         torch.testing.assert_close(out.double(), expected, rtol=2**-7, atol=2e-2)
 
 
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (12, 2, 128)], ids=["smollm2", "qwen2.5-1.5b"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", ["mixed", "single-chunk-on-context", "single-fresh-prefill"])
 @torch.inference_mode()
-def test_prompt_chunks_take_the_native_prefill_attention_with_or_without_context(name, dtype, monkeypatch):
+def test_prompt_chunks_take_the_native_prefill_attention_with_or_without_context(name, dtype, heads, kv_heads,
+                                                                                 head_dim, monkeypatch):
     """At the avx512 level every prompt chunk without a sliding window runs the native
     prefill attention, a chunk on cached context reading its keys through the block table
-    (real head sizes: SmolLM2's groups of 3 over 64 dims): the reference's outputs."""
+    (real head sizes: SmolLM2's groups of 3 over 64 dims, Qwen2.5-1.5B's groups of 6 over
+    128, each size its own compiled loop): the reference's outputs."""
     from inferpath.kernels import modules
 
     if not kernel_build.can_run("avx512") or kernel_build.native_prefill_attention(dtype) is None:
         pytest.skip(f"the native prefill attention is built at the avx512 level only: {kernel_status()}")
     monkeypatch.setenv("INFERPATH_ISA", "avx512")
     here = sys.modules[__name__]
-    for field, value in (("HEAD_DIM", 64), ("NUM_HEADS", 9), ("NUM_KV_HEADS", 3), ("BLOCK_SIZE", 16),
+    for field, value in (("HEAD_DIM", head_dim), ("NUM_HEADS", heads), ("NUM_KV_HEADS", kv_heads), ("BLOCK_SIZE", 16),
                          ("NUM_BLOCKS", 64)):
         monkeypatch.setattr(here, field, value)
     calls = []
