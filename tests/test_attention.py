@@ -21,6 +21,8 @@ from inferpath.model.attention_plan import build_attention_plan, causal_mask
 from inferpath.model.metadata import AttentionMetadata
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 6, 2, 8, 4, 1600
+# the levels that build the native prefill attention (avx2 and avxvnni: its 256-bit form)
+PREFILL_ATTENTION_LEVELS = ("avx2", "avxvnni", "avx512")
 
 # (context already cached, new tokens) per sequence, in batch order
 BATCHES = {
@@ -206,8 +208,9 @@ def test_fixed_head_size_decode_attention_gives_the_general_kernels_bits(head_di
                                                             (200, 8, 2, 128), (1, 6, 2, 8)])
 @torch.inference_mode()
 def test_native_prefill_attention_equals_causal_sdpa(tokens, heads, kv_heads, head_dim, dtype, isa, monkeypatch):
-    """A prompt chunk over its own keys through the native kernel (the avx512 level; below
-    it PyTorch's SDPA runs, and there is no kernel to call): q, k and v as the views of one
+    """A prompt chunk over its own keys through the native kernel (avx512/prefill_attention.c
+    at the avx512 level, avx2/prefill_attention.c at avx2 and avxvnni; at the generic level
+    PyTorch's SDPA runs, and there is no kernel to call): q, k and v as the views of one
     fused projection (strided token rows), grouped-query heads, head sizes whole and partial
     vectors: the causal attention PyTorch computes in float32."""
     from inferpath.kernels import ops
@@ -216,7 +219,7 @@ def test_native_prefill_attention_equals_causal_sdpa(tokens, heads, kv_heads, he
         pytest.skip(f"this CPU cannot execute the {isa} level (its best is {kernel_build.cpu_level()})")
     monkeypatch.setenv("INFERPATH_ISA", isa)
     fn = kernel_build.native_prefill_attention(dtype)
-    if isa != "avx512":
+    if isa == "generic":
         assert fn is None
         return
     assert fn is not None, kernel_status()
@@ -235,17 +238,20 @@ def test_native_prefill_attention_equals_causal_sdpa(tokens, heads, kv_heads, he
         torch.testing.assert_close(out.float(), expected, rtol=2**-7, atol=2e-2)
 
 
+@pytest.mark.parametrize("isa", PREFILL_ATTENTION_LEVELS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @torch.inference_mode()
-def test_native_prefill_attention_rescales_as_later_keys_outgrow_the_first(dtype):
+def test_native_prefill_attention_rescales_as_later_keys_outgrow_the_first(dtype, isa, monkeypatch):
     """Keys whose scale grows along the prompt (and a first key far above the rest for the
     last heads), so that a query's top score keeps rising block after block and the
     kernel must rescale its running sums, or keeps one early top and must not: the
     causal attention computed in float64 (PyTorch's float32 SDPA is 2e-5 off it here)."""
     from inferpath.kernels import ops
 
-    if not kernel_build.can_run("avx512") or kernel_build.native_prefill_attention(dtype) is None:
-        pytest.skip(f"the native prefill attention is built at the avx512 level only: {kernel_status()}")
+    if not kernel_build.can_run(isa):
+        pytest.skip(f"this CPU cannot execute the {isa} level (its best is {kernel_build.cpu_level()})")
+    monkeypatch.setenv("INFERPATH_ISA", isa)
+    assert kernel_build.native_prefill_attention(dtype) is not None, kernel_status()
     tokens, heads, kv_heads, head_dim = 300, 6, 2, 64
     gen = torch.Generator().manual_seed(3)
     ramp = (1 + torch.arange(tokens) / 16).view(tokens, 1, 1)  # late scores up to ~20x the first
@@ -263,21 +269,24 @@ def test_native_prefill_attention_rescales_as_later_keys_outgrow_the_first(dtype
         torch.testing.assert_close(out.double(), expected, rtol=2**-7, atol=2e-2)
 
 
+@pytest.mark.parametrize("isa", PREFILL_ATTENTION_LEVELS)
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (12, 2, 128)], ids=["smollm2", "qwen2.5-1.5b"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", ["mixed", "single-chunk-on-context", "single-fresh-prefill"])
 @torch.inference_mode()
 def test_prompt_chunks_take_the_native_prefill_attention_with_or_without_context(name, dtype, heads, kv_heads,
-                                                                                 head_dim, monkeypatch):
-    """At the avx512 level every prompt chunk without a sliding window runs the native
-    prefill attention, a chunk on cached context reading its keys through the block table
-    (real head sizes: SmolLM2's groups of 3 over 64 dims, Qwen2.5-1.5B's groups of 6 over
-    128, each size its own compiled loop): the reference's outputs."""
+                                                                                 head_dim, isa, monkeypatch):
+    """At the levels that build the native prefill attention (avx2 and avxvnni: the 256-bit
+    kernel; avx512) every prompt chunk without a sliding window runs it, a chunk on cached
+    context reading its keys through the block table (real head sizes: SmolLM2's groups of
+    3 over 64 dims, Qwen2.5-1.5B's groups of 6 over 128, each size its own compiled loop):
+    the reference's outputs."""
     from inferpath.kernels import modules
 
-    if not kernel_build.can_run("avx512") or kernel_build.native_prefill_attention(dtype) is None:
-        pytest.skip(f"the native prefill attention is built at the avx512 level only: {kernel_status()}")
-    monkeypatch.setenv("INFERPATH_ISA", "avx512")
+    if not kernel_build.can_run(isa):
+        pytest.skip(f"this CPU cannot execute the {isa} level (its best is {kernel_build.cpu_level()})")
+    monkeypatch.setenv("INFERPATH_ISA", isa)
+    assert kernel_build.native_prefill_attention(dtype) is not None, kernel_status()
     here = sys.modules[__name__]
     for field, value in (("HEAD_DIM", head_dim), ("NUM_HEADS", heads), ("NUM_KV_HEADS", kv_heads), ("BLOCK_SIZE", 16),
                          ("NUM_BLOCKS", 64)):

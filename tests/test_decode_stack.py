@@ -24,11 +24,14 @@ PROMPTS = ["Tell me about the number 7.", "Write a haiku about rain.", "def fibo
 
 
 def generate(alias: str, native: bool, calls: list | None = None, threads: int = 2, dtype: str = "auto",
-             prompts: list[str] = PROMPTS, chunk_calls: list | None = None, **config) -> dict:
+             prompts: list[str] = PROMPTS, chunk_calls: list | None = None, served: list | None = None,
+             **config) -> dict:
     """Greedy text and top-5 logprobs of the prompts' requests decoding side by side.
     ``alias``: a packaged model, or a model file's path. ``chunk_calls``: per step with a
     step of more than one row of some sequence (a prompt chunk, or a verification: laid out
-    as one-token rows by the runner), whether it took the call."""
+    as one-token rows by the runner), whether it took the call. ``served``: per step (with
+    ``calls``), whether the level's matrix kernels the call runs serve its rows (the native
+    plan's ``serves``: the module path's kernel for that many rows is the call's)."""
     path = alias if alias.endswith(".gguf") else resolve_model(alias)
     engine = LLMEngine.from_model(path, EngineConfig(threads=threads, kv_cache_memory_bytes=64 * 2**20, dtype=dtype,
                                                      **config))
@@ -42,6 +45,8 @@ def generate(alias: str, native: bool, calls: list | None = None, threads: int =
             hidden = original(*args)
             if calls is not None:
                 calls.append(hidden is not None)
+            if served is not None:
+                served.append(stack._native_plan().serves(args[0].shape[0]))
             if chunk_calls is not None and args[0].shape[0] > len(engine.scheduler.running):
                 chunk_calls.append(hidden is not None)
             return hidden
@@ -67,7 +72,7 @@ def test_native_decode_equals_the_module_path_to_the_bit(isa, monkeypatch):
     native = generate("smollm2-135m-instruct", True, calls)
     assert sum(calls) >= 20
     # the prompts' step (three chunks of 7-9 tokens) is native where the module path's
-    # prefill attention is (avx512), else it takes the module path
+    # prefill attention is (avx2, avxvnni, avx512), else it takes the module path
     assert calls[0] == (build.native_prefill_attention(torch.float32) is not None)
     assert native == generate("smollm2-135m-instruct", False)
 
@@ -82,7 +87,11 @@ def test_a_step_of_many_rows_splits_its_row_kernels_over_the_pool_to_the_same_bi
     prompts = [f"Story {i}: once upon a time there was a small robot who liked to count the stars, "
                f"the clouds and the birds over the old town." for i in range(5)]
     calls: list[bool] = []
-    native = generate("smollm2-135m-instruct", True, calls, prompts=prompts)
+    served: list[bool] = []
+    native = generate("smollm2-135m-instruct", True, calls, prompts=prompts, served=served)
+    if not served[0]:  # avx2: the quantized matmul fuses up to 96 rows (quant_ops.QUANT_MATMUL_MAX_ROWS)
+        pytest.skip(f"the {build.kernel_level(torch.float32)} level's quantized kernels do not fuse the first "
+                    "step's rows: it takes the module path")
     assert calls[0] and sum(calls) >= 20
     engine_rows = LLMEngine.from_model(resolve_model("smollm2-135m-instruct"), EngineConfig(threads=1))
     lengths = [len(engine_rows.tokenizer.encode(p)) for p in prompts]
@@ -198,12 +207,11 @@ def test_a_traced_verification_step_stays_native_and_times_its_stages():
 
 
 def test_below_the_prefill_kernels_level_prompt_chunks_step_aside_verifications_stay_native(monkeypatch):
-    """Below avx512 the module path attends chunks with PyTorch's SDPA, which the native call
-    cannot reproduce to the bit: a prompt chunk steps aside; verification steps, one-token
-    rows of decode attention, stay native and equal the module path to the bit."""
-    if not build.can_run("avx2"):
-        pytest.skip("this CPU cannot execute the avx2 level")
-    monkeypatch.setenv("INFERPATH_ISA", "avx2")
+    """At the generic level (the prefill kernel is built at avx2, avxvnni and avx512) the
+    module path attends chunks with PyTorch's SDPA, which the native call cannot reproduce
+    to the bit: a prompt chunk steps aside; verification steps, one-token rows of decode
+    attention, stay native and equal the module path to the bit."""
+    monkeypatch.setenv("INFERPATH_ISA", "generic")
     if build.native_decode_layers() is None:
         pytest.skip(build.kernel_status())
     assert build.native_prefill_attention(torch.float32) is None
@@ -261,9 +269,13 @@ def test_native_float_decode_equals_the_module_path_to_the_bit(isa, dtype, monke
     if build.native_decode_layers(getattr(torch, dtype)) is None:
         pytest.skip(build.kernel_status())
     calls: list[bool] = []
-    native = generate("smollm2-135m-instruct", True, calls, dtype=dtype)
+    served: list[bool] = []
+    native = generate("smollm2-135m-instruct", True, calls, dtype=dtype, served=served)
     assert sum(calls) >= 20
-    assert calls[0] == (build.native_prefill_attention(getattr(torch, dtype)) is not None)  # the prompts' step
+    # the prompts' step is native where the prefill attention is built (avx2, avxvnni, avx512)
+    # and the level's GEMV (or AMX GEMM) serves its rows: below avx512 the portable GEMV takes
+    # a few rows only (ops.PORTABLE_GEMV_MAX_ROWS), and the step takes the module path
+    assert calls[0] == (build.native_prefill_attention(getattr(torch, dtype)) is not None and served[0])
     assert native == generate("smollm2-135m-instruct", False, dtype=dtype)
 
 

@@ -171,8 +171,10 @@ def native_paged_attention(dtype: torch.dtype, level: str | None = None, kv_dtyp
 
 def native_prefill_attention(dtype: torch.dtype, level: str | None = None, kv_dtype: torch.dtype | None = None):
     """The native causal prefill attention (a chunk over its own keys) for ``dtype`` queries
-    over ``kv_dtype`` keys (as native_paged_attention), or None (the avx512 level only:
-    below it PyTorch's SDPA was faster)."""
+    over ``kv_dtype`` keys (as native_paged_attention), or None: built at the avx512 level
+    (csrc/avx512/prefill_attention.c) and at avx2 and avxvnni (csrc/avx2/prefill_attention.c,
+    the same kernel on 256-bit registers); the generic level keeps PyTorch's SDPA (its
+    portable form of the kernel lost to it)."""
     if kv_dtype not in (None, dtype):
         return _mixed_kv_kernel("inferpath_prefill_attention_f32_kv_bf16", dtype, kv_dtype, level)
     return _dtype_kernel("inferpath_prefill_attention_{}", dtype, level)

@@ -21,10 +21,11 @@ native modules the call reads (exact types, through their public accessors).
 A step's rows may also be short chunks of one sequence each (up to ``MAX_CHUNK_TOKENS``
 tokens: a speculative verification of k drafts is a chunk of k + 1, and a short prompt
 chunk), mixed with other sequences' decode rows: a chunk's rows are attended by the same
-causal prefill kernel the module path runs for it (avx512/prefill_attention.c, passed to
-the call), the decode rows by the paged decode attention, so the result stays equal to the
-bit to the module path. Where that kernel is not built (below avx512 the module path runs
-PyTorch's SDPA for chunks), chunks take the module path.
+causal prefill kernel the module path runs for it (avx512/prefill_attention.c, or
+avx2/prefill_attention.c at the avx2 and avxvnni levels, passed to the call), the decode
+rows by the paged decode attention, so the result stays equal to the bit to the module
+path. Where that kernel is not built (at the generic level the module path runs PyTorch's
+SDPA for chunks), chunks take the module path.
 
 A traced step stays native: the stage clock (engine/trace_stages.py) hands the stack a
 buffer (``native_stage_seconds``) that the call fills with each stage's time
@@ -120,7 +121,7 @@ class _Plan:
         prefill = build.native_prefill_attention(torch.float32 if self.quantized else self.dtype)
         self.prefill_fn = None if prefill is None else ctypes.cast(prefill, _P).value
         # a bfloat16 cache beside float32 activations: chunks with cached context read it through this
-        # (built where prefill_fn is: the float32 library at avx512)
+        # (built where prefill_fn is: the float32 library at avx2, avxvnni and avx512)
         cached = build.native_prefill_attention(torch.float32, kv_dtype=torch.bfloat16)
         self.prefill_cached_fn = None if cached is None else ctypes.cast(cached, _P).value
         modules = [m for layer in layers for m in layer.modules()]  # watched for hooks and wrappers

@@ -53,8 +53,8 @@ class Level:
 
 LEVELS = (  # lowest first
     Level("generic", ("portable", "quant", "drivers"), (), frozenset()),
-    Level("avx2", ("portable", "quant", "drivers"), ("-mavx2", "-mfma", "-mf16c"), frozenset({"avx2", "fma", "f16c"})),
-    Level("avxvnni", ("portable", "quant", "drivers"), ("-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
+    Level("avx2", ("portable", "avx2", "quant", "drivers"), ("-mavx2", "-mfma", "-mf16c"), frozenset({"avx2", "fma", "f16c"})),
+    Level("avxvnni", ("portable", "avx2", "quant", "drivers"), ("-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
           frozenset({"avx2", "fma", "f16c", "avx_vnni"})),
     Level("avx512", ("avx512", "quant", "drivers"),
           ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mfma", "-mf16c",

@@ -82,14 +82,14 @@ _EXTRA_SIGNATURES = {
     # qtype, weight, row bytes, columns, k, panel (csrc/quant/gemm.c: -1 below the avx512 level)
     "inferpath_amx_int8_pack_panel": [_N, _P, _I, _N, _I, _P],
 }
-_AVX512_SIGNATURES = {
-    "inferpath_amx_gemm_bf16": [_P] * 4 + [_I] * 3 + [_N], "inferpath_amx_init": [],
-    # q, k, v, out, n, heads, kv heads, head dim, q/k/v token strides, block table (or NULL),
-    # block size, context, scale, threads (the portable form of this kernel lost to
-    # PyTorch's SDPA: the lower levels keep SDPA)
-    **{f"inferpath_prefill_attention_{suffix}": [_P] * 4 + [_I] * 7 + [_P, _I, _I, _F, _N]
-       for suffix in ("f32", "bf16", "f32_kv_bf16")},
-}
+_AVX512_SIGNATURES = {"inferpath_amx_gemm_bf16": [_P] * 4 + [_I] * 3 + [_N], "inferpath_amx_init": []}
+# q, k, v, out, n, heads, kv heads, head dim, q/k/v token strides, block table (or NULL),
+# block size, context, scale, threads: csrc/avx512/prefill_attention.c and, for 256-bit
+# registers, csrc/avx2/prefill_attention.c (the avx2 and avxvnni levels; the generic level,
+# whose portable form of this kernel lost to PyTorch's SDPA, keeps SDPA)
+_PREFILL_ATTENTION_LEVELS = ("avx2", "avxvnni", "avx512")
+_PREFILL_ATTENTION_SIGNATURES = {f"inferpath_prefill_attention_{suffix}": [_P] * 4 + [_I] * 7 + [_P, _I, _I, _F, _N]
+                                 for suffix in ("f32", "bf16", "f32_kv_bf16")}
 
 
 def _compiler_version(compiler: str) -> str:
@@ -144,6 +144,8 @@ def _build(level: isa.Level) -> tuple[ctypes.CDLL | None, str]:
     signatures = dict(_EXTRA_SIGNATURES)
     if level.name == "avx512":
         signatures.update(_AVX512_SIGNATURES)
+    if level.name in _PREFILL_ATTENTION_LEVELS:
+        signatures.update(_PREFILL_ATTENTION_SIGNATURES)
     for pattern, argtypes in _SIGNATURES.items():
         signatures.update({pattern.format(suffix): argtypes for suffix in _SUFFIX.values()})
     for symbol, argtypes in signatures.items():

@@ -113,7 +113,8 @@ class CPURotaryEmbedding(RotaryEmbedding):
 class CPUPagedAttention(PagedAttention):
     """``PagedAttention`` whose decode group runs the native kernel: each sequence's keys
     and values are read in place through its block table, with no gathered copy and no
-    mask tensor. Prompt chunks run the native prefill attention where it is built (avx512):
+    mask tensor. Prompt chunks run the native prefill attention where it is built (avx512,
+    avxvnni and avx2):
     causal over the chunk's own keys, or over its cached context and its own keys read
     through the block table, only the keys at or before each query read; chunks under a
     sliding window keep PyTorch's SDPA."""

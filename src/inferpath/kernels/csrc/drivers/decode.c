@@ -99,7 +99,7 @@ typedef struct {
     const int64_t *table;
 } decode_chunk;
 
-/* avx512/prefill_attention.c's entry point for the activations' type (the module path's) */
+/* avx512/ or avx2/prefill_attention.c's entry point for the activations' type (the module path's) */
 typedef int (*prefill_attention_fn)(const void *q, const void *k, const void *v, void *out, int64_t n, int64_t h,
                                     int64_t kvh, int64_t d, int64_t q_stride, int64_t k_stride, int64_t v_stride,
                                     const int64_t *table, int64_t block_size, int64_t context, float scale,
