@@ -6,7 +6,8 @@ Four levels, each its own shared library built from one source set with its own 
 - ``generic``: portable C (csrc/portable, csrc/quant), no intrinsics, vectorised by the
   compiler; every CPU runs it (and it is what an aarch64 machine compiles);
 - ``avx2``: the same sources with ``-mavx2 -mfma -mf16c`` (AMD Zen 2/3, Intel client
-  CPUs); the quantized dot products take their AVX2 branch (maddubs/madd);
+  CPUs), and csrc/avx2 (intrinsics: the causal prefill attention on 256-bit registers);
+  the quantized dot products take their AVX2 branch (maddubs/madd);
 - ``avxvnni``: the avx2 sources with ``-mavxvnni`` too (Intel's client cores from Alder
   Lake, Sapphire Rapids, AMD Zen 5): the quantized dot products take ``vpdpbusd`` on
   256-bit registers (VEX), one instruction where AVX2 takes three, with the same integer
