@@ -62,10 +62,10 @@ def test_decode_attention_over_a_bf16_cache_is_the_float32_kernel_over_its_value
 @torch.inference_mode()
 def test_prefill_attention_over_a_bf16_cache_is_the_float32_kernel_over_its_values(head_dim, kv_heads, group):
     """A prompt chunk over its cached context (the block table) and its own keys: the
-    float32 prefill kernel's bits over the widened cache (the avx512 level, where it is built)."""
+    float32 prefill kernel's bits over the widened cache (the avx2, avxvnni and avx512 levels build it)."""
     mixed = build.native_prefill_attention(torch.float32, kv_dtype=torch.bfloat16)
     if mixed is None:
-        pytest.skip(f"the native prefill attention is built at avx512 only: {kernel_status()}")
+        pytest.skip(f"no native prefill attention at this level (built at avx2, avxvnni and avx512): {kernel_status()}")
     q, k, v, tables, _ = _paged_inputs(head_dim, kv_heads, group, [160], seed=1)
     chunk = torch.randn(40, kv_heads * group, head_dim, generator=torch.Generator().manual_seed(2))
     out = run_prefill_attention(mixed, chunk, k, v, head_dim ** -0.5, tables[0].contiguous(), 120)
@@ -156,7 +156,7 @@ def test_a_prefix_cache_hit_over_a_bf16_cache_gives_the_cold_prompts_bits():
     from inferpath.models import resolve_model
 
     if build.native_prefill_attention(torch.float32, kv_dtype=torch.bfloat16) is None:
-        pytest.skip(f"the native prefill attention is built at avx512 only: {kernel_status()}")
+        pytest.skip(f"no native prefill attention at this level (built at avx2, avxvnni and avx512): {kernel_status()}")
     engine = LLMEngine.from_model(resolve_model("smollm2-135m-instruct"),
                                   EngineConfig(threads=2, kv_cache_dtype="bfloat16", kv_cache_memory_bytes=2**25))
     prompt = ("Write a Python function that parses a CSV file with a header row and returns a list of "
