@@ -211,29 +211,27 @@ def worker_inferpath(path: str, task: str, threads: int, dtype: str = "auto", kv
 
 
 # ---------------------------------------------------------------- driver
-# engine key -> (worker, INFERPATH_ISA, dtype, kv_cache_dtype)
+# engine key -> (worker, INFERPATH_ISA or None, the worker's own flags)
 ENGINES = {
-    "llamacpp": ("llamacpp", None, None, None),  # its KV cache in f16, llama.cpp's default
+    "llamacpp": ("llamacpp", None, ()),  # its KV cache in f16, llama.cpp's default
     # flash attention on: llama-cpp-python's default is off, llama.cpp's own tools' "auto" turns it on
-    "llamacpp-fa": ("llamacpp", "flash-attn", None, None),
-    "inferpath": ("inferpath", None, "auto", "auto"),
-    "inferpath-avx2": ("inferpath", "avx2", "auto", "auto"),
-    "inferpath-avxvnni": ("inferpath", "avxvnni", "auto", "auto"),  # AVX2 + AVX-VNNI (Intel client cores, Zen 5)
-    "inferpath-fp32": ("inferpath", None, "float32", "auto"),  # the file dequantized: inferpath before this work
-    "inferpath-kvbf16": ("inferpath", None, "auto", "bfloat16"),  # the KV cache in bf16 (--kv-cache-dtype)
+    "llamacpp-fa": ("llamacpp", None, ("--flash-attn",)),
+    "inferpath": ("inferpath", None, ()),
+    "inferpath-avx2": ("inferpath", "avx2", ()),
+    "inferpath-avxvnni": ("inferpath", "avxvnni", ()),  # AVX2 + AVX-VNNI (Intel client cores, Zen 5)
+    "inferpath-fp32": ("inferpath", None, ("--dtype", "float32")),  # the file dequantized: inferpath before this work
+    "inferpath-kvbf16": ("inferpath", None, ("--kv-cache-dtype", "bfloat16")),  # the KV cache in bf16
 }
 
 
 def measure(key: str, path: str, task: str, threads: int, busy: bool) -> dict:
-    worker, isa, dtype, kv_dtype = ENGINES[key]
+    worker, isa, flags = ENGINES[key]
     env = dict(WORKER_ENV)
     env.pop("INFERPATH_ISA", None)
-    flash_attn = worker == "llamacpp" and isa == "flash-attn"
-    if isa and worker == "inferpath":
+    if isa:
         env["INFERPATH_ISA"] = isa
     command = [sys.executable, __file__, "--worker", worker, "--model", path, "--task", task,
-               "--threads", str(threads)] + (["--dtype", dtype] if dtype else []) + \
-        (["--kv-cache-dtype", kv_dtype] if kv_dtype else []) + (["--flash-attn"] if flash_attn else [])
+               "--threads", str(threads), *flags]
     hog = subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"]) if busy else None
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
