@@ -25,7 +25,6 @@
  * queries first, each thread in its own scratch memory. */
 #include "common.h"
 
-#define MAX_CHUNKS 16  /* D <= 256 */
 #define TILE_ROWS 144  /* 3x fewer copies of each key block than 48 rows (512 tokens, d 64: ~10% faster) */
 #define KEYS 32        /* a key block: KEY_VECTORS lanes of 16 */
 #define KEY_VECTORS (KEYS / 16)
@@ -33,6 +32,9 @@
 #define MAX_PV_CHUNKS 2  /* output vectors a row keeps in registers while the values stream */
 #define TILE_SLOTS (TILE_ROWS + ROWS - 1)  /* the last group of ROWS may run past the rows: idle slots */
 #define EXCESS 8.0f   /* in log2 units: a weight is at most 2^EXCESS */
+#define SUM_LANES 16  /* a row's weight sums: one register */
+
+#include "../drivers/prefill_tasks.h"
 
 /* 2^x, |rel err| < 3e-7 (a degree-5 fit of 2^f on [-1/2, 1/2]); 2^-127 below -127 */
 static inline __m512 exp2_512(__m512 x) {
@@ -82,14 +84,6 @@ static inline void transpose16(__m512 r[16]) {
     for (int i = 0; i < 16; i++) r[i] = t[i];
 }
 
-/* One thread's memory: the tile's rows (dp floats each: the head size rounded up to 16)
- * and one key block. */
-typedef struct {
-    int64_t position[TILE_SLOTS];  /* -1: an idle slot, which no key reaches */
-    float top[TILE_SLOTS];         /* the running offset of the row's exponents */
-    float *q, *acc, *total;        /* (slots, dp) scaled queries, (slots, dp) output sums, (slots, 16) weight sums */
-    float *kt, *vb;                /* (dp, KEYS) key columns, (KEYS, dp) values; zero past the block's keys */
-} scratch;
 
 /* keys [t0, t0 + count) (count <= KEYS) into s->kt (transposed) and s->vb, as float32 */
 static void load_key_block(scratch *s, const char *const *k_rows, const char *const *v_rows, int64_t count,
@@ -202,10 +196,7 @@ static void attend(scratch *s, int r, int64_t t0, int64_t count, int64_t d, int6
     else attend_any(s, r, t0, count, d, dp);
 }
 
-/* Keys: with no block table, key t is row t of k and v (token strides k_stride, v_stride);
- * with one (the chunk's cached context and its own keys, already written to the cache),
- * key t is in slot table[t / block_size] * block_size + t % block_size of the caches, a
- * slot k_stride (= v_stride) elements long. Query i is at position context + i. */
+/* one task (drivers/prefill_tasks.h) */
 static void run_task(scratch *s, const void *q, const void *k, const void *v, void *out, int64_t h, int64_t kv,
                      int64_t group, int64_t d, int64_t first, int64_t last, int64_t q_stride, int64_t k_stride,
                      int64_t v_stride, const int64_t *table, int64_t block_size, int64_t context, float scale,
@@ -252,65 +243,4 @@ static void run_task(scratch *s, const void *q, const void *k, const void *v, vo
             else _mm512_mask_storeu_ps((float *)dst + c, mask, o);
         }
     }
-}
-
-static int prefill_attention(const void *q, const void *k, const void *v, void *out, int64_t n, int64_t h,
-                             int64_t kvh, int64_t d, int64_t q_stride, int64_t k_stride, int64_t v_stride,
-                             const int64_t *table, int64_t block_size, int64_t context, float scale, int num_threads,
-                             int is_bf16, int kv_bf16) {
-    if (n < 1 || kvh < 1 || h % kvh || d < 1 || d > 16 * MAX_CHUNKS || h / kvh > TILE_ROWS || context < 0
-        || (table && block_size < 1) || (!table && context))
-        return -1;
-    const int64_t group = h / kvh, span = TILE_ROWS / group;  /* positions a tile */
-    const int64_t blocks = (n + span - 1) / span, dp = (d + 15) / 16 * 16;
-    const size_t floats = (size_t)(2 * TILE_SLOTS * dp + TILE_SLOTS * 16 + 2 * KEYS * dp);
-    int failed = 0;
-#pragma omp parallel num_threads(num_threads) if ((context + n) * n * h * d >= (1 << 20))
-    {
-        scratch s;
-        float *memory = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
-        if (memory) {
-            s.q = memory, s.acc = s.q + TILE_SLOTS * dp, s.total = s.acc + TILE_SLOTS * dp;
-            s.kt = s.total + TILE_SLOTS * 16, s.vb = s.kt + KEYS * dp;
-        } else {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < blocks * kvh; task++) {
-            const int64_t block = blocks - 1 - task % blocks, kv = task / blocks;  /* a KV head's keys stay in L2; its longest queries first */
-            const int64_t first = block * span, last = (block + 1) * span < n ? (block + 1) * span : n;
-            if (memory)
-                run_task(&s, q, k, v, out, h, kv, group, d, first, last, q_stride, k_stride, v_stride, table,
-                         block_size, context, scale, is_bf16, kv_bf16);
-        }
-        free(memory);
-    }
-    return failed ? -2 : 0;
-}
-
-int inferpath_prefill_attention_f32(const float *q, const float *k, const float *v, float *out, int64_t n, int64_t h,
-                                    int64_t kvh, int64_t d, int64_t q_stride, int64_t k_stride, int64_t v_stride,
-                                    const int64_t *table, int64_t block_size, int64_t context, float scale,
-                                    int num_threads) {
-    return prefill_attention(q, k, v, out, n, h, kvh, d, q_stride, k_stride, v_stride, table, block_size, context,
-                             scale, num_threads, 0, 0);
-}
-
-int inferpath_prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out,
-                                     int64_t n, int64_t h, int64_t kvh, int64_t d, int64_t q_stride,
-                                     int64_t k_stride, int64_t v_stride, const int64_t *table, int64_t block_size,
-                                     int64_t context, float scale, int num_threads) {
-    return prefill_attention(q, k, v, out, n, h, kvh, d, q_stride, k_stride, v_stride, table, block_size, context,
-                             scale, num_threads, 1, 1);
-}
-
-/* float32 queries and output over bfloat16 keys and values (a bfloat16 KV cache beside
- * float32 activations, EngineConfig.kv_cache_dtype): keys widened exactly as they load */
-int inferpath_prefill_attention_f32_kv_bf16(const float *q, const uint16_t *k, const uint16_t *v, float *out,
-                                            int64_t n, int64_t h, int64_t kvh, int64_t d, int64_t q_stride,
-                                            int64_t k_stride, int64_t v_stride, const int64_t *table,
-                                            int64_t block_size, int64_t context, float scale, int num_threads) {
-    return prefill_attention(q, k, v, out, n, h, kvh, d, q_stride, k_stride, v_stride, table, block_size, context,
-                             scale, num_threads, 0, 1);
 }
