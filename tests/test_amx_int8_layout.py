@@ -168,6 +168,20 @@ def test_the_flags_choose_the_engine(enabled):
 AMX_INT8_HERE = build.AMX_INT8_FLAGS <= build._probed_cpu_flags()
 
 
+def test_the_status_names_missing_amx_flags_before_the_switch(monkeypatch):
+    """A CPU without AMX-INT8 hears that, not that the engine is off by default (which it
+    could not turn on); a CPU with it hears how to turn it on."""
+    avx512_lib()
+    monkeypatch.delenv("INFERPATH_AMX_INT8", raising=False)
+    try:
+        with build.simulated_cpu_flags(remove=build.AMX_INT8_FLAGS):
+            assert build.amx_int8_status() == "no AMX-INT8: this CPU lacks amx_int8, amx_tile"
+        with build.simulated_cpu_flags(add=build.AMX_INT8_FLAGS):
+            assert build.amx_int8_status().startswith("no AMX-INT8: off unless INFERPATH_AMX_INT8=1")
+    finally:
+        build._forget_decisions()
+
+
 @pytest.mark.parametrize("alias", ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"])
 def test_a_real_models_forward_with_amx_int8_equals_its_vnni_forward(alias, enabled):
     """A 40-token prompt through SmolLM2 (Q4_1, Q8_0) and Qwen2.5-Coder (Q5_0, Q8_0, Q4_K,

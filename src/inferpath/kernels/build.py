@@ -116,14 +116,14 @@ def amx_int8_engine(level: str | None = None) -> str:
 def amx_int8_status() -> str:
     """Why the quantized GEMM's AMX-INT8 engine runs or not, in words (``kernel_status``)."""
     engine = amx_int8_engine()
-    if engine == "none" and os.environ.get("INFERPATH_AMX_INT8", "0") != "1":
-        return "no AMX-INT8: off unless INFERPATH_AMX_INT8=1 (its tiles did not beat VNNI's)"
     if engine == "tiles":
         return "AMX-INT8 tiles"
     if engine == "reference":
         return "AMX-INT8 simulated: its portable reference (csrc/drivers/amx_int8_reference.c)"
-    if not AMX_INT8_FLAGS <= isa._cpu_flags():
+    if not AMX_INT8_FLAGS <= isa._cpu_flags():  # before the switch: a CPU without AMX could not turn it on
         return f"no AMX-INT8: this CPU lacks {', '.join(sorted(AMX_INT8_FLAGS - isa._cpu_flags()))}"
+    if os.environ.get("INFERPATH_AMX_INT8", "0") != "1":
+        return "no AMX-INT8: off unless INFERPATH_AMX_INT8=1 (its tiles did not beat VNNI's)"
     if libraries.resolve_level("quantized")[0] != "avx512":
         return "no AMX-INT8: the quantized kernels run below the avx512 level"
     return "no AMX-INT8: the kernel refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)"
