@@ -84,7 +84,6 @@ static inline void transpose16(__m512 r[16]) {
     for (int i = 0; i < 16; i++) r[i] = t[i];
 }
 
-
 /* keys [t0, t0 + count) (count <= KEYS) into s->kt (transposed) and s->vb, as float32 */
 static void load_key_block(scratch *s, const char *const *k_rows, const char *const *v_rows, int64_t count,
                            int64_t d, int64_t dp, int is_bf16) {
@@ -218,18 +217,7 @@ static void run_task(scratch *s, const void *q, const void *k, const void *v, vo
             _mm512_storeu_ps(s->acc + r * dp + c, _mm512_setzero_ps());
         }
     }
-    int start = 0;  /* the first row at or after the key block */
-    for (int64_t t0 = 0; t0 < context + last; t0 += KEYS) {
-        const int64_t count = context + last - t0 < KEYS ? context + last - t0 : KEYS;
-        const char *k_rows[KEYS], *v_rows[KEYS];
-        for (int64_t j = 0; j < count; j++) {
-            const int64_t t = t0 + j, slot = table ? table[t / block_size] * block_size + t % block_size : t;
-            k_rows[j] = k_head + slot * k_stride * kv_elem, v_rows[j] = v_head + slot * v_stride * kv_elem;
-        }
-        load_key_block(s, k_rows, v_rows, count, d, dp, kv_bf16);
-        while (start < rows && s->position[start] < t0) start++;
-        for (int r = start; r < rows; r += ROWS) attend(s, r, t0, count, d, dp);
-    }
+    attend_key_blocks(s, k_head, v_head, rows, d, dp, last, k_stride, v_stride, table, block_size, context, kv_bf16);
     for (int r = 0; r < rows; r++) {
         const int64_t i = s->position[r] - context, head = kv * group + r % group;
         const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(_mm512_loadu_ps(s->total + r * 16)));

@@ -7,8 +7,8 @@
  *
  * The including file defines TILE_ROWS, TILE_SLOTS (TILE_ROWS and the idle slots its last
  * group of rows may run past), KEYS (a key block) and SUM_LANES (the lanes of a row's
- * weight sums: a register's floats) before including this header, and its run_task (one
- * task, declared below) after. */
+ * weight sums: a register's floats) and ROWS (rows attended together) before including this
+ * header, and its load_key_block, attend and run_task (declared below) after. */
 #ifndef INFERPATH_PREFILL_TASKS_H
 #define INFERPATH_PREFILL_TASKS_H
 
@@ -35,6 +35,34 @@ static void run_task(scratch *s, const void *q, const void *k, const void *v, vo
                      int64_t group, int64_t d, int64_t first, int64_t last, int64_t q_stride, int64_t k_stride,
                      int64_t v_stride, const int64_t *table, int64_t block_size, int64_t context, float scale,
                      int is_bf16, int kv_bf16);
+
+/* The level's key-block kernels, defined before run_task: load_key_block copies keys
+ * k_rows[0..count) and values v_rows[0..count) into s->kt and s->vb (zero past count);
+ * attend runs rows r .. r + ROWS - 1 of the tile against that block, keys t0 .. t0 + count - 1. */
+static void load_key_block(scratch *s, const char *const *k_rows, const char *const *v_rows, int64_t count,
+                           int64_t d, int64_t dp, int kv_bf16);
+static void attend(scratch *s, int r, int64_t t0, int64_t count, int64_t d, int64_t dp);
+
+/* Every key block the tile's rows (rows of them, positions in s->position, increasing) see:
+ * keys 0 .. context + last - 1 of KV head kv (k_head, v_head: its first key and value), each
+ * block loaded once and attended by the rows at or past its first key. */
+static inline void attend_key_blocks(scratch *s, const char *k_head, const char *v_head, int rows, int64_t d,
+                                     int64_t dp, int64_t last, int64_t k_stride, int64_t v_stride,
+                                     const int64_t *table, int64_t block_size, int64_t context, int kv_bf16) {
+    const int64_t kv_elem = kv_bf16 ? 2 : 4;
+    int start = 0;  /* the first row at or after the key block */
+    for (int64_t t0 = 0; t0 < context + last; t0 += KEYS) {
+        const int64_t count = context + last - t0 < KEYS ? context + last - t0 : KEYS;
+        const char *k_rows[KEYS], *v_rows[KEYS];
+        for (int64_t j = 0; j < count; j++) {
+            const int64_t t = t0 + j, slot = table ? table[t / block_size] * block_size + t % block_size : t;
+            k_rows[j] = k_head + slot * k_stride * kv_elem, v_rows[j] = v_head + slot * v_stride * kv_elem;
+        }
+        load_key_block(s, k_rows, v_rows, count, d, dp, kv_bf16);
+        while (start < rows && s->position[start] < t0) start++;
+        for (int r = start; r < rows; r += ROWS) attend(s, r, t0, count, d, dp);
+    }
+}
 
 /* 0, -1 for a shape the kernel does not take, -2 where a thread's memory was refused */
 static int prefill_attention(const void *q, const void *k, const void *v, void *out, int64_t n, int64_t h,
