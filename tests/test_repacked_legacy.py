@@ -213,3 +213,20 @@ def test_smollm2s_tied_table_is_repacked_once_for_the_lookup_and_the_head():
     assert head.qweight is table.qweight
     assert getattr(table.qweight, "repacked", False) == ("Q8_0" in llm.engine.weight_plan.repacked)
     assert llm.engine.weight_format.decode_bytes < 100e6  # the table once (96.6 MB a token)
+
+
+@pytest.mark.parametrize("repacked", [False, True], ids=["as-laid-out", "repacked"])
+def test_a_heads_row_range_is_the_whole_heads_slice(repacked):
+    """QuantLinear.forward_rows (a draft model's head over part of the vocabulary): the
+    outputs start..stop-1 alone, equal to the whole weight's, at ranges that cut a repacked
+    group of eight rows at either end."""
+    from inferpath.kernels.quantized import QuantLinear
+
+    weight = random_weight(Q.Q8_0, 96, 64, seed=3)
+    head = QuantLinear(repack(weight) if repacked else weight)
+    x = torch.randn(3, 64)
+    whole = head(x)
+    for start, stop in ((0, 96), (0, 40), (13, 14), (5, 91), (88, 96)):
+        torch.testing.assert_close(head.forward_rows(x, start, stop), whole[:, start:stop], rtol=0, atol=0)
+    with pytest.raises(IndexError, match="rows 90..97 are outside the 96 rows"):
+        head.forward_rows(x, 90, 97)

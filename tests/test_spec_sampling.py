@@ -54,7 +54,7 @@ def shifted(probs: torch.Tensor, amount: float = 0.02) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "draft_model"])
+@pytest.mark.parametrize("drafter", ["ngram", "draft_model", "draft_model_vocab_prefix"])
 def test_rejection_rule_emits_the_target_distribution(drafter):
     torch.manual_seed(0)
     k, n = 2, 20000
@@ -67,6 +67,9 @@ def test_rejection_rule_emits_the_target_distribution(drafter):
         drafts = [(int(logits[0].argmax()), 1)] * n
     else:  # drafts drawn from another distribution q, as a draft model draws them
         q = torch.randn(k, VOCAB).softmax(-1)
+        if drafter == "draft_model_vocab_prefix":  # draft_vocab_size 4: q is zero past the prefix
+            q[:, 4:] = 0
+            q = q / q.sum(-1, keepdim=True)
         drawn = torch.multinomial(q, n, replacement=True, generator=generator)  # (k, n)
         drafts = [tuple(drawn[:, t].tolist()) for t in range(n)]
     rows = [SamplingRow(params, [0], list(d[:j]), generator) for d in drafts for j in range(k + 1)]

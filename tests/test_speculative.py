@@ -49,6 +49,8 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0)
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 DRAFT = {"method": "draft_model", "model": "smollm2-first-10-layers", "num_speculative_tokens": 3}
 SUFFIX = {"method": "suffix", "num_speculative_tokens": 4, "suffix_decoding_max_tree_depth": 12}
+# the draft's head over SmolLM2's first 4096 token ids (of 49152) and its end-of-sequence ids
+DRAFT_PREFIX = {**DRAFT, "draft_vocab_size": 4096}
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +110,8 @@ def check_accepted_and_rejected(engine):
     assert stats.num_kv_blocks_used == 0
 
 
-@pytest.mark.parametrize("spec", [NGRAM, DRAFT, SUFFIX], ids=["ngram", "draft_model", "suffix"])
+@pytest.mark.parametrize("spec", [NGRAM, DRAFT, SUFFIX, DRAFT_PREFIX],
+                         ids=["ngram", "draft_model", "suffix", "draft_model-vocab-prefix"])
 def test_greedy_with_drafts_equals_greedy_without_in_batches_of_8(parts, plain, spec):
     engine = make_engine(parts, spec)
     outputs, steps = run(engine, PROMPTS)
@@ -116,6 +119,24 @@ def test_greedy_with_drafts_equals_greedy_without_in_batches_of_8(parts, plain, 
     assert steps["mixed"] > 0  # speculating and plain rows in one step
     check_accepted_and_rejected(engine)
     assert engine.stats().mean_acceptance_length > 1
+
+
+def test_a_draft_vocab_prefix_computes_those_logits_and_the_end_of_sequence_ids_only(parts):
+    """draft_vocab_size: the draft's logits are the whole head's on ids below it and on the
+    rows' end-of-sequence ids, -inf elsewhere; a size past the vocabulary is refused."""
+    engine = make_engine(parts, DRAFT_PREFIX)
+    proposer = engine.speculator.proposer
+    assert proposer.vocab_rows == 4096
+    model = proposer.model
+    hidden = torch.randn(2, model.config.hidden_size)
+    request = type("R", (), {"grammar": None, "eos_token_ids": frozenset({2, 40000})})()
+    logits = proposer._logits(hidden, [request])
+    full = model.compute_logits(hidden)
+    finite = torch.isfinite(logits)
+    assert finite[:, :4096].all() and finite[:, 40000].all() and int(finite.sum()) == 2 * 4097
+    torch.testing.assert_close(logits[finite], full[finite])
+    with pytest.raises(ConfigError, match="draft_vocab_size 60000 is above the draft model's vocabulary of 49152"):
+        make_engine(parts, {**DRAFT, "draft_vocab_size": 60000})
 
 
 def test_greedy_with_ngram_alone_equals_greedy_without(parts, plain):

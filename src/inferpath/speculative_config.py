@@ -4,6 +4,7 @@ Spelled as vLLM spells ``--speculative-config``: a JSON object (or a dict from P
 
     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
     {"method": "draft_model", "model": "qwen2.5-coder-0.5b-instruct", "num_speculative_tokens": 4}
+    {"method": "draft_model", "model": "...", "num_speculative_tokens": 4, "draft_vocab_size": 32768}
     {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_tree_depth": 24}
 
 Every key is read or refused by name: a key this engine does not implement (vLLM's
@@ -19,7 +20,7 @@ from typing import Any
 METHODS = ("ngram", "draft_model", "suffix")
 _KEYS = {
     "ngram": ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"),
-    "draft_model": ("method", "num_speculative_tokens", "model"),
+    "draft_model": ("method", "num_speculative_tokens", "model", "draft_vocab_size"),
     "suffix": ("method", "num_speculative_tokens", "suffix_decoding_max_tree_depth",
                "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
                "suffix_decoding_min_token_prob"),
@@ -48,6 +49,14 @@ class SpeculativeConfig:
     ``suffix_decoding_min_token_prob``; the outputs of the last
     ``suffix_decoding_max_cached_requests`` finished requests are kept (0: the request's own
     tokens only). Its k defaults to the tree depth, capped at this engine's 16.
+    draft_model's ``draft_vocab_size`` (default: the whole vocabulary): the draft's LM head
+    computes the logits of the token ids below it only (a byte-level BPE vocabulary numbers
+    its tokens in merge order, the frequent ones first) and of the end-of-sequence ids, so a
+    draft step reads that many rows of the head, not all of them (engine/spec/draft_model.py).
+    The target verifies every draft as ever: greedy output is unchanged token for token, and
+    the rejection rule stays exact for sampled rows (the draft's distribution is zero past
+    the prefix); acceptance falls where an answer needs the rarer tokens. Rows under a
+    grammar draft over the whole vocabulary.
     """
 
     method: str
@@ -59,6 +68,7 @@ class SpeculativeConfig:
     suffix_decoding_max_cached_requests: int = 10000
     suffix_decoding_max_spec_factor: float = 1.0
     suffix_decoding_min_token_prob: float = 0.1
+    draft_vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -78,6 +88,8 @@ class SpeculativeConfig:
                 f"speculative_config prompt_lookup_min ({lo}) is above prompt_lookup_max ({hi})")
         if self.method == "suffix":
             self._check_suffix()
+        if self.draft_vocab_size is not None:
+            self._require_int("draft_vocab_size", 1)
         if self.method == "draft_model" and not (isinstance(self.model, str) and self.model):
             raise SpeculativeConfigError(
                 "speculative_config method 'draft_model' needs \"model\": the draft model's "

@@ -56,6 +56,22 @@ class QuantLinear(nn.Module):
                                        bias, self._matmul, self._dequantize)
         return out.to(dtype).reshape(*lead, self.out_features)
 
+    def forward_rows(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """Outputs start..stop-1 only, (num_tokens, stop - start): the weight's rows for them
+        read alone (a repacked weight's whole groups of eight holding them, then the slice)."""
+        if not 0 <= start < stop <= self.out_features:
+            raise IndexError(f"rows {start}..{stop} are outside the {self.out_features} rows of the weight")
+        grouped = getattr(self.qweight, "repacked", False)
+        lo, hi = (start // 8 * 8, min(-(-stop // 8) * 8, self.out_features)) if grouped else (start, stop)
+        x32 = x.reshape(-1, self.in_features).float().contiguous()
+        bias = None if self.bias is None else self.bias[lo:hi].float()
+        if self._matmul is None:
+            out = nn.functional.linear(x32, self.qweight.dequantize()[lo:hi], bias)
+        else:
+            out = ops.quantized_linear(x32, self.qweight.data[lo:hi], kernel_type(self.qweight), self.in_features,
+                                       bias, self._matmul, self._dequantize)
+        return out[:, start - lo:stop - lo].to(x.dtype)
+
 
 class QuantEmbedding(nn.Module):
     """Row lookup in a ``QuantizedTensor`` (num_embeddings, embedding_dim), dequantized to

@@ -197,11 +197,13 @@ class Transformer(nn.Module):
             plans["linear"] = meta
         return self.model(input_ids, positions, kv_cache, plans)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, vocab: tuple[int, int] | None = None) -> torch.Tensor:
         """LM head on the given rows only: (num_rows, hidden_size) -> (num_rows, vocab) float32,
-        a quantized head's x in a decode step's int8 passes whatever the rows (batch_invariant)."""
+        a quantized head's x in a decode step's int8 passes whatever the rows (batch_invariant).
+        ``vocab`` (start, stop): the logits of token ids start..stop-1 alone, the head's rows
+        read for them only (head_rows; a draft model's head over part of the vocabulary)."""
         with decode_x_passes():
-            logits = self.lm_head(hidden)
+            logits = self.lm_head(hidden) if vocab is None else head_rows(self.lm_head, hidden, *vocab)
         if self.config.logits_scaling != 1.0:  # Granite
             logits = logits / self.config.logits_scaling
         cap = self.config.final_logit_softcapping
@@ -283,3 +285,21 @@ def build_model(checkpoint, dtype: torch.dtype = torch.float32, device: str | to
     model = Transformer(checkpoint.config, dtype=dtype, device=device)
     model.load_weights(checkpoint.tensors)
     return model.eval()
+
+
+def head_rows(head: nn.Module, hidden: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Outputs start..stop-1 of an LM head (a QuantLinear's ``forward_rows``: its weight's rows
+    read for them only; a float ``nn.Linear``: its weight's row slice), in the head's dtype."""
+    forward_rows = getattr(head, "forward_rows", None)
+    if forward_rows is not None:
+        return forward_rows(hidden, start, stop)
+    if isinstance(head, nn.Linear):
+        weight = head.weight[start:stop]
+        bias = None if head.bias is None else head.bias[start:stop]
+        return nn.functional.linear(hidden.to(weight.dtype), weight, bias)
+    raise TypeError(f"an LM head of type {type(head).__name__} cannot compute part of the vocabulary")
+
+
+def head_rows_supported(head: nn.Module) -> bool:
+    """Whether head_rows serves this LM head."""
+    return getattr(head, "forward_rows", None) is not None or isinstance(head, nn.Linear)
